@@ -1,0 +1,254 @@
+"""What a backend declares and implements.
+
+A plugin registers :class:`BackendSpec` objects (cheap, declarative, no heavy imports). When a
+call is considered, the host imports ``spec.impl`` (``"package.module:Class"``) and instantiates
+the :class:`Backend` subclass it names with the spec. Selection asks the backend, in this order:
+:meth:`Backend.is_available`, :meth:`Backend.check_device`, the declared :class:`Signature`
+matrix, :meth:`Backend.unsupported`; every answer is a list of structured :class:`Reason`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .problem import Problem
+
+#: Major version of the backend API this core implements; a spec's ``api_version`` must share it.
+API_VERSION = "1.0"
+TIERS = ("optimized", "fallback", "reference")
+OPS = ("contiguous", "masked", "k_grouped")
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a backend cannot run a call. ``code`` is a stable slug that tests and reports match on;
+    ``message`` is for humans; ``expected``/``actual`` carry the allowed and the given values."""
+
+    code: str
+    message: str
+    expected: Any = None
+    actual: Any = None
+
+    def __str__(self) -> str:
+        text = f"[{self.code}] {self.message}"
+        if self.expected is not None or self.actual is not None:
+            text += f" (expected {_fmt(self.expected)}, got {_fmt(self.actual)})"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message,
+                "expected": _jsonable(self.expected), "actual": _jsonable(self.actual)}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, (set, frozenset)):
+        return "{" + ", ".join(sorted(map(str, v))) + "}"
+    return str(v)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (set, frozenset, tuple, list)):
+        return sorted(map(str, v)) if isinstance(v, (set, frozenset)) else [_jsonable(x) for x in v]
+    if v is None or isinstance(v, (int, float, str, bool)):
+        return v
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One family of calls a backend supports. A call matches when every field admits it.
+
+    ``ops``: subset of ``{"contiguous", "masked", "k_grouped"}``.
+    ``dtypes``: operand dtype names (``fp32``, ``bf16``, ``fp16``, ``fp8_e4m3``); both operands
+    share it. ``out_dtypes``: output dtype names. ``scale_formats``: for fp8, the accepted API
+    scale formats (``fp32``, ``ue8m0``). ``scale_blocks``: for fp8, accepted ``(a_block, b_block)``
+    pairs. ``k_multiple``/``n_multiple``: K and N must be multiples of these. ``max_groups``:
+    largest G, or None. ``b_majors``: accepted memory orders of ``b[G, N, K]`` (``"k"``: K
+    contiguous, the nn.Linear layout; ``"n"``: a transposed view of ``[G, K, N]``).
+    """
+
+    ops: frozenset[str]
+    dtypes: frozenset[str]
+    out_dtypes: frozenset[str]
+    scale_formats: frozenset[str] = frozenset()
+    scale_blocks: frozenset[tuple[tuple[int, int], tuple[int, int]]] = frozenset()
+    k_multiple: int = 1
+    n_multiple: int = 1
+    max_groups: int | None = None
+    b_majors: frozenset[str] = frozenset({"k", "n"})
+
+    def __post_init__(self) -> None:
+        for name in ("ops", "dtypes", "out_dtypes", "scale_formats", "scale_blocks", "b_majors"):
+            object.__setattr__(self, name, frozenset(getattr(self, name)))
+        unknown = self.ops - set(OPS)
+        if unknown:
+            raise ValueError(f"Signature.ops: unknown operations {sorted(unknown)}; expected a subset of {OPS}")
+
+    def mismatches(self, problem: "Problem") -> list[Reason]:
+        """Every field of this signature that does not admit ``problem``."""
+        out: list[Reason] = []
+        if problem.op not in self.ops:
+            out.append(Reason("op_unsupported", f"operation {problem.op!r} is not supported",
+                              self.ops, problem.op))
+        if problem.in_dtype not in self.dtypes:
+            out.append(Reason("dtype_unsupported", "operand dtype is not supported", self.dtypes, problem.in_dtype))
+        if problem.out_dtype_name not in self.out_dtypes:
+            out.append(Reason("out_dtype_unsupported", "output dtype is not supported",
+                              self.out_dtypes, problem.out_dtype_name))
+        if problem.scale_format is not None:
+            if problem.scale_format not in self.scale_formats:
+                out.append(Reason("scale_format_unsupported", "fp8 scale format is not supported",
+                                  self.scale_formats or {"(none)"}, problem.scale_format))
+            if problem.scale_blocks not in self.scale_blocks:
+                out.append(Reason("scale_block_unsupported", "fp8 scale blocks (a, b) are not supported",
+                                  self.scale_blocks or {"(none)"}, problem.scale_blocks))
+        if problem.k % self.k_multiple:
+            out.append(Reason("shape_constraint", f"K must be a multiple of {self.k_multiple}",
+                              f"K % {self.k_multiple} == 0", problem.k))
+        if problem.n % self.n_multiple:
+            out.append(Reason("shape_constraint", f"N must be a multiple of {self.n_multiple}",
+                              f"N % {self.n_multiple} == 0", problem.n))
+        if self.max_groups is not None and problem.num_groups > self.max_groups:
+            out.append(Reason("shape_constraint", f"at most {self.max_groups} groups",
+                              f"G <= {self.max_groups}", problem.num_groups))
+        if problem.b_major not in self.b_majors:
+            out.append(Reason("layout_unsupported", "memory order of b is not supported",
+                              self.b_majors, problem.b_major))
+        return out
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """Declaration of one backend; cheap to build, imports nothing heavy.
+
+    ``device_types``: torch device types it runs on natively (``("cuda",)``; the reference
+    backend lists every type). ``requires``: hardware-DB feature flags the device must have.
+    ``priority``: larger wins among eligible backends. ``impl``: ``"module:Class"``, imported
+    only when the backend is considered. ``plugin``/``distribution``/``version`` are stamped by
+    the host when the spec is registered.
+    """
+
+    name: str
+    vendor: str
+    device_types: tuple[str, ...]
+    tier: str
+    priority: int
+    impl: str
+    signatures: tuple[Signature, ...]
+    requires: frozenset[str] = frozenset()
+    api_version: str = API_VERSION
+    deterministic: bool = False
+    graph_capturable: bool = False
+    description: str = ""
+    plugin: str = ""
+    distribution: str = ""
+    version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "requires", frozenset(self.requires))
+        object.__setattr__(self, "device_types", tuple(self.device_types))
+        object.__setattr__(self, "signatures", tuple(self.signatures))
+        if self.tier not in TIERS:
+            raise ValueError(f"BackendSpec.tier: expected one of {TIERS}, got {self.tier!r}")
+        if not self.name or not self.name.replace("_", "").isalnum() or self.name != self.name.lower():
+            raise ValueError(f"BackendSpec.name: expected a lower-case identifier, got {self.name!r}")
+        if ":" not in self.impl:
+            raise ValueError(f"BackendSpec.impl: expected 'module:Class', got {self.impl!r}")
+
+    def signature_reasons(self, problem: "Problem") -> list[Reason]:
+        """Reasons from the closest signature (empty when one admits the call)."""
+        best: list[Reason] | None = None
+        for sig in self.signatures:
+            reasons = sig.mismatches(problem)
+            if not reasons:
+                return []
+            if best is None or len(reasons) < len(best):
+                best = reasons
+        return best if best is not None else [Reason("no_signature", "the backend declares no signatures")]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A torch device as the hardware DB sees it. ``hw_id`` is None for an unrecognised device;
+    ``seen`` says what was observed (name, capability, SoC) so errors can name it."""
+
+    type: str
+    index: int | None
+    hw_id: str | None
+    features: frozenset[str]
+    seen: str
+
+    @property
+    def label(self) -> str:
+        dev = self.type if self.index is None else f"{self.type}:{self.index}"
+        return f"{dev} ({self.hw_id or 'unrecognised: ' + self.seen})"
+
+
+class Backend:
+    """Runtime side of a backend. Subclasses override what they need; every check returns a list
+    of :class:`Reason` (empty = fine) and must catch its own exceptions and report them."""
+
+    #: Execution modes reported by :meth:`execution_mode`.
+    NATIVE, INTERPRETED, EMULATED = "native", "interpreted", "emulated"
+
+    def __init__(self, spec: BackendSpec):
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def is_available(self) -> list[Reason]:
+        """Whether the backend's software stack can run at all (libraries, driver)."""
+        return []
+
+    def check_device(self, device: DeviceInfo) -> list[Reason]:
+        """Whether the backend can run on ``device``: its type and the hardware-DB features."""
+        reasons = []
+        if device.type not in self.spec.device_types:
+            reasons.append(Reason("device_type_unsupported", "device type is not supported",
+                                  set(self.spec.device_types), device.type))
+        missing = self.spec.requires - device.features
+        if missing and device.type in self.spec.device_types:
+            if device.hw_id is None:
+                reasons.append(Reason("device_unrecognised", "the hardware DB does not know this device, "
+                                      "so its features are unknown", set(self.spec.requires), device.seen))
+            else:
+                reasons.append(Reason("hw_feature_missing", f"{device.hw_id} lacks required features",
+                                      set(self.spec.requires), set(device.features & self.spec.requires)))
+        return reasons
+
+    def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
+        """A reason to skip this backend unless the user names it (e.g. an interpreter mode)."""
+        return None
+
+    def execution_mode(self, device: DeviceInfo) -> str:
+        """``native``, ``interpreted`` (Triton interpreter) or ``emulated`` (CPU emulator)."""
+        return self.NATIVE
+
+    def unsupported(self, problem: "Problem") -> list[Reason]:
+        """Checks the declared signatures cannot express. Must depend only on the problem's
+        signature fields (op, dtypes, G, N, K, alignment, b order, device), because selections
+        are cached per signature."""
+        return []
+
+    def describe_path(self, problem: "Problem") -> str:
+        """One line saying which kernel/path this call takes (shown by ``explain()``)."""
+        return ""
+
+    def run(self, problem: "Problem", out: "torch.Tensor | None") -> "torch.Tensor":
+        """Compute ``problem``. Write into ``out`` when given (and return it); otherwise allocate.
+
+        The problem is already validated. Contracts (DESIGN.md): contiguous writes every row of the
+        output and zeroes rows of no group; masked never writes rows ``>= masked_m[g]``; K-grouped
+        adds ``problem.c``.
+        """
+        raise NotImplementedError(f"backend {self.name!r} does not implement run()")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

@@ -1,0 +1,49 @@
+"""The ``moe-hal`` command line.
+
+Each subcommand lives in its own module of this package and exposes ``register(subparsers)``,
+which adds its parser and sets ``func(args) -> int``. Modules import torch and the rest of the
+library inside ``func`` so that ``moe-hal --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: Subcommand modules, in the order ``--help`` lists them.
+SUBCOMMANDS = ("info", "run", "hw", "model", "bench", "conformance")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="moe-hal",
+        description="One grouped-GEMM API for MoE layers across NVIDIA SM90/SM100, Ascend NPUs and the CPU.",
+    )
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"moe-hal {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        importlib.import_module(f"{__name__}.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``moe-hal`` console script; returns the process exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Every exception and warning moe_hal raises.
+
+All errors derive from :class:`MoeHalError`. Validation errors (:class:`ArgumentError` and its
+subclasses) name the argument, what was expected and what was given, and are raised before any
+output is written, so a caller's ``out`` tensor is untouched when one is raised. They also derive
+from the matching builtin (``ValueError``/``TypeError``) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class MoeHalError(Exception):
+    """Base class of every error the library raises."""
+
+
+class ArgumentError(MoeHalError, ValueError):
+    """An argument is invalid. ``argument``, ``expected`` and ``actual`` say which and why."""
+
+    def __init__(self, argument: str, expected: Any, actual: Any, detail: str | None = None):
+        self.argument = argument
+        self.expected = expected
+        self.actual = actual
+        self.detail = detail
+        text = f"{argument}: expected {expected}, got {actual}"
+        if detail:
+            text += f" ({detail})"
+        super().__init__(text)
+
+
+class LayoutError(ArgumentError):
+    """A grouping layout (counts, offsets, m_indices, masked_m, alignment) is inconsistent."""
+
+
+class ShapeError(ArgumentError):
+    """A tensor has the wrong number of dimensions or sizes that do not agree."""
+
+
+class DTypeError(ArgumentError, TypeError):
+    """A tensor has a dtype the operation or the backend does not accept."""
+
+
+class DeviceError(ArgumentError):
+    """Tensors live on different devices, or on a device the call cannot use."""
+
+
+class AliasError(ArgumentError):
+    """``out`` overlaps an input tensor in memory."""
+
+
+class ScaleFormatError(ArgumentError):
+    """Quantization scales cannot be represented in the requested physical format."""
+
+
+class CapacityError(ArgumentError):
+    """More tokens were routed to an expert than its capacity allows (masked dispatch)."""
+
+
+class BackendError(MoeHalError, RuntimeError):
+    """Base of backend-selection errors."""
+
+
+class BackendUnavailableError(BackendError):
+    """A backend the caller named explicitly cannot run this call; ``reasons`` says why."""
+
+    def __init__(self, backend: str, reasons: Sequence[Any], explanation: str = ""):
+        self.backend = backend
+        self.reasons = list(reasons)
+        self.explanation = explanation
+        lines = [f"backend {backend!r} cannot run this call:"]
+        lines += [f"  - {r}" for r in self.reasons]
+        if explanation:
+            lines += ["", explanation]
+        super().__init__("\n".join(lines))
+
+
+class NoBackendError(BackendError):
+    """No known backend can run this call; ``explanation`` lists every backend and its reasons."""
+
+    def __init__(self, explanation: str):
+        self.explanation = explanation
+        super().__init__("no backend can run this call\n" + explanation)
+
+
+class PluginError(MoeHalError, RuntimeError):
+    """A plugin failed to load while ``MOE_HAL_STRICT_PLUGINS=1`` asked for failures to raise."""
+
+    def __init__(self, failures: Sequence[Any]):
+        self.failures = list(failures)
+        lines = ["moe_hal plugin loading failed (MOE_HAL_STRICT_PLUGINS is set):"]
+        lines += [f"  - {f}" for f in self.failures]
+        super().__init__("\n".join(lines))
+
+
+class HardwareDBError(MoeHalError, ValueError):
+    """A hardware-database file is malformed; ``file`` and ``path`` locate the problem."""
+
+    def __init__(self, file: str, path: str, message: str):
+        self.file = file
+        self.path = path
+        self.message = message
+        super().__init__(f"{file}: {path or '<root>'}: {message}")
+
+
+class ConformanceError(MoeHalError, RuntimeError):
+    """The conformance suite itself is misconfigured (bad manifest, hash mismatch, bad waiver)."""
+
+
+class MoeHalWarning(UserWarning):
+    """Base of the warnings moe_hal emits."""
+
+
+class PathWarning(MoeHalWarning):
+    """The library took a different path than the fastest one (fallback backend, upcast,
+    dequantization, extra copy). Emitted once per distinct path per process."""
+
+
+class PluginWarning(MoeHalWarning):
+    """A plugin failed to load and was skipped (set ``MOE_HAL_STRICT_PLUGINS=1`` to raise)."""

@@ -1,0 +1,379 @@
+"""Grouping layouts for the three grouped-GEMM operations.
+
+* :class:`ContiguousLayout` — M-grouped, contiguous: the rows of expert ``g`` form one segment of
+  ``a[M, K]``; each segment starts at a multiple of ``alignment``.
+* :class:`MaskedLayout` — M-grouped, masked: ``a[G, max_m, K]`` with ``masked_m[g]`` valid rows,
+  read on the device (no host sync in the kernels).
+* :class:`KGroupedLayout` — K-grouped: token groups along the reduction axis of ``a[T, M]`` and
+  ``b[T, N]`` (expert weight gradients).
+
+Segment arithmetic follows DeepGEMM's psum layout: ``psum[g]`` is the exclusive end row of group
+``g``; group ``g`` starts at ``align(psum[g-1], alignment)`` (0 for ``g = 0``); rows between a
+group's end and the next start, and rows past ``align(psum[-1], alignment)``, belong to no group.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import torch
+
+from .errors import DTypeError, LayoutError, ShapeError
+
+IntsLike = Sequence[int] | torch.Tensor
+
+
+def align(x: int, alignment: int) -> int:
+    """Smallest multiple of ``alignment`` that is >= ``x``."""
+    return -(-x // alignment) * alignment
+
+
+def _check_alignment(alignment: object, argument: str = "alignment") -> int:
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 \
+            or alignment & (alignment - 1):
+        raise LayoutError(argument, "a positive power of two", alignment)
+    return alignment
+
+
+def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
+    """Host list of ints from a sequence or an integer tensor (a device tensor is copied: one sync)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise DTypeError(argument, "an integer tensor", values.dtype)
+        if values.dim() != 1:
+            raise ShapeError(argument, "a 1-D tensor", tuple(values.shape))
+        return [int(v) for v in values.tolist()]
+    try:
+        out = [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor", type(values).__name__) from None
+    if any(isinstance(v, float) and not float(v).is_integer() for v in values):
+        raise LayoutError(argument, "integers", list(values))
+    return out
+
+
+class SegmentLayout:
+    """Groups as ordered row segments of one axis; the shared base of the contiguous and
+    K-grouped layouts. Holds host-side segment bounds and caches device tensors per device."""
+
+    __slots__ = ("_counts", "_starts", "_ends", "alignment", "num_rows", "_device_cache", "__weakref__")
+
+    #: Operation name used in problem signatures and backend support matrices.
+    op: str = ""
+
+    def __init__(self, counts: Sequence[int], starts: Sequence[int], alignment: int, num_rows: int):
+        self._counts = tuple(counts)
+        self._starts = tuple(starts)
+        self._ends = tuple(s + c for s, c in zip(self._starts, self._counts))
+        self.alignment = alignment
+        self.num_rows = num_rows
+        self._device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    # -- constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_counts(cls, counts: IntsLike, alignment: int = 1, num_rows: int | None = None):
+        """Layout from per-group row counts (``G`` non-negative ints, list or integer tensor).
+
+        ``num_rows`` defaults to ``align(sum of aligned segments, alignment)``; a larger value
+        over-allocates tail rows that belong to no group.
+        """
+        alignment = _check_alignment(alignment)
+        values = _host_ints(counts, "counts")
+        starts: list[int] = []
+        end = 0
+        for g, c in enumerate(values):
+            if c < 0:
+                raise LayoutError(f"counts[{g}]", "a non-negative row count", c)
+            start = align(end, alignment)
+            starts.append(start)
+            end = start + c
+        return cls(values, starts, alignment, cls._check_num_rows(end, alignment, num_rows))
+
+    @classmethod
+    def from_psum(cls, psum: IntsLike, alignment: int = 1, num_rows: int | None = None):
+        """Layout from DeepGEMM-style psum offsets: ``psum[g]`` is the exclusive end of group ``g``,
+        which starts at ``align(psum[g-1], alignment)``."""
+        alignment = _check_alignment(alignment)
+        ends = _host_ints(psum, "psum")
+        counts, starts = [], []
+        prev_end = 0
+        for g, e in enumerate(ends):
+            start = align(prev_end, alignment)
+            if e < start:
+                raise LayoutError(f"psum[{g}]", f"a non-decreasing offset >= {start} "
+                                  f"(align(psum[{g - 1}], {alignment}))" if g else "a non-negative offset", e)
+            starts.append(start)
+            counts.append(e - start)
+            prev_end = e
+        return cls(counts, starts, alignment, cls._check_num_rows(prev_end, alignment, num_rows))
+
+    @staticmethod
+    def _check_num_rows(end: int, alignment: int, num_rows: int | None) -> int:
+        needed = align(end, alignment)
+        if num_rows is None:
+            return needed
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < needed:
+            raise LayoutError("num_rows", f"an int >= {needed} (the aligned end of the last group)", num_rows)
+        return num_rows
+
+    # -- views ------------------------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self._counts)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """int32 ``[G]`` rows per group (host tensor)."""
+        return torch.tensor(self._counts, dtype=torch.int32)
+
+    @property
+    def psum(self) -> torch.Tensor:
+        """int32 ``[G]`` exclusive end row of each group (DeepGEMM psum; host tensor)."""
+        return torch.tensor(self._ends, dtype=torch.int32)
+
+    @property
+    def counts_list(self) -> tuple[int, ...]:
+        return self._counts
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """First row of each group."""
+        return self._starts
+
+    @property
+    def ends(self) -> tuple[int, ...]:
+        """Exclusive end row of each group (the psum values)."""
+        return self._ends
+
+    @property
+    def num_valid_rows(self) -> int:
+        """Rows that belong to some group."""
+        return sum(self._counts)
+
+    def segments(self) -> Iterable[tuple[int, int, int]]:
+        """``(group, start, end)`` for every group, empty ones included, in order."""
+        return zip(range(len(self._counts)), self._starts, self._ends)
+
+    def has_gaps(self) -> bool:
+        """True when some row belongs to no group (alignment padding or tail rows)."""
+        return self.num_valid_rows != self.num_rows
+
+    def m_indices(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """int32 ``[num_rows]``: the group of each row, -1 for rows that belong to no group."""
+        return self._cached("m_indices", device, self._build_m_indices)
+
+    def psum_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """The int32 psum tensor on ``device`` (cached per device)."""
+        return self._cached("psum", device, lambda: self.psum)
+
+    def aligned_ends_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """int32 ``[G]`` of ``align(psum[g], alignment)``: segment ends padding included (cached)."""
+        return self._cached("aligned_ends", device, lambda: torch.tensor(
+            [align(e, self.alignment) for e in self._ends], dtype=torch.int32))
+
+    def gap_rows_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """int64 indices of the rows that belong to no group (cached per device)."""
+        return self._cached("gap_rows", device,
+                            lambda: torch.nonzero(self._build_m_indices() < 0).flatten())
+
+    def _build_m_indices(self) -> torch.Tensor:
+        ids = torch.full((self.num_rows,), -1, dtype=torch.int32)
+        counts = torch.tensor(self._counts, dtype=torch.int64)
+        if counts.numel() and int(counts.sum()):
+            groups = torch.repeat_interleave(torch.arange(len(self._counts), dtype=torch.int32), counts)
+            starts = torch.repeat_interleave(torch.tensor(self._starts, dtype=torch.int64), counts)
+            first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+            rows = starts + torch.arange(int(counts.sum()), dtype=torch.int64) - first
+            ids[rows] = groups
+        return ids
+
+    def _cached(self, kind: str, device, build) -> torch.Tensor:
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        key = (kind, dev)
+        hit = self._device_cache.get(key)
+        if hit is None:
+            hit = build().to(dev)
+            self._device_cache[key] = hit
+        return hit
+
+    # -- equality / repr ------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        return (type(self), self._counts, self._starts, self.alignment, self.num_rows)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SegmentLayout) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        counts = list(self._counts)
+        shown = counts if len(counts) <= 16 else counts[:16] + ["..."]
+        return (f"{type(self).__name__}(num_groups={self.num_groups}, counts={shown}, "
+                f"alignment={self.alignment}, num_rows={self.num_rows})")
+
+
+class ContiguousLayout(SegmentLayout):
+    """M-grouped contiguous layout of ``a[num_rows, K]`` (DeepGEMM's contiguous / psum layout).
+
+    Build it with :meth:`from_counts` (``alignment`` defaults to 128, DeepGEMM's value),
+    :meth:`from_psum` or :meth:`from_m_indices`. Empty groups are legal. The output contract:
+    every row of ``out`` is written, and rows that belong to no group are zeros.
+    """
+
+    __slots__ = ()
+    op = "contiguous"
+
+    @classmethod
+    def from_counts(cls, counts: IntsLike, alignment: int = 128, num_rows: int | None = None):
+        return super().from_counts(counts, alignment, num_rows)
+
+    @classmethod
+    def from_psum(cls, psum: IntsLike, alignment: int = 128, num_rows: int | None = None):
+        return super().from_psum(psum, alignment, num_rows)
+
+    @classmethod
+    def from_m_indices(cls, m_indices: torch.Tensor, num_groups: int, alignment: int | None = None):
+        """Layout from an int32 ``[M]`` tensor of group ids per row, -1 on rows of no group.
+
+        Each group's rows must form one run, groups in ascending order, group ``g`` starting at
+        ``align(end of g-1, alignment)``. With ``alignment=None`` the smallest power of two that
+        fits is inferred (1 when there is no padding). A device tensor is copied to the host.
+        """
+        if not isinstance(m_indices, torch.Tensor):
+            raise LayoutError("m_indices", "an int32 tensor", type(m_indices).__name__)
+        if m_indices.dtype not in (torch.int32, torch.int64):
+            raise DTypeError("m_indices", "torch.int32", m_indices.dtype)
+        if m_indices.dim() != 1:
+            raise ShapeError("m_indices", "a 1-D tensor [M]", tuple(m_indices.shape))
+        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
+            raise LayoutError("num_groups", "a non-negative int", num_groups)
+        ids = m_indices.to("cpu", torch.int64)
+        bad = (ids < -1) | (ids >= num_groups)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise LayoutError(f"m_indices[{row}]", f"a group id in [0, {num_groups}) or -1", int(ids[row]))
+        num_rows = ids.numel()
+        rows = torch.nonzero(ids >= 0).flatten()
+        vals = ids[rows]
+        descending = torch.nonzero(vals[1:] < vals[:-1]).flatten()
+        if descending.numel():
+            row = int(rows[descending[0] + 1])
+            raise LayoutError(f"m_indices[{row}]", "group ids in ascending order (one run per group)",
+                              int(ids[row]))
+        counts = torch.bincount(vals, minlength=num_groups).tolist()
+        first = [-1] * num_groups
+        if vals.numel():
+            change = torch.ones_like(vals, dtype=torch.bool)
+            change[1:] = vals[1:] != vals[:-1]
+            for r, g in zip(rows[change].tolist(), vals[change].tolist()):
+                first[g] = r
+        for g, (start, count) in enumerate(zip(first, counts)):
+            if count and int(ids[start + count - 1]) != g:
+                row = start + int(torch.nonzero(ids[start:start + count] != g)[0])
+                raise LayoutError(f"m_indices[{row}]", f"{g} (the rows of group {g} must be contiguous)",
+                                  int(ids[row]))
+        if alignment is None:
+            alignment = 1
+            while not cls._fits(counts, first, alignment, num_rows):
+                alignment *= 2
+                if alignment > max(num_rows, 1):
+                    raise LayoutError("m_indices", "groups placed at align(previous end, A) for a "
+                                      "power-of-two A", "an irregular placement")
+        elif not cls._fits(counts, first, _check_alignment(alignment), num_rows):
+            raise LayoutError("m_indices", f"each group to start at align(previous end, {alignment})",
+                              "a different placement")
+        return cls(counts, cls._place(counts, alignment), alignment, num_rows)
+
+    @staticmethod
+    def _place(counts: list[int], alignment: int) -> list[int]:
+        out, end = [], 0
+        for c in counts:
+            start = align(end, alignment)
+            out.append(start)
+            end = start + c
+        return out
+
+    @classmethod
+    def _fits(cls, counts: list[int], first: list[int], alignment: int, num_rows: int) -> bool:
+        placed = cls._place(counts, alignment)
+        if any(f >= 0 and f != p for f, p in zip(first, placed)):
+            return False
+        end = placed[-1] + counts[-1] if placed else 0
+        return align(end, alignment) <= num_rows
+
+
+class KGroupedLayout(SegmentLayout):
+    """K-grouped layout: token groups along the reduction axis ``T`` of ``a[T, M]`` and ``b[T, N]``.
+
+    ``out[g] = (c[g] if c is given else 0) + a[rows_g].T @ b[rows_g]``; an empty group gives
+    ``c[g]`` or zeros. Rows outside every group do not contribute. ``alignment`` defaults to 1.
+    """
+
+    __slots__ = ()
+    op = "k_grouped"
+
+
+class MaskedLayout:
+    """M-grouped masked layout of ``a[G, max_m, K]`` (CUDA-graph decode).
+
+    ``masked_m``: int32 ``[G]`` on the device of ``a``: valid rows of each group, read by kernels
+    on the device. ``max_m``: the row capacity per group. ``expected_m``: optional tokens-per-group
+    hint for tile selection; correctness never depends on it.
+
+    ``check`` (default True) verifies ``0 <= masked_m[g] <= max_m`` here, which reads ``masked_m``
+    on the host (one device sync). It is skipped while a CUDA graph is being captured; pass
+    ``check=False`` to skip it in eager decode loops (kernels then clamp to ``max_m``).
+    Output contract: rows ``r >= masked_m[g]`` of ``out[g]`` are never written.
+    """
+
+    __slots__ = ("masked_m", "max_m", "expected_m", "__weakref__")
+    op = "masked"
+
+    def __init__(self, masked_m: torch.Tensor, max_m: int, expected_m: int | None = None, check: bool = True):
+        if not isinstance(masked_m, torch.Tensor):
+            raise LayoutError("masked_m", "an int32 tensor [G] on the device of a", type(masked_m).__name__)
+        if masked_m.dtype != torch.int32:
+            raise DTypeError("masked_m", "torch.int32", masked_m.dtype)
+        if masked_m.dim() != 1:
+            raise ShapeError("masked_m", "a 1-D tensor [G]", tuple(masked_m.shape))
+        if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 0:
+            raise LayoutError("max_m", "a non-negative int", max_m)
+        if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int)
+                                       or expected_m < 1):
+            raise LayoutError("expected_m", "None or a positive int", expected_m)
+        if check and masked_m.numel() and not _capturing(masked_m.device):
+            lo, hi = (int(v) for v in torch.aminmax(masked_m))
+            if lo < 0:
+                g = int(torch.nonzero(masked_m < 0)[0])
+                raise LayoutError(f"masked_m[{g}]", "a non-negative row count", int(masked_m[g]))
+            if hi > max_m:
+                g = int(torch.nonzero(masked_m > max_m)[0])
+                raise LayoutError(f"masked_m[{g}]", f"<= max_m ({max_m})", int(masked_m[g]))
+        self.masked_m = masked_m
+        self.max_m = max_m
+        self.expected_m = expected_m
+
+    @property
+    def num_groups(self) -> int:
+        return self.masked_m.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.masked_m.device
+
+    def __repr__(self) -> str:
+        return (f"MaskedLayout(num_groups={self.num_groups}, max_m={self.max_m}, "
+                f"expected_m={self.expected_m}, device={self.masked_m.device})")
+
+
+def _capturing(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+Layout = ContiguousLayout | MaskedLayout | KGroupedLayout
+
+__all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "SegmentLayout", "align"]
+
