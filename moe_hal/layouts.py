@@ -176,6 +176,16 @@ class SegmentLayout:
         return self._cached("gap_rows", device,
                             lambda: torch.nonzero(self._build_m_indices() < 0).flatten())
 
+    def valid_rows_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """int64 indices of the rows that belong to some group, in order (cached per device)."""
+        return self._cached("valid_rows", device,
+                            lambda: torch.nonzero(self._build_m_indices() >= 0).flatten())
+
+    def packed_ends_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """int32 ``[G]`` cumulative counts: group ends once the rows of no group are removed."""
+        return self._cached("packed_ends", device, lambda: torch.cumsum(
+            torch.tensor(self._counts, dtype=torch.int64), 0).to(torch.int32))
+
     def _build_m_indices(self) -> torch.Tensor:
         ids = torch.full((self.num_rows,), -1, dtype=torch.int32)
         counts = torch.tensor(self._counts, dtype=torch.int64)
