@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from . import dtypes
-from .errors import ArgumentError, DeviceError, DTypeError, ShapeError
+from .errors import DeviceError, DTypeError, ScaleFormatError, ShapeError
 
 #: Scale formats at the API level. ``fp32``: any positive fp32 scale. ``ue8m0``: every scale is an
 #: exact power of two, so it packs losslessly into an 8-bit exponent (SM100, Ascend 950).
@@ -200,5 +200,167 @@ def ceil_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return (exponent.clamp(1, 254) << 23).view(torch.float32)
 
 
-__all__ = ["AMAX_FLOOR", "QuantizedTensor", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize", "is_quantized",
-           "operand_dtype_name", "quantize_fp8"]
+# -- physical scale layouts ----------------------------------------------------------------------
+#
+# The logical scales are fp32 ``[MN, SK]`` (or ``[G, MN, SK]``), row-major, one per block. Hardware
+# wants them MN-major (the MN index varies fastest in memory) so that one K-block's scales for a
+# tile of rows are contiguous: TMA on NVIDIA loads a ``block_m x 1`` scale column per K-block.
+
+
+def tma_aligned_size(mn: int, element_size: int = 4) -> int:
+    """``align(mn, 16 // element_size)``: TMA needs 16-byte aligned strides (4 for fp32/int32)."""
+    step = 16 // element_size
+    return _ceil_div(mn, step) * step
+
+
+def _check_rank(t: torch.Tensor, argument: str, what: str) -> None:
+    if t.dim() not in (2, 3):
+        raise ShapeError(argument, f"a 2-D [MN, {what}] or 3-D [G, MN, {what}] tensor", tuple(t.shape))
+
+
+def _mn_major_zeros(like: torch.Tensor, mn: int, cols: int, dtype: torch.dtype, mn_stride: int) -> torch.Tensor:
+    """Zero-filled ``like.shape[:-2] + (mn, cols)`` tensor with strides ``(1, mn_stride)`` on the last
+    two dims and ``mn_stride * cols`` on a leading group dim; the rows past ``mn`` are padding."""
+    lead = tuple(like.shape[:-2])
+    groups = lead[0] if lead else 1
+    storage = torch.zeros(groups * mn_stride * cols, dtype=dtype, device=like.device)
+    strides = (1, mn_stride)
+    if lead:
+        strides = (mn_stride * cols,) + strides
+    return storage.as_strided(lead + (mn, cols), strides)
+
+
+def _is_mn_major(t: torch.Tensor, mn_stride: int) -> bool:
+    mn, cols = t.shape[-2:]
+    if t.stride(-2) != 1 or t.stride(-1) != mn_stride:
+        return False
+    return t.dim() == 2 or t.shape[0] <= 1 or t.stride(0) == mn_stride * cols
+
+
+def tma_align_mn_major(scale: torch.Tensor) -> torch.Tensor:
+    """SM90 activation-scale layout: fp32 ``[MN, SK]`` or ``[G, MN, SK]`` -> the same values, MN-major
+    with a TMA-aligned stride: ``stride(-2) == 1``, ``stride(-1) == align(MN, 4)`` and, for 3-D,
+    ``stride(0) == align(MN, 4) * SK`` (DeepGEMM's ``get_mn_major_tma_aligned_tensor``).
+
+    The logical shape is kept; the ``align(MN, 4) - MN`` padding rows of the storage are zeros. An
+    input already in this layout is returned as is. The inverse is :func:`from_tma_aligned` (the
+    values are unchanged, so any row-major copy, ``.contiguous()``, is one).
+    """
+    _check_rank(_check_fp32(scale), "scale", "SK")
+    mn, sk = scale.shape[-2:]
+    stride = tma_aligned_size(mn)
+    if _is_mn_major(scale, stride):
+        return scale
+    out = _mn_major_zeros(scale, mn, sk, torch.float32, stride)
+    out.copy_(scale)
+    return out
+
+
+def from_tma_aligned(scale: torch.Tensor) -> torch.Tensor:
+    """Row-major (contiguous) fp32 copy of a :func:`tma_align_mn_major` tensor: the logical scales."""
+    _check_rank(_check_fp32(scale), "scale", "SK")
+    return scale.contiguous()
+
+
+def _exponent_bytes(scale: torch.Tensor, check: bool) -> torch.Tensor:
+    """int64 biased exponents of fp32 powers of two; ScaleFormatError on anything else when ``check``."""
+    bits = scale.contiguous().view(torch.int32)
+    exponent = ((bits >> 23) & _EXP_MASK).to(torch.int64)
+    if check and bits.numel():
+        bad = ((bits & ~(_EXP_MASK << 23)) != 0) | (exponent == 0) | (exponent == _EXP_MASK)
+        if bool(bad.any()):
+            index = tuple(int(i) for i in torch.nonzero(bad)[0])
+            raise ScaleFormatError(
+                f"scale[{', '.join(map(str, index))}]",
+                "a positive normal power of two (round scales up with ceil_to_ue8m0 or quantize with ue8m0=True)",
+                float(scale[index]),
+                "UE8M0 stores only the exponent byte; DeepGEMM would silently truncate this scale")
+    return exponent
+
+
+def _pack_bytes(exponent: torch.Tensor, per_word: int, word_dtype: torch.dtype) -> torch.Tensor:
+    """Little-endian packing along the last dim: byte ``j`` of word ``i`` is ``exponent[..., per_word*i + j]``
+    (0 past the end). Returns ``word_dtype`` with two's-complement wrap-around of the top byte."""
+    sk = exponent.shape[-1]
+    words = _ceil_div(sk, per_word)
+    padded = torch.nn.functional.pad(exponent, (0, words * per_word - sk))
+    shifts = torch.arange(per_word, device=exponent.device, dtype=torch.int64) * 8
+    value = (padded.reshape(*exponent.shape[:-1], words, per_word) << shifts).sum(-1)
+    bits = 8 * per_word
+    value = value - (value >= 2 ** (bits - 1)).to(torch.int64) * 2 ** bits
+    return value.to(word_dtype)
+
+
+def _unpack_bytes(packed: torch.Tensor, sk: int, per_word: int, word_dtype: torch.dtype, argument: str) -> torch.Tensor:
+    if not isinstance(packed, torch.Tensor) or packed.dtype != word_dtype:
+        got = packed.dtype if isinstance(packed, torch.Tensor) else type(packed).__name__
+        raise DTypeError(argument, str(word_dtype), got)
+    _check_rank(packed, argument, f"ceil(SK/{per_word})")
+    if isinstance(sk, bool) or not isinstance(sk, int) or sk < 0 or _ceil_div(sk, per_word) != packed.shape[-1]:
+        raise ShapeError("sk", f"an int with ceil(sk / {per_word}) == {packed.shape[-1]} (packed.shape[-1])", sk)
+    value = packed.to(torch.int64) & (2 ** (8 * per_word) - 1)
+    shifts = torch.arange(per_word, device=packed.device, dtype=torch.int64) * 8
+    exponent = (value.unsqueeze(-1) >> shifts) & _EXP_MASK
+    exponent = exponent.reshape(*packed.shape[:-1], packed.shape[-1] * per_word)[..., :sk]
+    return (exponent.to(torch.int32) << 23).view(torch.float32).contiguous()
+
+
+def pack_ue8m0(scale: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """SM100 scale layout: fp32 powers of two ``[MN, SK]`` / ``[G, MN, SK]`` -> int32 UE8M0 words.
+
+    Output: int32 ``[MN, ceil(SK/4)]`` (``[G, MN, ceil(SK/4)]``), MN-major and TMA-aligned:
+    ``stride(-2) == 1``, ``stride(-1) == align(MN, 4)``, 3-D ``stride(0) == align(MN, 4) * ceil(SK/4)``.
+    Byte ``j`` (``j = 0`` least significant: little-endian along K) of word ``[mn, i]`` is the fp32
+    exponent byte ``(bits >> 23) & 0xFF`` of ``scale[mn, 4i + j]``; bytes past ``SK`` and the padding
+    rows are 0. This is DeepGEMM's ``get_mn_major_tma_aligned_packed_ue8m0_tensor`` layout.
+
+    Every scale must be a positive normal power of two (what :func:`ceil_to_ue8m0` produces); any
+    other value raises :class:`~moe_hal.errors.ScaleFormatError` naming the first bad index, where
+    DeepGEMM's kernel would silently floor it. The check reads one flag on the host (one device
+    sync); ``check=False`` skips it for scales known to be powers of two (the exponent byte is then
+    taken as is). Inverse: :func:`unpack_ue8m0`.
+    """
+    _check_rank(_check_fp32(scale), "scale", "SK")
+    mn, sk = scale.shape[-2:]
+    words = _pack_bytes(_exponent_bytes(scale, check), 4, torch.int32)
+    out = _mn_major_zeros(scale, mn, words.shape[-1], torch.int32, tma_aligned_size(mn))
+    out.copy_(words)
+    return out
+
+
+def unpack_ue8m0(packed: torch.Tensor, sk: int) -> torch.Tensor:
+    """Inverse of :func:`pack_ue8m0`: int32 ``[.., MN, ceil(sk/4)]`` (any strides) -> contiguous fp32
+    ``[.., MN, sk]`` whose value is ``2 ** (byte - 127)``. Bytes past ``sk`` are ignored. Bytes 0 and
+    255, which :func:`pack_ue8m0` never writes for a scale, decode as the fp32 with that exponent
+    byte and zero mantissa (0.0 and inf)."""
+    return _unpack_bytes(packed, sk, 4, torch.int32, "packed")
+
+
+def pack_ue8m0x2(scale: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """Ascend-950 DeepGEMM-port scale layout: two UE8M0 exponents per int16.
+
+    fp32 powers of two ``[MN, SK]`` / ``[G, MN, SK]`` -> int16 ``[MN, ceil(SK/2)]``
+    (``[G, MN, ceil(SK/2)]``), MN-major: ``stride(-2) == 1``, ``stride(-1) == MN`` and, for 3-D,
+    ``stride(0) == MN * ceil(SK/2)``. Byte 0 (low) of word ``[mn, i]`` is the exponent byte of
+    ``scale[mn, 2i]``, byte 1 that of ``scale[mn, 2i + 1]`` (little-endian along K); 0 past ``SK``.
+    With the port's MX granularity (32 K elements per scale) one word covers 64 K elements, the
+    ``[..., MN, ceil(K/64)]`` shape of ``Afloat16/DeepGEMM-Ascend``. The port documents no stride
+    padding (Ascend has no TMA), so the MN stride is unpadded. Same checks and ``check`` flag as
+    :func:`pack_ue8m0`. Inverse: :func:`unpack_ue8m0x2`.
+    """
+    _check_rank(_check_fp32(scale), "scale", "SK")
+    mn, sk = scale.shape[-2:]
+    words = _pack_bytes(_exponent_bytes(scale, check), 2, torch.int16)
+    out = _mn_major_zeros(scale, mn, words.shape[-1], torch.int16, mn)
+    out.copy_(words)
+    return out
+
+
+def unpack_ue8m0x2(packed: torch.Tensor, sk: int) -> torch.Tensor:
+    """Inverse of :func:`pack_ue8m0x2`: int16 ``[.., MN, ceil(sk/2)]`` -> contiguous fp32 ``[.., MN, sk]``."""
+    return _unpack_bytes(packed, sk, 2, torch.int16, "packed")
+
+
+__all__ = ["AMAX_FLOOR", "QuantizedTensor", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize", "from_tma_aligned",
+           "is_quantized", "operand_dtype_name", "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
+           "tma_aligned_size", "unpack_ue8m0", "unpack_ue8m0x2"]
