@@ -66,7 +66,7 @@ class Signature:
     ``dtypes``: operand dtype names (``fp32``, ``bf16``, ``fp16``, ``fp8_e4m3``); both operands
     share it. ``out_dtypes``: output dtype names. ``scale_formats``: for fp8, the accepted API
     scale formats (``fp32``, ``ue8m0``). ``scale_blocks``: for fp8, accepted ``(a_block, b_block)``
-    pairs. ``k_multiple``/``n_multiple``: K and N must be multiples of these. ``max_groups``:
+    pairs (empty: any). ``k_multiple``/``n_multiple``: K and N must be multiples of these. ``max_groups``:
     largest G, or None. ``b_majors``: accepted memory orders of ``b[G, N, K]`` (``"k"``: K
     contiguous, the nn.Linear layout; ``"n"``: a transposed view of ``[G, K, N]``).
     """
@@ -103,7 +103,7 @@ class Signature:
             if problem.scale_format not in self.scale_formats:
                 out.append(Reason("scale_format_unsupported", "fp8 scale format is not supported",
                                   self.scale_formats or {"(none)"}, problem.scale_format))
-            if problem.scale_blocks not in self.scale_blocks:
+            if self.scale_blocks and problem.scale_blocks not in self.scale_blocks:
                 out.append(Reason("scale_block_unsupported", "fp8 scale blocks (a, b) are not supported",
                                   self.scale_blocks or {"(none)"}, problem.scale_blocks))
         if problem.k % self.k_multiple:
@@ -115,7 +115,7 @@ class Signature:
         if self.max_groups is not None and problem.num_groups > self.max_groups:
             out.append(Reason("shape_constraint", f"at most {self.max_groups} groups",
                               f"G <= {self.max_groups}", problem.num_groups))
-        if problem.b_major not in self.b_majors:
+        if problem.b_major is not None and problem.b_major not in self.b_majors:
             out.append(Reason("layout_unsupported", "memory order of b is not supported",
                               self.b_majors, problem.b_major))
         return out
@@ -125,8 +125,8 @@ class Signature:
 class BackendSpec:
     """Declaration of one backend; cheap to build, imports nothing heavy.
 
-    ``device_types``: torch device types it runs on natively (``("cuda",)``; the reference
-    backend lists every type). ``requires``: hardware-DB feature flags the device must have.
+    ``device_types``: torch device types it runs on natively (``("cuda",)``; ``("*",)`` means
+    any device, as for the reference backend). ``requires``: hardware-DB feature flags the device must have.
     ``priority``: larger wins among eligible backends. ``impl``: ``"module:Class"``, imported
     only when the backend is considered. ``plugin``/``distribution``/``version`` are stamped by
     the host when the spec is registered.
@@ -210,6 +210,8 @@ class Backend:
     def check_device(self, device: DeviceInfo) -> list[Reason]:
         """Whether the backend can run on ``device``: its type and the hardware-DB features."""
         reasons = []
+        if "*" in self.spec.device_types:
+            return reasons
         if device.type not in self.spec.device_types:
             reasons.append(Reason("device_type_unsupported", "device type is not supported",
                                   set(self.spec.device_types), device.type))

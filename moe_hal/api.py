@@ -1,0 +1,86 @@
+"""The public grouped-GEMM entry points."""
+
+from __future__ import annotations
+
+import torch
+
+from . import plugins
+from . import select as _select
+from .backend import Backend, BackendSpec
+from .errors import BackendUnavailableError, NoBackendError
+from .problem import Operand, Problem
+from .select import Preference, Selection
+
+
+def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
+                 out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
+                 backend: Preference = None) -> torch.Tensor:
+    """Grouped GEMM for MoE layers: ``a @ b[g].T`` per group, on the best backend for the call.
+
+    Layouts and shapes (``b`` follows nn.Linear: ``[G, N, K]``; a transposed view of ``[G, K, N]``
+    works too — strides decide memory order):
+
+    * :class:`~moe_hal.ContiguousLayout`: ``a[num_rows, K]`` -> ``out[num_rows, N]``. Every row of
+      ``out`` is written; rows that belong to no group are zeros.
+    * :class:`~moe_hal.MaskedLayout`: ``a[G, max_m, K]`` -> ``out[G, max_m, N]``. Rows
+      ``r >= masked_m[g]`` of ``out[g]`` are never written (zeros when ``out`` is allocated here).
+    * :class:`~moe_hal.KGroupedLayout`: ``a[T, M]``, ``b[T, N]`` -> ``out[G, M, N]`` with
+      ``out[g] = c[g] + a[rows_g].T @ b[rows_g]`` (``c`` optional; ``out`` may be ``c`` itself).
+
+    Operands are fp32, bf16 or fp16 tensors of one dtype, or two :class:`~moe_hal.QuantizedTensor`
+    (fp8 e4m3 with logical fp32 block scales). ``out_dtype`` defaults to the operand dtype (bf16
+    for fp8; ``c.dtype`` when ``c`` is given); fp32 is always accepted. ``backend`` forces a
+    backend by name, or restricts the choice to a list in preference order (overrides
+    ``MOE_HAL_BACKEND``). NaN and Inf are computed through, never rejected.
+
+    Raises a :mod:`moe_hal.errors` ``ArgumentError`` subclass for invalid input (``out`` is then
+    untouched), :class:`~moe_hal.errors.BackendUnavailableError` when a named backend cannot run
+    the call, :class:`~moe_hal.errors.NoBackendError` when no backend can.
+    """
+    problem = Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
+    return _select.select(problem, backend).backend.run(problem, out)
+
+
+def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
+           backend: Preference = None) -> Selection:
+    """The :class:`~moe_hal.select.Selection` :func:`grouped_gemm` would use for these arguments.
+
+    ``sel.name`` is the backend, ``sel.explain()`` says why each other backend was not used.
+    Raises like :func:`grouped_gemm` when the call is invalid or no backend can run it.
+    """
+    return _select.select(Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype), backend)
+
+
+def explain(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
+            out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
+            backend: Preference = None) -> str:
+    """Like ``select(...).explain()``, but returns the explanation instead of raising when no
+    backend can run the call (invalid arguments still raise)."""
+    try:
+        return select(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend).explain()
+    except (BackendUnavailableError, NoBackendError) as exc:
+        return str(exc)
+
+
+def backends() -> list[BackendSpec]:
+    """Every registered backend spec (built-ins and plugins), sorted by name."""
+    host = plugins.host().ensure_loaded()
+    return [host.specs[n] for n in sorted(host.specs)]
+
+
+def get_backend(name: str) -> Backend:
+    """The backend instance registered as ``name``, to call directly (e.g. in conformance runs).
+
+    Raises :class:`~moe_hal.errors.BackendUnavailableError` when it is unknown or fails to import.
+    """
+    host = plugins.host().ensure_loaded()
+    if name not in host.specs:
+        from .backend import Reason
+
+        raise BackendUnavailableError(name, [Reason("unknown_backend", "no installed plugin provides this backend",
+                                                     set(host.specs), name)])
+    inst, err = host.backend(name)
+    if inst is None:
+        raise BackendUnavailableError(name, [err])
+    return inst

@@ -1,0 +1,52 @@
+"""The built-in backends, registered through the same hook a vendor plugin implements.
+
+* ``reference`` — float64 per-group products on any device; the oracle every backend is checked
+  against. Slow by design.
+* ``torch`` — ``torch.nn.functional.grouped_mm`` with the fix-ups our contracts need; the default
+  on the CPU.
+"""
+
+from __future__ import annotations
+
+from ..backend import BackendSpec, Signature
+from ..hookspecs import hookimpl
+
+_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_FLOATS = frozenset({"fp32", "bf16", "fp16"})
+_FP8_OUT = frozenset({"bf16", "fp32"})
+
+REFERENCE = BackendSpec(
+    name="reference",
+    vendor="moe_hal",
+    device_types=("*",),
+    tier="reference",
+    priority=-1000,
+    impl="moe_hal.builtin.reference:ReferenceBackend",
+    signatures=(
+        Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS),
+        Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}),
+    ),
+    deterministic=True,
+    description="float64 per-group products; the oracle (slow)",
+)
+
+TORCH = BackendSpec(
+    name="torch",
+    vendor="pytorch",
+    device_types=("cpu", "cuda"),
+    tier="fallback",
+    priority=0,
+    impl="moe_hal.builtin.torch_grouped_mm:TorchBackend",
+    signatures=(
+        Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS),
+        Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}),
+    ),
+    deterministic=True,
+    description="torch.nn.functional.grouped_mm with padding, stride and dtype fix-ups",
+)
+
+
+@hookimpl
+def moe_hal_register_backends(register):
+    register(REFERENCE)
+    register(TORCH)

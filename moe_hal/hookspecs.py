@@ -1,0 +1,51 @@
+"""The plugin hooks a moe_hal backend distribution may implement — the whole plugin API.
+
+A plugin is a module named by an entry point in the group ``moe_hal.backends``; it implements
+some of these hooks with the :data:`hookimpl` marker (``from moe_hal import hookimpl``). Every
+hook is a registration callback: the host passes ``register`` and the plugin calls it as often as
+it likes. Hooks must be cheap: no device initialisation, no import of vendor stacks (torch_npu,
+triton, cuda-python) — those belong in the backend class named by ``BackendSpec.impl``, which is
+imported only when the backend is considered for a call.
+
+The host calls each plugin's implementation separately, so one failing plugin cannot hide the
+others; a failure is recorded with its traceback and shown by ``moe-hal info``. The order in which
+plugins are called never decides anything: selection ranks backends by preference, priority,
+tier and name.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import pluggy
+
+from .backend import BackendSpec
+
+PROJECT = "moe_hal"
+#: Entry-point group under which backend distributions register their plugin module.
+ENTRY_POINT_GROUP = "moe_hal.backends"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def moe_hal_register_backends(register: Callable[[BackendSpec], None]) -> None:
+    """Declare backends: call ``register(spec)`` once per :class:`~moe_hal.backend.BackendSpec`.
+
+    Names ``reference`` and ``torch`` are reserved for the built-in backends.
+    """
+
+
+@hookspec
+def moe_hal_hardware_db(register: Callable[[str | os.PathLike], None]) -> None:
+    """Contribute hardware-database entries: call ``register(path)`` with a YAML file or a
+    directory of YAML files. They are validated like the built-in entries; a duplicate id is an
+    error naming both files."""
+
+
+@hookspec
+def moe_hal_conformance_manifest(backend_name: str) -> str | os.PathLike | None:
+    """Return the path of this plugin's expected-failure manifest for ``backend_name`` (a YAML
+    file whose every entry has a reason), or None when the plugin has none for that backend."""

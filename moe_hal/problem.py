@@ -1,0 +1,281 @@
+"""Validation of a grouped-GEMM call into a :class:`Problem`, the value backends receive.
+
+Every check here runs before anything is written, so a caller's ``out`` is untouched when one
+fails. Values are never inspected: NaN and Inf are computed through, not rejected.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dtypes
+from .errors import AliasError, ArgumentError, DeviceError, DTypeError, LayoutError, ShapeError
+from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout
+from .quant import QuantizedTensor
+
+Operand = torch.Tensor | QuantizedTensor
+
+
+
+class Problem:
+    """A validated grouped-GEMM call.
+
+    ``op``: ``"contiguous"``, ``"masked"`` or ``"k_grouped"``. Dimensions (``m``, ``n``, ``k``):
+    contiguous ``a[m, k]``, ``b[G, n, k]``, ``out[m, n]``; masked ``a[G, m, k]``, ``out[G, m, n]``
+    (``m`` = max_m); K-grouped ``a[k, m]``, ``b[k, n]``, ``out[G, m, n]`` (``k`` = tokens T).
+    ``in_dtype``/``out_dtype_name`` are canonical names (:mod:`moe_hal.dtypes`); ``scale_format``
+    and ``scale_blocks`` are set for fp8 operands. ``b_major`` is ``"k"`` when ``b[G, N, K]`` has
+    K contiguous, ``"n"`` for a transposed view of ``[G, K, N]``, ``"strided"`` otherwise, and
+    ``None`` for K-grouped calls. ``signature`` is the hashable key selections are cached under.
+    """
+
+    __slots__ = ("op", "a", "b", "layout", "c", "out_dtype", "device", "num_groups", "m", "n", "k",
+                 "in_dtype", "out_dtype_name", "scale_format", "scale_blocks", "b_major", "signature")
+
+    def __init__(self, op, a, b, layout, c, out_dtype, device, num_groups, m, n, k, b_major):
+        self.op = op
+        self.a = a
+        self.b = b
+        self.layout = layout
+        self.c = c
+        self.out_dtype = out_dtype
+        self.device = device
+        self.num_groups = num_groups
+        self.m, self.n, self.k = m, n, k
+        self.in_dtype = dtypes.name_of(a.dtype)
+        self.out_dtype_name = dtypes.name_of(out_dtype)
+        quantized = isinstance(a, QuantizedTensor)
+        self.scale_format = _combined_scale_format(a, b) if quantized else None
+        self.scale_blocks = (a.block, b.block) if quantized else None
+        self.b_major = b_major
+        alignment = getattr(layout, "alignment", None)
+        self.signature = (op, self.in_dtype, self.out_dtype_name, self.scale_format, self.scale_blocks,
+                          num_groups, n, k, alignment, b_major, device)
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale_format is not None
+
+    def out_shape(self) -> tuple[int, ...]:
+        if self.op == "contiguous":
+            return (self.m, self.n)
+        return (self.num_groups, self.m, self.n)
+
+    def new_out(self) -> torch.Tensor:
+        """A fresh output tensor for this call: zeros for masked calls (rows past ``masked_m``
+        are never written, so they read as zeros), uninitialised otherwise."""
+        if self.op == "masked":
+            return torch.zeros(self.out_shape(), dtype=self.out_dtype, device=self.device)
+        return torch.empty(self.out_shape(), dtype=self.out_dtype, device=self.device)
+
+    def summary(self) -> str:
+        """One line describing the call, e.g. for ``explain()``."""
+        dt = self.in_dtype
+        if self.quantized:
+            dt += f" (scales {self.scale_format}, blocks a{self.scale_blocks[0]} b{self.scale_blocks[1]})"
+        k_name = "T" if self.op == "k_grouped" else "K"
+        text = f"{self.op} {dt} -> {self.out_dtype_name}, G={self.num_groups}, M={self.m}, N={self.n}, {k_name}={self.k}"
+        if self.op == "contiguous":
+            text += f", alignment={self.layout.alignment}, b {self.b_major}-major"
+        elif self.op == "masked":
+            text += f", max_m={self.layout.max_m}, b {self.b_major}-major"
+        else:
+            text += f", alignment={self.layout.alignment}" + (", with c" if self.c is not None else "")
+        return text
+
+    def __repr__(self) -> str:
+        return f"Problem({self.summary()}, device={self.device})"
+
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, a: Operand, b: Operand, layout, *, c: torch.Tensor | None = None,
+              out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> "Problem":
+        """Validate a call and return its :class:`Problem`; raises a :mod:`moe_hal.errors`
+        ``ArgumentError`` subclass naming the argument on any inconsistency."""
+        _check_operand(a, "a")
+        _check_operand(b, "b")
+        a_q, b_q = isinstance(a, QuantizedTensor), isinstance(b, QuantizedTensor)
+        if a_q != b_q:
+            raise DTypeError("b", "a QuantizedTensor like a" if a_q else "a plain tensor like a",
+                             "a QuantizedTensor" if b_q else f"a {b.dtype} tensor")
+        if not a_q:
+            name = dtypes.name_of(a.dtype)
+            if name not in dtypes.FLOAT_INPUTS:
+                raise DTypeError("a", "torch.float32, torch.bfloat16, torch.float16 or a QuantizedTensor", a.dtype)
+            if b.dtype != a.dtype:
+                raise DTypeError("b", f"{a.dtype} (the dtype of a)", b.dtype)
+        device = a.device
+        if b.device != device:
+            raise DeviceError("b", f"device {device} (that of a)", b.device)
+
+        if isinstance(layout, ContiguousLayout):
+            problem = cls._contiguous(a, b, layout, c, out_dtype, device)
+        elif isinstance(layout, MaskedLayout):
+            problem = cls._masked(a, b, layout, c, out_dtype, device)
+        elif isinstance(layout, KGroupedLayout):
+            problem = cls._k_grouped(a, b, layout, c, out_dtype, device, out)
+        else:
+            raise LayoutError("layout", "a ContiguousLayout, MaskedLayout or KGroupedLayout",
+                              type(layout).__name__)
+        if out is not None:
+            _check_out(out, problem)
+        return problem
+
+    @classmethod
+    def _contiguous(cls, a, b, layout, c, out_dtype, device):
+        _no_c(c, "contiguous")
+        _rank(a, 2, "a", "[num_rows, K]")
+        _rank(b, 3, "b", "[G, N, K]")
+        m, k = a.shape
+        g, n, kb = b.shape
+        if m != layout.num_rows:
+            raise ShapeError("a.shape[0]", f"{layout.num_rows} rows (layout.num_rows)", m,
+                             "the layout's aligned group counts must cover exactly the rows of a")
+        if g != layout.num_groups:
+            raise ShapeError("b.shape[0]", f"{layout.num_groups} groups (layout.num_groups)", g)
+        if kb != k:
+            raise ShapeError("b.shape[2]", f"K = {k} (a.shape[1])", kb)
+        return cls("contiguous", a, b, layout, None, _out_dtype(a, out_dtype, None), device,
+                   g, m, n, k, _b_major(b))
+
+    @classmethod
+    def _masked(cls, a, b, layout, c, out_dtype, device):
+        _no_c(c, "masked")
+        _rank(a, 3, "a", "[G, max_m, K]")
+        _rank(b, 3, "b", "[G, N, K]")
+        g, max_m, k = a.shape
+        gb, n, kb = b.shape
+        if g != layout.num_groups:
+            raise ShapeError("a.shape[0]", f"{layout.num_groups} groups (masked_m.numel())", g)
+        if max_m != layout.max_m:
+            raise ShapeError("a.shape[1]", f"max_m = {layout.max_m} (layout.max_m)", max_m)
+        if gb != g:
+            raise ShapeError("b.shape[0]", f"{g} groups (a.shape[0])", gb)
+        if kb != k:
+            raise ShapeError("b.shape[2]", f"K = {k} (a.shape[2])", kb)
+        if layout.masked_m.device != device:
+            raise DeviceError("layout.masked_m", f"device {device} (that of a)", layout.masked_m.device)
+        return cls("masked", a, b, layout, None, _out_dtype(a, out_dtype, None), device,
+                   g, max_m, n, k, _b_major(b))
+
+    @classmethod
+    def _k_grouped(cls, a, b, layout, c, out_dtype, device, out):
+        _rank(a, 2, "a", "[T, M]")
+        _rank(b, 2, "b", "[T, N]")
+        t, m = a.shape
+        tb, n = b.shape
+        if t != layout.num_rows:
+            raise ShapeError("a.shape[0]", f"{layout.num_rows} tokens (layout.num_rows)", t,
+                             "the layout's aligned group counts must cover exactly the tokens of a")
+        if tb != t:
+            raise ShapeError("b.shape[0]", f"{t} tokens (a.shape[0])", tb)
+        g = layout.num_groups
+        if c is not None:
+            if not isinstance(c, torch.Tensor):
+                raise ArgumentError("c", "None or a tensor [G, M, N]", type(c).__name__)
+            if tuple(c.shape) != (g, m, n):
+                raise ShapeError("c", f"shape {(g, m, n)}", tuple(c.shape))
+            if c.device != device:
+                raise DeviceError("c", f"device {device} (that of a)", c.device)
+            if out_dtype is not None and c.dtype != out_dtype:
+                raise DTypeError("c", f"{out_dtype} (out_dtype)", c.dtype)
+            if out is not None and out_dtype is None and c.dtype != out.dtype:
+                raise DTypeError("c", f"{out.dtype} (the dtype of out)", c.dtype)
+        return cls("k_grouped", a, b, layout, c, _out_dtype(a, out_dtype, c), device, g, m, n, t, None)
+
+
+def _check_operand(x, name: str) -> None:
+    if not isinstance(x, (torch.Tensor, QuantizedTensor)):
+        raise ArgumentError(name, "a torch.Tensor or a moe_hal.QuantizedTensor", type(x).__name__)
+
+
+def _rank(x, rank: int, name: str, shape: str) -> None:
+    if x.dim() != rank:
+        raise ShapeError(name, f"a {rank}-D tensor {shape}", f"shape {tuple(x.shape)}")
+
+
+def _no_c(c, op: str) -> None:
+    if c is not None:
+        raise ArgumentError("c", f"None (c is only used by K-grouped calls, not {op})", type(c).__name__)
+
+
+def _b_major(b) -> str:
+    data = b.data if isinstance(b, QuantizedTensor) else b
+    _, n, k = data.shape
+    if data.stride(2) == 1 or k == 1:
+        return "k"
+    if data.stride(1) == 1 or n == 1:
+        return "n"
+    return "strided"
+
+
+def _combined_scale_format(a: QuantizedTensor, b: QuantizedTensor) -> str:
+    # ue8m0 only when both operands' scales are powers of two; fp32 covers ue8m0 scales too.
+    return "ue8m0" if a.scale_format == b.scale_format == "ue8m0" else "fp32"
+
+
+def _out_dtype(a, out_dtype: torch.dtype | None, c: torch.Tensor | None) -> torch.dtype:
+    quantized = isinstance(a, QuantizedTensor)
+    allowed = {torch.bfloat16, torch.float32} if quantized else {a.dtype, torch.float32}
+    if out_dtype is None:
+        if c is not None:
+            out_dtype = c.dtype
+        else:
+            out_dtype = torch.bfloat16 if quantized else a.dtype
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in allowed:
+        names = sorted(str(d) for d in allowed)
+        raise DTypeError("out_dtype", f"one of {names} for {'fp8' if quantized else a.dtype} operands", out_dtype)
+    return out_dtype
+
+
+def _check_out(out, problem: Problem) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise ArgumentError("out", "None or a torch.Tensor", type(out).__name__)
+    shape = problem.out_shape()
+    if tuple(out.shape) != shape:
+        raise ShapeError("out", f"shape {shape}", tuple(out.shape))
+    if out.dtype != problem.out_dtype:
+        raise DTypeError("out", f"{problem.out_dtype} (out_dtype)", out.dtype)
+    if out.device != problem.device:
+        raise DeviceError("out", f"device {problem.device} (that of a)", out.device)
+    if out.numel() and out.stride(-1) != 1:
+        raise ShapeError("out", "a row-major tensor (stride(-1) == 1)", f"strides {tuple(out.stride())}")
+    if not _non_overlapping(out):
+        raise AliasError("out", "a tensor whose elements do not overlap each other",
+                         f"strides {tuple(out.stride())} for shape {tuple(out.shape)}")
+    inputs = [("a", problem.a), ("b", problem.b)]
+    if problem.op == "masked":
+        inputs.append(("layout.masked_m", problem.layout.masked_m))
+    for name, x in inputs:
+        parts = [(name + ".data", x.data), (name + ".scale", x.scale)] if isinstance(x, QuantizedTensor) else [(name, x)]
+        for part_name, t in parts:
+            if _overlaps(out, t):
+                raise AliasError("out", f"memory disjoint from {part_name}", f"a tensor overlapping {part_name}")
+    if problem.c is not None and problem.c is not out and _overlaps(out, problem.c):
+        raise AliasError("out", "either c itself (in-place accumulation) or memory disjoint from c",
+                         "a tensor partially overlapping c")
+
+
+def _non_overlapping(t: torch.Tensor) -> bool:
+    dims = sorted((s, n) for s, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for stride, size in dims:
+        if stride < span:
+            return False
+        span = stride * size
+    return True
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return (0, 0)
+    start = t.data_ptr()
+    extent = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    return start, start + extent * t.element_size()
+
+
+def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
+    if x.device != y.device or x.numel() == 0 or y.numel() == 0:
+        return False
+    (x0, x1), (y0, y1) = _byte_range(x), _byte_range(y)
+    return x0 < y1 and y0 < x1

@@ -1,0 +1,281 @@
+"""Backend selection: which backend runs a call, and why every other one does not.
+
+For a :class:`~moe_hal.problem.Problem` the selector resolves the device through the hardware
+DB, asks *every* known backend for its reasons (plugins that failed to load and backends disabled
+by the environment included), and ranks the eligible ones by the user's preference, then
+priority, tier and name — never by registration order. A backend named by the caller
+(``backend="name"`` or ``MOE_HAL_BACKEND=name``) that cannot run the call raises
+:class:`~moe_hal.errors.BackendUnavailableError` with its reasons; a comma list
+(``MOE_HAL_BACKEND=a,b``) restricts the choice to those backends, in that order. There is no
+silent fallback. Decisions are cached per (device, problem signature, preference, environment).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from . import plugins
+from .backend import Backend, BackendSpec, DeviceInfo, Reason
+from .errors import ArgumentError, BackendUnavailableError, NoBackendError
+from .notices import warn_once
+from .problem import Problem
+
+_TIER_RANK = {"optimized": 0, "fallback": 1, "reference": 2}
+
+Preference = str | Sequence[str] | None
+
+
+@dataclass
+class Candidate:
+    """One backend as the selector saw it for a call."""
+
+    name: str
+    spec: BackendSpec | None
+    reasons: list[Reason] = field(default_factory=list)
+    mode: str = ""
+    path: str = ""
+
+    @property
+    def eligible(self) -> bool:
+        return not self.reasons
+
+
+@dataclass
+class Selection:
+    """The outcome of selecting a backend for one problem signature."""
+
+    backend: Backend
+    device: DeviceInfo
+    problem: str
+    candidates: list[Candidate]
+    ranked: list[str]
+    how: str  # "auto", "forced" or "preference"
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def chosen(self) -> Candidate:
+        return next(c for c in self.candidates if c.name == self.name)
+
+    @property
+    def mode(self) -> str:
+        """``native``, ``interpreted`` or ``emulated``."""
+        return self.chosen.mode
+
+    def explain(self) -> str:
+        """Which backend runs the call and why each other backend does not."""
+        return render(self.problem, self.device, self.candidates, self.name, self.ranked, self.how)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"selected": self.name, "how": self.how, "mode": self.mode, "device": self.device.label,
+                "hw_id": self.device.hw_id, "problem": self.problem, "ranked": list(self.ranked),
+                "candidates": [{"name": c.name, "eligible": c.eligible, "mode": c.mode, "path": c.path,
+                                "reasons": [r.as_dict() for r in c.reasons]} for c in self.candidates]}
+
+    def __repr__(self) -> str:
+        return f"<Selection {self.name} ({self.how}) for {self.problem} on {self.device.label}>"
+
+
+# -- devices -----------------------------------------------------------------------------------
+_devices: dict[torch.device, DeviceInfo] = {}
+
+
+def device_info(device: torch.device | str) -> DeviceInfo:
+    """The hardware-DB view of ``device`` (cached per device)."""
+    dev = torch.device(device)
+    info = _devices.get(dev)
+    if info is None:
+        from . import hwdb
+
+        match = hwdb.match(dev)
+        info = DeviceInfo(dev.type, dev.index, match.id, frozenset(match.features), match.seen)
+        _devices[dev] = info
+    return info
+
+
+# -- preferences ---------------------------------------------------------------------------------
+def _preference(backend: Preference) -> tuple[str, tuple[str, ...]]:
+    """``("auto"|"forced"|"preference", names)`` from the argument, else ``MOE_HAL_BACKEND``."""
+    source = "backend"
+    if backend is None:
+        backend = os.environ.get("MOE_HAL_BACKEND", "")
+        source = "MOE_HAL_BACKEND"
+    if isinstance(backend, str):
+        names = tuple(n.strip() for n in backend.split(",") if n.strip())
+    elif isinstance(backend, Sequence):
+        names = tuple(str(n).strip() for n in backend)
+    else:
+        raise ArgumentError("backend", "None, a backend name or a sequence of names", type(backend).__name__)
+    if not names:
+        return "auto", ()
+    if len(set(names)) != len(names):
+        raise ArgumentError(source, "distinct backend names", ",".join(names))
+    return ("forced" if len(names) == 1 else "preference"), names
+
+
+def _disabled() -> frozenset[str]:
+    return frozenset(n.strip() for n in os.environ.get("MOE_HAL_DISABLE_BACKENDS", "").split(",") if n.strip())
+
+
+# -- selection -------------------------------------------------------------------------------------
+_cache: dict[tuple, Selection] = {}
+_cache_lock = threading.Lock()
+
+
+@plugins.on_reload
+def clear_cache() -> None:
+    """Forget cached selections and device lookups."""
+    with _cache_lock:
+        _cache.clear()
+    _devices.clear()
+
+
+def select(problem: Problem, backend: Preference = None) -> Selection:
+    """Select the backend for ``problem`` (see the module docstring); raises when none can run it."""
+    how, names = _preference(backend)
+    disabled = _disabled()
+    key = (problem.signature, how, names, disabled)
+    hit = _cache.get(key)
+    if hit is not None:
+        return hit
+    host = plugins.host().ensure_loaded()
+    device = device_info(problem.device)
+    candidates = evaluate(problem, device, host, disabled, named=set(names))
+    by_name = {c.name: c for c in candidates}
+    if how == "forced":
+        name = names[0]
+        cand = by_name.get(name)
+        if cand is None:
+            known = sorted(n for n, c in by_name.items() if c.spec is not None)
+            raise BackendUnavailableError(name, [Reason("unknown_backend", "no installed plugin provides this "
+                                                        "backend", set(known), name)],
+                                          render(problem.summary(), device, candidates, None, [], how))
+        if not cand.eligible:
+            raise BackendUnavailableError(name, cand.reasons,
+                                          render(problem.summary(), device, candidates, None, [], how))
+        ranked = [name]
+    elif how == "preference":
+        unknown = [n for n in names if n not in by_name]
+        for n in unknown:
+            cand = Candidate(n, None, [Reason("unknown_backend", "no installed plugin provides this backend")])
+            candidates.append(cand)
+            by_name[n] = cand
+        ranked = [n for n in names if by_name[n].eligible]
+    else:
+        ranked = [c.name for c in sorted((c for c in candidates if c.eligible), key=_rank)]
+    if not ranked:
+        raise NoBackendError(render(problem.summary(), device, candidates, None, [], how,
+                                    considered=list(names) if how == "preference" else None))
+    chosen, err = host.backend(ranked[0])
+    assert chosen is not None, err  # eligible backends were instantiated during evaluation
+    selection = Selection(chosen, device, problem.summary(), candidates, ranked, how)
+    if how == "auto":
+        _warn_if_slow(selection, host)
+    with _cache_lock:
+        _cache[key] = selection
+    return selection
+
+
+def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, disabled: frozenset[str],
+             named: set[str]) -> list[Candidate]:
+    """Every known backend and failed plugin with the full list of reasons it cannot run ``problem``."""
+    out = []
+    for name in sorted(host.specs):
+        spec = host.specs[name]
+        cand = Candidate(name, spec)
+        out.append(cand)
+        if name in disabled:
+            cand.reasons.append(Reason("disabled_by_env", "listed in MOE_HAL_DISABLE_BACKENDS"))
+        cand.reasons.extend(host.spec_reasons.get(name, []))
+        if cand.reasons:
+            continue
+        inst, err = host.backend(name)
+        if inst is None:
+            cand.reasons.append(err)
+            continue
+        cand.reasons.extend(_guarded(inst, "is_available", inst.is_available))
+        cand.reasons.extend(_guarded(inst, "check_device", inst.check_device, device))
+        if cand.reasons:
+            continue
+        cand.mode = _guarded_value(inst.execution_mode, device, default=Backend.NATIVE)
+        cand.reasons.extend(spec.signature_reasons(problem))
+        if not cand.reasons:
+            cand.reasons.extend(_guarded(inst, "unsupported", inst.unsupported, problem))
+        if not cand.reasons and name not in named:
+            reason = _guarded_value(inst.auto_select_reason, device, default=None)
+            if reason is not None:
+                cand.reasons.append(reason)
+        if not cand.reasons:
+            cand.path = _guarded_value(inst.describe_path, problem, default="")
+    for record in host.plugins.values():
+        for failure in record.failures:
+            if failure.phase in ("load", "validate", "register_backends", "conflict"):
+                cand = Candidate(f"plugin:{record.name}", None, [Reason(
+                    "plugin_failed" if failure.phase != "conflict" else "plugin_conflict", str(failure))])
+                out.append(cand)
+    return out
+
+
+def _guarded(inst: Backend, what: str, fn, *args) -> list[Reason]:
+    try:
+        reasons = fn(*args)
+    except Exception as exc:  # noqa: BLE001 - a probe must never break selection
+        return [Reason("probe_failed", f"{inst.name}.{what}() raised {type(exc).__name__}: {exc}")]
+    return list(reasons or [])
+
+
+def _guarded_value(fn, arg, default):
+    try:
+        return fn(arg)
+    except Exception:  # noqa: BLE001
+        return default
+
+
+def _rank(c: Candidate) -> tuple:
+    return (-c.spec.priority, _TIER_RANK[c.spec.tier], c.name)
+
+
+def _warn_if_slow(selection: Selection, host: plugins.PluginHost) -> None:
+    spec = selection.backend.spec
+    dev = selection.device.type
+    better = sorted(s.name for s in host.specs.values()
+                    if s.tier == "optimized" and (dev in s.device_types))
+    if spec.tier == "reference" or (spec.tier == "fallback" and better):
+        why = f"; optimized backends for {dev} ({', '.join(better)}) cannot run it" if better else ""
+        warn_once(("selected", spec.name, selection.problem, dev),
+                  f"moe_hal selected the {spec.tier} backend {spec.name!r} for {selection.problem} "
+                  f"on {selection.device.label}{why}. Call moe_hal.select(...).explain() for the reasons.")
+
+
+# -- rendering ---------------------------------------------------------------------------------------
+def render(problem: str, device: DeviceInfo, candidates: list[Candidate], chosen: str | None,
+           ranked: list[str], how: str, considered: list[str] | None = None) -> str:
+    """Plain-text explanation used by ``explain()`` and by selection errors."""
+    lines = [f"call: {problem}", f"device: {device.label}"]
+    by_name = {c.name: c for c in candidates}
+    if chosen is not None:
+        c = by_name[chosen]
+        spec = c.spec
+        mode = "" if c.mode in ("", Backend.NATIVE) else f", {c.mode.upper()}"
+        lines.append(f"selected: {chosen} ({spec.tier}, priority {spec.priority}{mode}; {how})")
+        if c.path:
+            lines.append(f"  path: {c.path}")
+        others = ranked[1:]
+        if others:
+            lines.append("also eligible, ranked lower: " + ", ".join(others))
+    elif considered:
+        lines.append("considered (MOE_HAL_BACKEND / backend= preference): " + ", ".join(considered))
+    rejected = [c for c in candidates if not c.eligible]
+    if rejected:
+        lines.append("not used:")
+        for c in rejected:
+            lines.append(f"  {c.name}:")
+            lines.extend(f"    - {r}" for r in c.reasons)
+    return "\n".join(lines)
