@@ -326,4 +326,4 @@ def test_every_k_single_token_and_all_to_one_expert(k, tokens):
         assert torch.equal(d.a, a) and d.layout.counts.tolist() == counts
         assert torch.equal(d.row_of_slot, row_of_slot)
         w = torch.rand(tokens, k)
-        torch.testing.assert_close(combine(d.a, d, w).double(), ref_combine(d.a, row_of_slot, w))
+        torch.testing.assert_close(combine(d.a, d, w).double(), ref_combine(d.a, row_of_slot, w), rtol=1e-6, atol=1e-5)
