@@ -17,7 +17,8 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (peak / S)     one tile on one core
+    t_tile   = max(2 * max(BM, mma_min_m) * BN * K / (peak / S),    one tile on one core: MMA,
+                   (BM * e_a + BN * e_b) * K / (l2_bw / S))         or operand loads (optional)
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles
     B_min    = G_act*N*K*e_b + sum M_g*K*e_a + sum M_g*N*e_c   each byte once, active experts
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
@@ -108,6 +109,9 @@ class Hardware:
     instruction computes (a tile with BM below it costs ``mma_min_m`` rows; None = no floor).
     ``bw_per_core``: bytes/s one core can stream (caps bandwidth when fewer tiles than cores
     run; None = no cap). ``t_fixed``: seconds of launch + prologue added to every prediction.
+    ``l2_bandwidth``: aggregate bytes/s from L2 into the cores. When set, a tile takes at least
+    the time to load its ``(BM * e_a + BN * e_b) * K`` operand bytes at ``l2_bandwidth / S``, which
+    is what makes short tiles slower in compute-bound calls (None = not modelled).
     ``sources``: where each number came from (free text per key, for reports).
     """
 
@@ -118,6 +122,7 @@ class Hardware:
     mma_min_m: int | None = None
     l2_bytes: int | None = None
     bw_per_core: float | None = None
+    l2_bandwidth: float | None = None
     t_fixed: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -140,6 +145,8 @@ class Hardware:
             raise ArgumentError("Hardware.mma_min_m", "None or a positive int", self.mma_min_m)
         if self.bw_per_core is not None and not _positive_number(self.bw_per_core):
             raise ArgumentError("Hardware.bw_per_core", "None or a positive bytes/s value", self.bw_per_core)
+        if self.l2_bandwidth is not None and not _positive_number(self.l2_bandwidth):
+            raise ArgumentError("Hardware.l2_bandwidth", "None or a positive bytes/s value", self.l2_bandwidth)
         if not _number(self.t_fixed) or self.t_fixed < 0:
             raise ArgumentError("Hardware.t_fixed", "a non-negative number of seconds", self.t_fixed)
 
@@ -357,6 +364,14 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
     n_pad = n_blocks * block_n
     active = sum(1 for c in values if c > 0)
     per_core = peak / S
+    l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
+
+    def tile_time(depth: int) -> float:
+        """Seconds one core spends on one tile with reduction depth ``depth``."""
+        t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
+        if l2_per_core is not None:
+            t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
+        return t
 
     if op == "k_grouped":
         m_blocks = _ceil_div(m, block_m)
@@ -367,13 +382,12 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
         useful = 2.0 * m * n * total_k
         padded = 2.0 * m_blocks * block_m * n_pad * total_k
         occ_m = m / (m_blocks * block_m)
-        cost_rows = m_blocks * max(block_m, m_floor)
-        runs = [(tiles_per_group, 2.0 * max(block_m, m_floor) * block_n * kg / per_core) for kg in values if kg]
+        runs = [(tiles_per_group, tile_time(kg)) for kg in values if kg]
         t_comp = _round_robin_makespan(runs, S)
         out_bytes = len(values) * m * n * e_c * (2 if accumulate else 1)
         bytes_min = total_k * (m + n) * e_a + out_bytes
         bytes_kernel = bytes_min
-        group_terms = [(2.0 * cost_rows * n_pad * kg / peak, (kg * (m + n) * e_a + m * n * e_c) / bw, kg)
+        group_terms = [(tiles_per_group * tile_time(kg) / S, (kg * (m + n) * e_a + m * n * e_c) / bw, kg)
                        for kg in values]
     else:
         m_blocks_g = [_ceil_div(c, block_m) for c in values]
@@ -383,16 +397,14 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
         useful = 2.0 * rows * n * k
         padded = 2.0 * padded_rows * n_pad * k
         occ_m = rows / padded_rows if padded_rows else 1.0
-        t_tile = 2.0 * max(block_m, m_floor) * block_n * k / per_core
-        t_comp = _ceil_div(tiles, S) * t_tile
+        t_comp = _ceil_div(tiles, S) * tile_time(k)
         bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
         bytes_kernel = bytes_min
         if streams_all_experts:
             bytes_kernel += (len(values) - active) * n * k * e_b
         if reads_padding_rows:
             bytes_kernel += (padded_rows - rows) * k * e_a
-        group_terms = [(2.0 * mb * max(block_m, m_floor) * n_pad * k / peak,
-                        (n * k * e_b + c * k * e_a + c * n * e_c) / bw, c)
+        group_terms = [(mb * n_blocks * tile_time(k) / S, (n * k * e_b + c * k * e_a + c * n * e_c) / bw, c)
                        for mb, c in zip(m_blocks_g, values)]
 
     waves = _ceil_div(tiles, S)

@@ -472,3 +472,21 @@ print(perf.estimate(perf.SEED_COUNTS, n=4096, k=7168, hw="nvidia-h200-sxm", dtyp
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["(64,", "128)", "2560"]
+
+
+def test_l2_operand_load_term_favours_taller_tiles():
+    # 4 cores at 1 TFLOP/s each; L2 feeds each core 10 GB/s: a 64x128 bf16 tile needs
+    # (64*2 + 128*2) * K bytes, more time than its MMA, so taller tiles win when compute-bound
+    hw = perf.Hardware("small", 4, {"bf16": 4e12}, 1e15, l2_bandwidth=4e10)
+    k = 256
+    kw = dict(n=128, k=k, hw=hw, dtype="bf16", block_n=128)
+    short = perf.estimate([128] * 4, block_m=64, **kw)
+    tall = perf.estimate([128] * 4, block_m=128, **kw)
+    t64 = max(2 * 64 * 128 * k / 1e12, (64 * 2 + 128 * 2) * k / 1e10)
+    t128 = max(2 * 128 * 128 * k / 1e12, (128 * 2 + 128 * 2) * k / 1e10)
+    assert short.t_compute == pytest.approx(2 * t64) and tall.t_compute == pytest.approx(t128)
+    assert perf.advise([128] * 4, 128, k, hw, "bf16", tiles=[(64, 128), (128, 128)]).tile == (128, 128)
+    # without the term both tiles predict the same time
+    plain = hw.replace(l2_bandwidth=None)
+    assert perf.estimate([128] * 4, block_m=64, **{**kw, "hw": plain}).t_compute == pytest.approx(
+        perf.estimate([128] * 4, block_m=128, **{**kw, "hw": plain}).t_compute)

@@ -1,0 +1,96 @@
+"""Tests of ``moe-hal model`` (moe_hal/cli/model.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+
+from moe_hal.cli import model
+
+SEED = "4,1026,1799,166,694,753,0,16,0,240,1119,19,6,0,46,659,10,0,112,808,181,0,28,22,90,0,176,0,37,5,10,22"
+
+
+def run(argv, capsys):
+    parser = argparse.ArgumentParser(prog="moe-hal")
+    model.register(parser.add_subparsers())
+    args = parser.parse_args(["model", *argv])
+    rc = args.func(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_seed_question_json(capsys):
+    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"],
+                     capsys)
+    assert rc == 0
+    report = json.loads(out)
+    ranked = report["ranked"]
+    assert [e["block_m"] for e in ranked] == [64, 128, 256]
+    assert [e["tiles"] for e in ranked] == [4480, 2560, 1568]
+    assert [round(e["occupancy_m"], 3) for e in ranked] == [0.898, 0.786, 0.642]
+    assert report["recommendation"]["tile"] == [64, 128]
+    ans = report["answer"]
+    # the DB's H200: fp8 1979 TFLOPS (spec) and 4.3 TB/s (measured copy) -> M* = 230 rows
+    assert round(report["ridge_m"]) == 230
+    assert ans["free"] is False and ans["gap_best"] > 0.03
+    assert len(ans["below"]) == 17 and ans["rows_below"] == 950
+    assert sorted(ans["above"]) == sorted(g for g, c in enumerate(map(int, SEED.split(","))) if c > 230)
+    assert report["problem"]["active_groups"] == 25 and report["problem"]["rows"] == 8048
+
+
+def test_default_histogram_is_the_seed_and_table_output(capsys):
+    rc, out, _ = run(["--dtype", "fp8"], capsys)
+    assert rc == 0
+    assert "issue #211" in out and "64x128" in out and "Recommendation: 64x128" in out
+    assert "Padding is not free here" in out and "M* = 230 rows" in out
+
+
+def test_memory_bound_decode_answer(capsys):
+    rc, out, _ = run(["--op", "masked", "--counts", ",".join(["8"] * 32), "--max-m", "128", "--dtype", "fp8",
+                      "--tiles", "64x128,128x128", "--json"], capsys)
+    assert rc == 0
+    report = json.loads(out)
+    assert report["answer"]["free"] is True
+    assert report["ranked"][0]["bound"] == "memory"
+    assert report["recommendation"]["tile"] == [64, 128]
+
+
+def test_dist_and_k_grouped(capsys):
+    rc, out, _ = run(["--dist", "zipf:1.2", "--tokens", "4096", "--experts", "32", "--topk", "8", "--json"], capsys)
+    assert rc == 0 and sum(json.loads(out)["problem"]["counts"]) == 4096 * 8
+    rc, out, _ = run(["--dist", "seed", "--tokens", "512", "--topk", "8", "--json"], capsys)
+    assert rc == 0 and sum(json.loads(out)["problem"]["counts"]) == 4096
+    rc, out, _ = run(["--op", "k_grouped", "--m", "4096", "--n", "7168", "--counts", "8192,0,300", "--json"], capsys)
+    report = json.loads(out)
+    assert rc == 0 and report["problem"]["k"] is None and report["ranked"][0]["m"] == 4096
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--dist", "uniform"], "--tokens"),
+    (["--counts", "1,x"], "--counts"),
+    (["--tiles", "64by128"], "--tiles"),
+    (["--dtype", "fp64"], "dtype"),
+    (["--hw", "no-such-gpu"], "hw"),
+    (["--op", "masked", "--counts", "5,300", "--max-m", "256"], "counts[1]"),
+])
+def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
+    rc, _, err = run(argv, capsys)
+    assert rc == 2 and needle in err
+
+
+def test_plot_renders(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "seed.png"
+    rc, out, _ = run(["--dtype", "fp8", "--plot", str(path)], capsys)
+    assert rc == 0 and "plot written" in out
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_plot_without_matplotlib_says_which_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc, _, err = run(["--plot", str(tmp_path / "x.png")], capsys)
+    assert rc == 2 and "moe-hal[plot]" in err
