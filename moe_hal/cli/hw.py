@@ -1,0 +1,195 @@
+"""``moe-hal hw``: list, show and match hardware-database entries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+# Short basis tags for tables (the JSON output carries the full words).
+_BASIS_TAG = {"datasheet": "ds", "whitepaper": "wp", "secondary": "sec", "derived": "der", "measured": "meas"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("hw", help="list, show and match hardware-database entries",
+                       description="The hardware database: one YAML entry per accelerator, every number "
+                                   "with its basis and source (see docs/hwdb.md). Extra entries and "
+                                   "measured overlays come from MOE_HAL_HWDB and plugins.")
+    hw_sub = p.add_subparsers(dest="hw_command", metavar="SUBCOMMAND")
+
+    lst = hw_sub.add_parser("list", help="one line per entry", description="List every entry, overlays included.")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    lst.set_defaults(func=run_list)
+
+    show = hw_sub.add_parser("show", help="every figure of one entry with its basis and source",
+                             description="Show one entry: recognition, features and every quantity.")
+    show.add_argument("id", metavar="ID", help="entry id or alias (e.g. nvidia-h200-sxm, h200)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=run_show)
+
+    match = hw_sub.add_parser("match", help="which entry each device of this machine matches",
+                              description="Recognise the CPU and every CUDA device (and NPU devices when "
+                                          "torch_npu is already loaded, or when named with --device).")
+    match.add_argument("--device", action="append", metavar="DEV",
+                       help="match only this device (e.g. cuda:1, npu:0, cpu); repeatable")
+    match.add_argument("--json", action="store_true", help="print JSON")
+    match.set_defaults(func=run_match)
+
+    p.set_defaults(func=lambda args: _help(p))
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _guarded(run):
+    """Run a subcommand, turning hardware-DB and argument errors into a message and exit status."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        import sys
+
+        from ..errors import ArgumentError, HardwareDBError
+
+        try:
+            return run(args)
+        except HardwareDBError as exc:
+            print(f"moe-hal hw: hardware DB error: {exc}", file=sys.stderr)
+            return 1
+        except ArgumentError as exc:
+            print(f"moe-hal hw: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
+def _figure(entry: Any, path: str, scale: float = 1.0) -> str:
+    """A quantity as ``value tag`` in the given display scale (SI divided by ``scale``)."""
+    q = entry.quantity(path)
+    if q is None:
+        return "-"
+    return f"{q.si / scale:.6g} {_BASIS_TAG[q.basis]}"
+
+
+def _peak(entry: Any, dtype: str) -> str:
+    for path in (f"measured.matmul.{dtype}", f"peak_dense.{dtype}"):
+        if entry.quantity(path) is not None:
+            return _figure(entry, path, 1e12)
+    return "-"
+
+
+def _summary(entry: Any) -> dict[str, Any]:
+    return {
+        "id": entry.id, "name": entry.name, "vendor": entry.vendor, "architecture": entry.architecture,
+        "aliases": list(entry.aliases), "features": sorted(entry.features), "path": entry.path,
+        "measured_paths": list(entry.measured_paths), "num_cores": entry.num_cores,
+        "peak_flops": {d: entry.peak_flops(d) for d in ("bf16", "fp8", "fp4")},
+        "mem_bandwidth": entry.mem_bandwidth(),
+    }
+
+
+@_guarded
+def run_list(args: argparse.Namespace) -> int:
+    from .. import hwdb
+
+    entries = hwdb.all()
+    if args.json:
+        print(json.dumps([_summary(e) for e in entries], indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="hardware database (dense peaks; ds/wp/sec/der/meas = basis)", title_justify="left")
+    for col in ("id", "name", "arch", "cores", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS", "memory GB",
+                "BW TB/s", "features"):
+        t.add_column(col)
+    for e in entries:
+        cores = e.quantity("compute.units")
+        kind = e.raw["compute"]["unit_kind"]
+        t.add_row(e.id, e.name, e.architecture, f"{int(cores.value)} {kind}" if cores else "-",
+                  _peak(e, "bf16"), _peak(e, "fp8"), _peak(e, "fp4"),
+                  _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12),
+                  ", ".join(sorted(e.features)))
+    Console().print(t)
+    return 0
+
+
+@_guarded
+def run_show(args: argparse.Namespace) -> int:
+    from .. import hwdb
+
+    entry = hwdb.get(args.id)
+    if args.json:
+        print(json.dumps(entry.to_dict(), indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{entry.id}[/bold]  {entry.name}  ({entry.vendor}, {entry.architecture})")
+    console.print(f"file: {entry.path}")
+    for path in entry.measured_paths:
+        console.print(f"measured overlay: {path}")
+    if entry.aliases:
+        console.print(f"aliases: {', '.join(entry.aliases)}")
+    console.print(f"features: {', '.join(sorted(entry.features)) or '-'}")
+    recognition = {k: v for k, v in entry.raw["recognition"].items() if k in ("cuda", "npu", "cpu")}
+    console.print(f"recognition: {json.dumps(recognition)}", markup=False, highlight=False)
+
+    t = Table(title="quantities", title_justify="left", show_lines=False)
+    for col in ("field", "value", "unit", "basis", "source / note"):
+        t.add_column(col, overflow="fold")
+    for path, node in entry.quantities():
+        value = "unknown" if node["value"] is None else f"{node['value']:g}"
+        basis = node.get("basis", "-")
+        text = node.get("source", "")
+        if basis == "measured":
+            text += f" [{node['date']}; {node['method']}; {node['tool']}]"
+        if node.get("note"):
+            text += f" -- {node['note']}" if text else node["note"]
+        t.add_row(path, value, node["unit"], basis, text)
+    console.print(t)
+    for note in entry.raw.get("notes", ()):
+        console.print(f"note: {note}", markup=False, highlight=False)
+    return 0
+
+
+def _this_machine() -> list[str]:
+    """Devices to match: the CPU, each CUDA device, and NPUs only if torch_npu is already loaded
+    (importing it on a machine without CANN can break the process)."""
+    import torch
+
+    devices = ["cpu"]
+    try:
+        if torch.cuda.is_available():
+            devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - a broken driver must not break the listing
+        pass
+    npu = getattr(torch, "npu", None)
+    try:
+        if npu is not None and npu.is_available():
+            devices += [f"npu:{i}" for i in range(npu.device_count())]
+    except Exception:  # noqa: BLE001
+        pass
+    return devices
+
+
+@_guarded
+def run_match(args: argparse.Namespace) -> int:
+    from .. import hwdb
+
+    devices = args.device or _this_machine()
+    results = [{"device": d, **hwdb.match(d).to_dict()} for d in devices]
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="hardware-DB match", title_justify="left")
+    for col in ("device", "entry", "seen", "reason"):
+        t.add_column(col, overflow="fold")
+    for r in results:
+        t.add_row(r["device"], r["id"] or "[yellow]none[/yellow]", r["seen"], r["reason"] or "")
+    Console().print(t)
+    return 0
