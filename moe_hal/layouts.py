@@ -18,7 +18,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .errors import DTypeError, LayoutError, ShapeError
+from .errors import CapacityError, DeviceError, DTypeError, LayoutError, ShapeError
+from .quant import QuantizedTensor
 
 IntsLike = Sequence[int] | torch.Tensor
 
@@ -352,7 +353,7 @@ class MaskedLayout:
         if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int)
                                        or expected_m < 1):
             raise LayoutError("expected_m", "None or a positive int", expected_m)
-        if check and masked_m.numel() and not _capturing(masked_m.device):
+        if check and masked_m.numel() and not _values_unreadable(masked_m.device):
             lo, hi = (int(v) for v in torch.aminmax(masked_m))
             if lo < 0:
                 g = int(torch.nonzero(masked_m < 0)[0])
@@ -377,13 +378,132 @@ class MaskedLayout:
                 f"expected_m={self.expected_m}, device={self.masked_m.device})")
 
 
-def _capturing(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    return bool(torch.cuda.is_current_stream_capturing())
+def _values_unreadable(device: torch.device) -> bool:
+    """True where reading ``masked_m`` on the host is impossible (meta tensors) or illegal
+    (a CUDA graph is being captured)."""
+    if device.type == "meta":
+        return True
+    return device.type == "cuda" and bool(torch.cuda.is_current_stream_capturing())
 
 
 Layout = ContiguousLayout | MaskedLayout | KGroupedLayout
 
-__all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "SegmentLayout", "align"]
+__all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "SegmentLayout", "align",
+           "contiguous_to_masked", "masked_to_contiguous"]
 
+
+# -- data conversions between the contiguous and masked layouts -------------------------------------
+#
+# Both directions move whole rows, so they serve activations (``a``) and GEMM outputs alike, and a
+# QuantizedTensor with per-row scales (``block = (1, c)``) moves its scale rows with its data rows.
+# The counts <-> psum <-> m_indices conversions are the ContiguousLayout constructors and views
+# (``from_counts``/``from_psum``/``from_m_indices`` and ``counts``/``psum``/``m_indices()``).
+
+RowOperand = torch.Tensor | QuantizedTensor
+
+
+def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor) -> RowOperand:
+    """``x[source_rows]`` along dim 0 (a tensor, or a QuantizedTensor with per-row scales) with the
+    rows listed in ``empty_rows`` (int64, same device) set to zero — their scale to 1.0, a power of
+    two, so UE8M0 packing stays exact. Only the empty rows are written a second time."""
+    if isinstance(x, QuantizedTensor):
+        raw = x.data.view(torch.uint8)                    # fp8 lacks fill kernels; zero bits == 0.0
+        data = take_rows(raw, source_rows, empty_rows).view(torch.float8_e4m3fn)
+        if x.scale.shape[0] == 0:
+            scale = x.scale.new_ones(source_rows.shape[0], *x.scale.shape[1:])
+        else:
+            scale = x.scale.index_select(0, source_rows).index_fill_(0, empty_rows, 1.0)
+        return QuantizedTensor(data, scale, x.block, x.scale_format)
+    if x.shape[0] == 0:                                   # nothing to read: every row is empty
+        return x.new_zeros(source_rows.shape[0], *x.shape[1:])
+    return x.index_select(0, source_rows).index_fill_(0, empty_rows, 0)
+
+
+def _check_rows_operand(x: object, argument: str, rank: int) -> torch.Tensor:
+    """The row tensor of ``x`` (a tensor, or the data of a QuantizedTensor with per-row scales)."""
+    data = x.data if isinstance(x, QuantizedTensor) else x
+    if not isinstance(data, torch.Tensor):
+        raise DTypeError(argument, "a torch.Tensor or moe_hal.QuantizedTensor", type(x).__name__)
+    if data.dim() != rank:
+        raise ShapeError(argument, f"a {rank}-D tensor", tuple(data.shape))
+    if isinstance(x, QuantizedTensor) and x.block[0] != 1:
+        raise ShapeError(f"{argument}.block", "(1, cols): per-row scales, so rows can move with their scales",
+                         x.block)
+    return data
+
+
+def _reshape_rows(x: RowOperand, lead: tuple[int, ...]) -> RowOperand:
+    if isinstance(x, QuantizedTensor):
+        return QuantizedTensor(x.data.reshape(*lead, x.data.shape[-1]),
+                               x.scale.reshape(*lead, x.scale.shape[-1]), x.block, x.scale_format)
+    return x.reshape(*lead, x.shape[-1])
+
+
+def contiguous_to_masked(a: RowOperand, layout: ContiguousLayout,
+                         max_m: int | None = None) -> tuple[RowOperand, MaskedLayout]:
+    """Rows of a contiguous M-grouped tensor -> the masked layout.
+
+    ``a``: ``[num_rows, K]`` tensor (activations or GEMM output) or a QuantizedTensor with
+    ``block = (1, c)``, laid out by ``layout``. ``max_m``: the row capacity per group; default
+    ``max(counts)`` (0 without groups). Returns ``(a3, masked_layout)``: ``a3[g, m] = a[starts[g] + m]``
+    for ``m < counts[g]``, zero rows after (scale 1.0 when quantized); ``masked_layout.masked_m``
+    is ``counts`` as int32 on ``a``'s device. A group with more than ``max_m`` rows raises
+    :class:`~moe_hal.errors.CapacityError`. Rows of ``a`` that belong to no group are not read.
+    """
+    data = _check_rows_operand(a, "a", 2)
+    if not isinstance(layout, ContiguousLayout):
+        raise LayoutError("layout", "a ContiguousLayout", type(layout).__name__)
+    if data.shape[0] != layout.num_rows:
+        raise ShapeError("a", f"{layout.num_rows} rows (layout.num_rows)", tuple(data.shape))
+    counts = list(layout.counts_list)
+    if max_m is None:
+        max_m = max(counts, default=0)
+    if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 0:
+        raise LayoutError("max_m", "None or a non-negative int", max_m)
+    over = [g for g, c in enumerate(counts) if c > max_m]
+    if over:
+        raise CapacityError(f"layout.counts[{over[0]}]", f"<= max_m = {max_m}", counts[over[0]],
+                            f"{len(over)} group(s) exceed the capacity")
+    num_groups = layout.num_groups
+    m = torch.arange(max_m, dtype=torch.int64)
+    filled = m < torch.tensor(counts, dtype=torch.int64).reshape(num_groups, 1)       # [G, max_m]
+    starts = torch.tensor(layout.starts, dtype=torch.int64).reshape(num_groups, 1)
+    source = torch.where(filled, starts + m, 0).reshape(-1)
+    empty = torch.nonzero(~filled.reshape(-1)).flatten()
+    rows = take_rows(a, source.to(data.device), empty.to(data.device))
+    masked_m = torch.tensor(counts, dtype=torch.int32, device=data.device)
+    return _reshape_rows(rows, (num_groups, max_m)), MaskedLayout(masked_m, max_m, check=False)
+
+
+def masked_to_contiguous(a3: RowOperand, layout: MaskedLayout,
+                         alignment: int = 128) -> tuple[RowOperand, ContiguousLayout]:
+    """Rows of a masked M-grouped tensor -> the contiguous layout (DeepGEMM's masked-to-psum).
+
+    ``a3``: ``[G, max_m, K]`` tensor (activations or GEMM output) or a QuantizedTensor with
+    ``block = (1, c)``. Returns ``(a, contiguous_layout)``: ``contiguous_layout =
+    ContiguousLayout.from_counts(masked_m, alignment)`` and ``a[starts[g] + m] = a3[g, m]`` for
+    ``m < masked_m[g]``; padding rows are zero. Rows past ``masked_m`` are never read (a masked GEMM
+    leaves them unwritten). Reads ``masked_m`` on the host (one device sync) and re-checks
+    ``0 <= masked_m[g] <= max_m`` (LayoutError), since a MaskedLayout may skip that check.
+    """
+    data = _check_rows_operand(a3, "a3", 3)
+    if not isinstance(layout, MaskedLayout):
+        raise LayoutError("layout", "a MaskedLayout", type(layout).__name__)
+    expected = (layout.num_groups, layout.max_m)
+    if tuple(data.shape[:2]) != expected:
+        raise ShapeError("a3", f"[G, max_m, K] with (G, max_m) = {expected} (from the layout)", tuple(data.shape))
+    if layout.masked_m.device != data.device:
+        raise DeviceError("layout.masked_m", f"device {data.device} (that of a3)", layout.masked_m.device)
+    counts = layout.masked_m.tolist()
+    for g, c in enumerate(counts):
+        if not 0 <= c <= layout.max_m:
+            raise LayoutError(f"masked_m[{g}]", f"a row count in [0, {layout.max_m}] (max_m)", c)
+    contiguous = ContiguousLayout.from_counts(counts, alignment=alignment)
+    group = contiguous.m_indices().to(torch.int64)
+    g = group.clamp(min=0)
+    row = torch.arange(contiguous.num_rows, dtype=torch.int64)
+    shift = torch.tensor(contiguous.starts, dtype=torch.int64) - torch.arange(len(counts)) * layout.max_m
+    source = torch.where(group >= 0, row - shift[g], 0) if counts else row
+    flat = _reshape_rows(a3, (layout.num_groups * layout.max_m,))
+    rows = take_rows(flat, source.to(data.device), contiguous.gap_rows_on(data.device))
+    return rows, contiguous

@@ -262,8 +262,7 @@ class PluginHost:
                 if not isinstance(inst, Backend):
                     raise TypeError(f"{spec.impl} is not a moe_hal.Backend subclass")
             except Exception as exc:  # noqa: BLE001
-                err = Reason("backend_import_failed", f"importing {spec.impl} failed: {type(exc).__name__}: {exc}",
-                             None, "".join(traceback.format_exception_only(type(exc), exc)).strip())
+                err = Reason("backend_import_failed", f"importing {spec.impl} failed: {type(exc).__name__}: {exc}")
                 self._instance_errors[name] = err
                 return None, err
             self._instances[name] = inst

@@ -25,8 +25,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"moe-hal {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        try:
+            importlib.import_module(f"{__name__}.{name}").register(sub)
+        except Exception as exc:  # noqa: BLE001 - one broken subcommand must not take `info` down
+            _register_broken(sub, name, exc)
     return parser
+
+
+def _register_broken(sub, name: str, exc: Exception) -> None:
+    message = f"the `{name}` subcommand failed to load: {type(exc).__name__}: {exc}"
+    parser = sub.add_parser(name, help=f"(unavailable: {type(exc).__name__})", description=message)
+
+    def report(args) -> int:
+        print(f"moe-hal: {message}", file=sys.stderr)
+        return 1
+
+    parser.set_defaults(func=report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,1 @@
+"""A test vendor plugin for moe_hal (see tests/plugins/README.md)."""

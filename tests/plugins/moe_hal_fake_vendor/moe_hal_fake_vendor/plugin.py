@@ -1,0 +1,32 @@
+"""Hook implementations of the fake vendor; imports nothing heavy, like a real plugin must."""
+
+from pathlib import Path
+
+import moe_hal
+
+_FLOATS = {"fp32", "bf16", "fp16"}
+
+SPEC = moe_hal.BackendSpec(
+    name="fake_vendor",
+    vendor="example",
+    device_types=("cpu",),
+    tier="fallback",
+    priority=-100,
+    impl="moe_hal_fake_vendor.backend:FakeVendorBackend",
+    signatures=(moe_hal.Signature(ops={"contiguous", "masked", "k_grouped"}, dtypes=_FLOATS,
+                                  out_dtypes=_FLOATS),),
+    deterministic=True,
+    description="test vendor: per-group torch.mm with fp32 accumulation",
+)
+
+
+@moe_hal.hookimpl
+def moe_hal_register_backends(register):
+    register(SPEC)
+
+
+@moe_hal.hookimpl
+def moe_hal_conformance_manifest(backend_name):
+    if backend_name == "fake_vendor":
+        return Path(__file__).with_name("expected_failures.yaml")
+    return None
