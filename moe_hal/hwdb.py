@@ -44,6 +44,7 @@ __all__ = [
     "match_cuda",
     "match_npu",
     "reload",
+    "validate",
 ]
 
 #: Environment variable naming extra YAML files or directories, separated by ``os.pathsep``.
@@ -475,6 +476,13 @@ def reload(*, forget_overlays: bool = False) -> None:
         _cache["key"] = None
         if forget_overlays:
             _plugin_overlays.clear()
+
+
+def validate(path: str | os.PathLike) -> None:
+    """Check one YAML file (or every ``*.yaml`` of a directory) against the schema and against
+    the database it would join: the same checks as loading it through ``MOE_HAL_HWDB``, without
+    registering it. Raises :class:`~moe_hal.errors.HardwareDBError` naming the file and field."""
+    _build([*_plugin_overlays, *_env_overlays(), (Path(path).expanduser(), "validate")])
 
 
 def add_overlay(path: str | os.PathLike, origin: str) -> None:
