@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ArgumentError, CapacityError, DeviceError, DTypeError, LayoutError, ShapeError
-from .layouts import ContiguousLayout, MaskedLayout
+from .layouts import ContiguousLayout, MaskedLayout, _reshape_rows, take_rows
 from .quant import QuantizedTensor
 
 Hidden = torch.Tensor | QuantizedTensor
@@ -192,22 +192,6 @@ def _sort_slots(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, tor
     return order, expert_sorted, stats
 
 
-def _gather_rows(hidden: Hidden, source_token: torch.Tensor, empty_rows: torch.Tensor) -> Hidden:
-    """Rows ``hidden[source_token]`` with the rows listed in ``empty_rows`` (int64) zeroed
-    (scale 1.0 when quantized). Only the empty rows are touched a second time."""
-    if isinstance(hidden, QuantizedTensor):
-        raw = hidden.data.view(torch.uint8)          # fp8 lacks some fill kernels; zero bits == 0.0
-        data = _gather_rows(raw, source_token, empty_rows).view(torch.float8_e4m3fn)
-        if hidden.scale.shape[0] == 0:
-            scale = hidden.scale.new_ones(source_token.shape[0], hidden.scale.shape[1])
-        else:
-            scale = hidden.scale.index_select(0, source_token).index_fill_(0, empty_rows, 1.0)
-        return QuantizedTensor(data, scale, hidden.block, hidden.scale_format)
-    if hidden.shape[0] == 0:                         # no tokens: every row is an empty row
-        return hidden.new_zeros(source_token.shape[0], hidden.shape[1])
-    return hidden.index_select(0, source_token).index_fill_(0, empty_rows, 0)
-
-
 def _token_of(slot_of_row: torch.Tensor, k: int) -> torch.Tensor:
     return torch.where(slot_of_row >= 0, torch.div(slot_of_row, k, rounding_mode="floor"), -1)
 
@@ -306,7 +290,7 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
     row_of_slot = torch.empty_like(flat).scatter_(0, order, dest)
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0)
-    a = _gather_rows(hidden, source_token, layout.gap_rows_on(device))
+    a = take_rows(hidden, source_token, layout.gap_rows_on(device))
     return Dispatch(a, layout, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
                     _combine_plan(row_of_slot, tokens, k, kept))
 
@@ -375,19 +359,11 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0).reshape(-1)
     empty_rows = torch.nonzero_static(~filled.reshape(-1), size=num_experts * max_m - kept).flatten()
-    a = _gather_rows(hidden, source_token, empty_rows)
-    hidden_size = a.shape[-1]
-    a = _reshape_rows(a, (num_experts, max_m, hidden_size))
+    a = take_rows(hidden, source_token, empty_rows)
+    a = _reshape_rows(a, (num_experts, max_m))
     layout = MaskedLayout(masked_m, max_m, check=False)    # in range by construction
     return MaskedDispatch(a, layout, dropped, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
                           _combine_plan(row_of_slot, tokens, k, kept))
-
-
-def _reshape_rows(a: Hidden, shape: tuple[int, int, int]) -> Hidden:
-    if isinstance(a, QuantizedTensor):
-        return QuantizedTensor(a.data.view(shape), a.scale.view(*shape[:2], a.scale.shape[-1]), a.block,
-                               a.scale_format)
-    return a.view(shape)
 
 
 def combine_masked(expert_out: torch.Tensor, md: MaskedDispatch,
