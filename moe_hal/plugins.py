@@ -87,15 +87,25 @@ class PluginHost:
         self.spec_reasons: dict[str, list[Reason]] = {}
         self._instances: dict[str, Backend] = {}
         self._instance_errors: dict[str, Reason] = {}
-        self._hw_overlays: list[tuple[str, str]] = []
+        self._discovering = False
+        #: (path, plugin) hardware-DB overlays contributed through ``moe_hal_hardware_db``.
+        self.hw_overlays: list[tuple[str, str]] = []
 
     # -- discovery ---------------------------------------------------------------------------
     def ensure_loaded(self) -> "PluginHost":
-        if not self._loaded:
-            with self._lock:
-                if not self._loaded:
-                    self._discover()
-                    self._loaded = True
+        """Discover plugins once. Re-entrant: the hardware DB asks for plugins while discovery
+        registers their overlays, and then sees the ones registered so far."""
+        if self._loaded:
+            return self
+        with self._lock:
+            if self._loaded or self._discovering:
+                return self
+            self._discovering = True
+            try:
+                self._discover()
+                self._loaded = True
+            finally:
+                self._discovering = False
         return self
 
     def _discover(self) -> None:
@@ -126,6 +136,7 @@ class PluginHost:
                 pm.unregister(name=record.name)
                 self._fail(record, "validate", exc)
         self._collect_backends()
+        self._register_hw_overlays()
         failures = [f for r in self.plugins.values() for f in r.failures]
         if failures and os.environ.get("MOE_HAL_STRICT_PLUGINS", "") not in ("", "0"):
             raise PluginError(failures)
@@ -149,6 +160,7 @@ class PluginHost:
             dist = getattr(eps[0], "dist", None)
             record = PluginRecord(name, eps[0].value, dist.name if dist else "", dist.version if dist else "")
             if name == BUILTIN_PLUGIN:
+                record.name = f"{name}:{eps[0].value}"  # keep the core's own record intact
                 record.status = "conflict"
                 record.failures.append(PluginFailure(name, "conflict", "NameError",
                                                      f"plugin name {name!r} is reserved for the core"))
@@ -214,21 +226,22 @@ class PluginHost:
             record.distribution, record.version))
 
     # -- hardware-DB overlays ------------------------------------------------------------------
-    def hardware_db_paths(self) -> list[tuple[str, str]]:
-        """``(path, plugin)`` pairs contributed through ``moe_hal_hardware_db``; a failing
-        plugin is recorded and skipped."""
-        self.ensure_loaded()
-        with self._lock:
-            if not self._hw_overlays:
-                for impl in self.pm.hook.moe_hal_hardware_db.get_hookimpls():
-                    paths: list[str] = []
-                    try:
-                        impl.function(register=lambda p, _acc=paths: _acc.append(os.fspath(p)))
-                    except Exception as exc:  # noqa: BLE001
-                        self._fail(self.plugins[impl.plugin_name], "hardware_db", exc)
-                        continue
-                    self._hw_overlays.extend((p, impl.plugin_name) for p in paths)
-            return list(self._hw_overlays)
+    def _register_hw_overlays(self) -> None:
+        """Hand the paths plugins register through ``moe_hal_hardware_db`` to the hardware DB,
+        which validates them at once; a failing hook or a malformed file fails only that plugin."""
+        from . import hwdb
+
+        for impl in self.pm.hook.moe_hal_hardware_db.get_hookimpls():
+            record = self.plugins[impl.plugin_name]
+            paths: list[str] = []
+            _trace(f"calling moe_hal_hardware_db of {impl.plugin_name}")
+            try:
+                impl.function(register=lambda p, _acc=paths: _acc.append(os.fspath(p)))
+                for path in paths:
+                    hwdb.add_overlay(path, origin=impl.plugin_name)
+                    self.hw_overlays.append((path, impl.plugin_name))
+            except Exception as exc:  # noqa: BLE001
+                self._fail(record, "hardware_db", exc)
 
     def conformance_manifests(self, backend_name: str) -> list[tuple[str, str]]:
         """``(path, plugin)`` expected-failure manifests plugins ship for ``backend_name``."""
@@ -317,6 +330,9 @@ def reload() -> PluginHost:
     global _host
     with _host_lock:
         _host = PluginHost()
+    from . import hwdb
+
+    hwdb.reload(forget_overlays=True)
     for hook in _reload_hooks:
         hook()
     return _host

@@ -26,6 +26,11 @@ def moe_hal_register_backends(register):
 
 
 @moe_hal.hookimpl
+def moe_hal_hardware_db(register):
+    register(Path(__file__).with_name("hwdb_overlay.yaml"))
+
+
+@moe_hal.hookimpl
 def moe_hal_conformance_manifest(backend_name):
     if backend_name == "fake_vendor":
         return Path(__file__).with_name("expected_failures.yaml")
