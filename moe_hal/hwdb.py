@@ -326,7 +326,19 @@ def _pick_error(errors: list) -> Any:
     return min(errors, key=lambda e: (e.validator == "unevaluatedProperties", -len(e.absolute_path)))
 
 
+# Parsed files by (path, text): YAML parsing dominates load time, and a reload after changing
+# MOE_HAL_HWDB should not re-parse the files that did not change.
+_parsed: dict[tuple[str, str], _Document] = {}
+
+
 def _parse(text: str, path: str) -> _Document:
+    key = (path, text)
+    if key not in _parsed:
+        _parsed[key] = _parse_uncached(text, path)
+    return _parsed[key]
+
+
+def _parse_uncached(text: str, path: str) -> _Document:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
