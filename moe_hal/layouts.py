@@ -57,7 +57,8 @@ class SegmentLayout:
     """Groups as ordered row segments of one axis; the shared base of the contiguous and
     K-grouped layouts. Holds host-side segment bounds and caches device tensors per device."""
 
-    __slots__ = ("_counts", "_starts", "_ends", "alignment", "num_rows", "_device_cache", "__weakref__")
+    __slots__ = ("_counts", "_starts", "_ends", "alignment", "num_rows", "num_valid_rows", "_device_cache",
+                 "__weakref__")
 
     #: Operation name used in problem signatures and backend support matrices.
     op: str = ""
@@ -68,6 +69,8 @@ class SegmentLayout:
         self._ends = tuple(s + c for s, c in zip(self._starts, self._counts))
         self.alignment = alignment
         self.num_rows = num_rows
+        #: Rows that belong to some group.
+        self.num_valid_rows = sum(self._counts)
         self._device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     # -- constructors -----------------------------------------------------------------------
@@ -146,11 +149,6 @@ class SegmentLayout:
         """Exclusive end row of each group (the psum values)."""
         return self._ends
 
-    @property
-    def num_valid_rows(self) -> int:
-        """Rows that belong to some group."""
-        return sum(self._counts)
-
     def segments(self) -> Iterable[tuple[int, int, int]]:
         """``(group, start, end)`` for every group, empty ones included, in order."""
         return zip(range(len(self._counts)), self._starts, self._ends)
@@ -199,6 +197,9 @@ class SegmentLayout:
         return ids
 
     def _cached(self, kind: str, device, build) -> torch.Tensor:
+        hit = self._device_cache.get((kind, device))
+        if hit is not None:
+            return hit
         dev = torch.device(device) if device is not None else torch.device("cpu")
         key = (kind, dev)
         hit = self._device_cache.get(key)

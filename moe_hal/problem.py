@@ -202,9 +202,10 @@ def _no_c(c, op: str) -> None:
 def _b_major(b) -> str:
     data = b.data if isinstance(b, QuantizedTensor) else b
     _, n, k = data.shape
-    if data.stride(2) == 1 or k == 1:
+    _, s_n, s_k = data.stride()
+    if s_k == 1 or k == 1:
         return "k"
-    if data.stride(1) == 1 or n == 1:
+    if s_n == 1 or n == 1:
         return "n"
     return "strided"
 
@@ -216,14 +217,11 @@ def _combined_scale_format(a: QuantizedTensor, b: QuantizedTensor) -> str:
 
 def _out_dtype(a, out_dtype: torch.dtype | None, c: torch.Tensor | None) -> torch.dtype:
     quantized = isinstance(a, QuantizedTensor)
-    allowed = {torch.bfloat16, torch.float32} if quantized else {a.dtype, torch.float32}
+    natural = torch.bfloat16 if quantized else a.dtype
     if out_dtype is None:
-        if c is not None:
-            out_dtype = c.dtype
-        else:
-            out_dtype = torch.bfloat16 if quantized else a.dtype
-    if not isinstance(out_dtype, torch.dtype) or out_dtype not in allowed:
-        names = sorted(str(d) for d in allowed)
+        out_dtype = natural if c is None else c.dtype
+    if out_dtype is not natural and out_dtype is not torch.float32:
+        names = sorted({str(natural), str(torch.float32)})
         raise DTypeError("out_dtype", f"one of {names} for {'fp8' if quantized else a.dtype} operands", out_dtype)
     return out_dtype
 

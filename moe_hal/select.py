@@ -139,12 +139,18 @@ def clear_cache() -> None:
 
 def select(problem: Problem, backend: Preference = None) -> Selection:
     """Select the backend for ``problem`` (see the module docstring); raises when none can run it."""
-    how, names = _preference(backend)
-    disabled = _disabled()
-    key = (problem.signature, how, names, disabled)
+    if backend is not None and not isinstance(backend, str):
+        if not isinstance(backend, Sequence):
+            raise ArgumentError("backend", "None, a backend name or a sequence of names", type(backend).__name__)
+        backend = tuple(backend)
+    environ = os.environ
+    # The raw inputs key the cache, so a hit costs two environment reads and one dict lookup.
+    key = (problem.signature, backend, environ.get("MOE_HAL_BACKEND"), environ.get("MOE_HAL_DISABLE_BACKENDS"))
     hit = _cache.get(key)
     if hit is not None:
         return hit
+    how, names = _preference(backend)
+    disabled = _disabled()
     host = plugins.host().ensure_loaded()
     device = device_info(problem.device)
     candidates = evaluate(problem, device, host, disabled, named=set(names))

@@ -27,6 +27,8 @@ from ..notices import warn_once
 from ..problem import Problem
 
 _CUDA_MAX_GROUPS = 1023
+#: Elements per 16 bytes: grouped_mm's non-unit strides must be multiples of this.
+_QUANTUM = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}
 
 
 class TorchBackend(Backend):
@@ -59,7 +61,8 @@ class TorchBackend(Backend):
         return notes
 
     def describe_path(self, p: Problem) -> str:
-        base = {"contiguous": "F.grouped_mm 2D x 3D over aligned segment ends; rows of no group zeroed",
+        base = {"contiguous": "F.grouped_mm 2D x 3D; rows of no group are zeroed (and skipped when they "
+                              "outnumber 1/8 of the rows of groups)",
                 "masked": "F.grouped_mm 3D x 3D",
                 "k_grouped": "F.grouped_mm 2D x 2D over group ends"}[p.op]
         return "; ".join([base, *self.path_notes(p)])
@@ -102,9 +105,18 @@ class TorchBackend(Backend):
 
     def _contiguous(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
-        a = _stride_safe(a)
         bt = _stride_safe(b.transpose(1, 2))
-        if p.device.type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS:
+        chunked = p.device.type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS
+        if lay.has_gaps() and not chunked and (lay.num_rows - lay.num_valid_rows) * 8 > lay.num_valid_rows:
+            # Padding is a large share of the rows: multiply only the rows of groups, then scatter.
+            rows = lay.valid_rows_on(p.device)
+            packed = F.grouped_mm(_stride_safe(a.index_select(0, rows)), bt, offs=lay.packed_ends_on(p.device))
+            out = p.new_out() if out is None else out
+            out.index_fill_(0, lay.gap_rows_on(p.device), 0)
+            out.index_copy_(0, rows, packed.to(out.dtype))
+            return out
+        a = _stride_safe(a)
+        if chunked:
             result = self._contiguous_chunked(p, a, bt)
         else:
             result = F.grouped_mm(a, bt, offs=lay.aligned_ends_on(p.device))
@@ -161,9 +173,10 @@ def _stride_safe(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when its last two dims satisfy grouped_mm's stride rules (row- or column-major,
     the non-unit stride a multiple of 16 bytes, 16-byte aligned data on accelerators), else a copy
     in a row-major buffer whose row stride is padded to 16 bytes."""
-    quantum = max(1, 16 // t.element_size())
-    rows, cols = t.shape[-2:]
-    s_row, s_col = t.stride()[-2:]
+    quantum = _QUANTUM[t.dtype]
+    shape, strides = t.shape, t.stride()
+    rows, cols = shape[-2], shape[-1]
+    s_row, s_col = strides[-2], strides[-1]
     row_major = s_col == 1 and s_row >= max(1, cols) and s_row % quantum == 0
     col_major = s_row == 1 and s_col >= max(1, rows) and s_col % quantum == 0
     aligned = t.device.type == "cpu" or t.data_ptr() % 16 == 0
