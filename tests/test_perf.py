@@ -490,3 +490,24 @@ def test_l2_operand_load_term_favours_taller_tiles():
     plain = hw.replace(l2_bandwidth=None)
     assert perf.estimate([128] * 4, block_m=64, **{**kw, "hw": plain}).t_compute == pytest.approx(
         perf.estimate([128] * 4, block_m=128, **{**kw, "hw": plain}).t_compute)
+
+
+H20 = perf.Hardware("h20-example", 78, {"fp8": 296e12}, 4.0e12, mma_min_m=64)
+
+
+@pytest.mark.parametrize("counts, reference_us", [([16] * 2, 30.9), ([16] * 4, 61.9), ([32] * 2, 30.9),
+                                                  ([32] * 9, 123.8)])
+def test_published_h20_points_of_the_reference(counts, reference_us):
+    # reference §4.4 "tile+wave model" column for DeepGEMM PR #116 (masked, fp8, N=4096, K=7168,
+    # BM=64, BN=128): waves x one 64x128x7168 tile at 296/78 TFLOP/s per SM
+    est = perf.estimate(counts, n=4096, k=7168, hw=H20, dtype="fp8", block_m=64, op="masked")
+    waves = math.ceil(len(counts) * 32 / 78)
+    assert est.t_predicted == pytest.approx(waves * 2 * 64 * 128 * 7168 / (296e12 / 78))
+    assert est.t_predicted * 1e6 == pytest.approx(reference_us, abs=0.1)
+
+
+def test_published_h200_streaming_point_of_the_reference():
+    # reference §4.4: DeepGEMM issue #20, 256 groups x 64 rows, N=7168, K=4096, fp8, 4.3 TB/s -> 1818 us
+    est = perf.estimate([64] * 256, n=7168, k=4096, hw=H200, dtype="fp8", block_m=64, op="masked")
+    assert est.bound == "memory"
+    assert est.t_predicted * 1e6 == pytest.approx(1818, rel=0.005)

@@ -11,7 +11,8 @@ Timing: on CUDA, events around each call after an L2 flush (a 512 MiB memset tha
 host queue the call before the GPU reaches it), median over the repetitions after warm-up; on
 other devices ``time.perf_counter`` around call + synchronize, median.
 
-Hardware figures: the device's hardware-DB entry, measured values first (``perf.Hardware.
+Calibration measurements keep the fastest repetition (what the device can do); case timings the
+median. Hardware figures: the device's hardware-DB entry, measured values first (``perf.Hardware.
 from_entry``); figures the entry lacks (``cpu-generic`` has none) are measured in process
 (dense ``torch.mm`` peak, copy bandwidth) and the report says so. ``--calibrate`` adds a second
 model, fitted outside the sweep: copy bandwidth, a fixed time from a one-tile call of the
@@ -379,25 +380,26 @@ def base_hardware(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
 
 
 def measure_copy_bandwidth(device: Any, timer: Timer) -> float:
-    """Device copy bandwidth in bytes/s, counting read + write (the basis of the H200 entry)."""
+    """Device copy bandwidth in bytes/s, counting read + write (the basis of the H200 entry);
+    the fastest repetition."""
     import torch
 
     nbytes = (1 << 30) if device.type == "cuda" else (256 << 20)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    t = timer(lambda: dst.copy_(src))["median"]
+    t = timer(lambda: dst.copy_(src))["min"]
     return 2 * nbytes / t
 
 
 def measure_mm_peak(device: Any, dtype: str, timer: Timer) -> float:
-    """Dense FLOP/s of one square ``torch.mm`` (8192 on CUDA, 1024 elsewhere)."""
+    """Dense FLOP/s of one square ``torch.mm`` (8192 on CUDA, 1024 elsewhere); the fastest repetition."""
     import torch
 
     n = 8192 if device.type == "cuda" else 1024
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     x = torch.randn(n, n, device=device).to(td)
     y = torch.randn(n, n, device=device).to(td)
-    return 2 * n ** 3 / timer(lambda: torch.mm(x, y))["median"]
+    return 2 * n ** 3 / timer(lambda: torch.mm(x, y))["min"]
 
 
 def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, timer: Timer,
@@ -410,7 +412,7 @@ def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, tim
     info: dict[str, Any] = {"bandwidth": measure_copy_bandwidth(device, timer)}
     hw = base.replace(mem_bandwidth=info["bandwidth"], name=base.name + "+calibrated")
     tiny = Case("calibration-tiny", "calibration", "contiguous", sorted(dtypes)[0], 128, 128, [1])
-    t_tiny = timer(prepare(tiny, device, backend, False, seed).calls["moe_hal"])["median"]
+    t_tiny = timer(prepare(tiny, device, backend, False, seed).calls["moe_hal"])["min"]
     body = _predict(tiny, hw, model_opts).t_predicted
     info["t_fixed"] = max(0.0, t_tiny - body)
     hw = hw.replace(t_fixed=info["t_fixed"])
@@ -421,7 +423,7 @@ def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, tim
         if d not in peaks:
             info[f"peak.{d}"] = "not calibrated: no base peak for this dtype"
             continue
-        t = timer(prepare(case, device, backend, False, seed).calls["moe_hal"])["median"]
+        t = timer(prepare(case, device, backend, False, seed).calls["moe_hal"])["min"]
         est = _predict(case, hw.replace(peak_flops=peaks), model_opts)
         body = t - info["t_fixed"]
         if est.bound == "compute" and body > 0:
@@ -508,6 +510,10 @@ def run(args: argparse.Namespace) -> int:
             task = progress.add_task("hardware figures", total=None)
             hw, notes = base_hardware(device, dtypes, timer)
             report["hardware"] = {"model": _hw_dict(hw), **notes}
+            if device.type == "cpu":
+                report["notes"].append("the tile/wave model describes GPU/NPU kernels (tiles on cores, waves, MMA "
+                                       "floors); it is not expected to predict CPU kernels, and CPU timings on a "
+                                       "shared machine are noisy: read these errors as a report, not a validation")
             if notes["measured_here"]:
                 report["notes"].append("the hardware DB lacks some figures for this device; they were measured "
                                        "in process (see hardware.measured_here)")
