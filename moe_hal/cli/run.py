@@ -1,0 +1,224 @@
+"""``moe-hal run``: the main job — one realistic MoE grouped GEMM, verified against the reference.
+
+Builds an MoE problem (DeepSeek-V3-like expert shapes scaled to the CPU by default, routing skewed
+like the seed's 32-expert histogram), routes tokens with :mod:`moe_hal.routing`, runs the grouped
+GEMM on the selected backend, verifies it against the float64 reference, combines the expert
+outputs back per token, and prints the selection, the error metrics and the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+# Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
+# scaled down 8x in N and K and to 32 experts so that the float64 verification runs in seconds.
+DEFAULTS = dict(experts=32, n=512, k=896, tokens=2048, topk=8, dtype="bf16", dist="seed", alignment=128)
+#: calc_diff bound per operand dtype (DeepGEMM's thresholds; fp8 against the dequantized operands).
+CALC_DIFF_MAX = {"fp32": 1e-9, "bf16": 1e-5, "fp16": 1e-5, "fp8_e4m3": 1e-5}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a realistic MoE grouped GEMM and verify it against the reference",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--op", choices=("contiguous", "masked", "k_grouped"), default="contiguous",
+                   help="grouped-GEMM operation (default: contiguous)")
+    p.add_argument("--experts", "-G", type=int, default=DEFAULTS["experts"], help="number of experts G")
+    p.add_argument("--n", type=int, default=DEFAULTS["n"], help="output features N per expert")
+    p.add_argument("--k", type=int, default=DEFAULTS["k"], help="input features K (hidden size)")
+    p.add_argument("--tokens", "-T", type=int, default=DEFAULTS["tokens"], help="tokens routed")
+    p.add_argument("--topk", type=int, default=DEFAULTS["topk"], help="experts per token")
+    p.add_argument("--dtype", default=DEFAULTS["dtype"], help="fp32, bf16, fp16 or fp8 (block-scaled e4m3)")
+    p.add_argument("--dist", default=DEFAULTS["dist"],
+                   help="routing skew: seed (the 32-expert histogram of DeepGEMM #211), uniform, zipf:A")
+    p.add_argument("--alignment", type=int, default=DEFAULTS["alignment"], help="row alignment per expert")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--backend", default=None, help="force a backend (default: automatic selection)")
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions after the first call")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
+    p.set_defaults(func=run)
+
+
+def route(tokens: int, experts: int, topk: int, dist: str, seed: int):
+    """Router output: ``topk_ids`` int64 ``[T, topk]`` (distinct experts per token) and
+    ``topk_weights`` fp32 ``[T, topk]`` (each row sums to 1), with expert popularity following
+    ``dist``. Gumbel top-k samples ``topk`` distinct experts per token without replacement."""
+    import torch
+
+    from .. import perf
+    from ..errors import ArgumentError
+
+    g = torch.Generator().manual_seed(seed)
+    if dist == "seed":
+        if experts != len(perf.SEED_COUNTS):
+            raise ArgumentError("--experts", f"{len(perf.SEED_COUNTS)} for --dist seed", experts)
+        log_w = torch.tensor(perf.SEED_COUNTS, dtype=torch.float64).log()
+    elif dist == "uniform":
+        log_w = torch.zeros(experts, dtype=torch.float64)
+    elif dist.startswith("zipf:"):
+        try:
+            alpha = float(dist.split(":", 1)[1])
+        except ValueError:
+            raise ArgumentError("--dist", "zipf:A with a number A, e.g. zipf:1.2", dist) from None
+        log_w = -alpha * (torch.randperm(experts, generator=g) + 1).double().log()
+    else:
+        raise ArgumentError("--dist", "seed, uniform or zipf:A", dist)
+    if topk > int(torch.isfinite(log_w).sum()):
+        raise ArgumentError("--topk", f"at most the {int(torch.isfinite(log_w).sum())} experts that can be chosen", topk)
+    gumbel = -torch.empty(tokens, experts, dtype=torch.float64).exponential_(generator=g).log()
+    topk_ids = (log_w + gumbel).topk(topk, dim=1).indices
+    topk_weights = torch.rand(tokens, topk, generator=g).softmax(dim=1)
+    return topk_ids, topk_weights
+
+
+def calc_diff(x, y) -> float:
+    """DeepGEMM's similarity metric ``1 - 2<x,y> / (|x|^2 + |y|^2)`` in float64."""
+    x, y = x.double(), y.double()
+    denom = float((x * x + y * y).sum())
+    return 0.0 if denom == 0 else 1.0 - 2.0 * float((x * y).sum()) / denom
+
+
+def build(args):
+    """The problem: operands, layout and the routing that produced them."""
+    import torch
+
+    from .. import dtypes, routing
+    from ..layouts import KGroupedLayout, align
+    from ..quant import quantize_fp8
+
+    fp8 = args.dtype.lower() in ("fp8", "fp8_e4m3", "e4m3")
+    dtype = torch.bfloat16 if fp8 else dtypes.parse(args.dtype)
+    g = torch.Generator().manual_seed(args.seed + 1)
+    topk_ids, topk_weights = route(args.tokens, args.experts, args.topk, args.dist, args.seed)
+    hidden = torch.randn(args.tokens, args.k, generator=g).to(dtype)
+    weights = (torch.randn(args.experts, args.n, args.k, generator=g) / math.sqrt(args.k)).to(dtype)
+    if args.op == "k_grouped":
+        d = routing.dispatch(hidden, topk_ids, args.experts, alignment=args.alignment)
+        grad = torch.randn(d.a.shape[0], args.n, generator=g).to(dtype)
+        layout = KGroupedLayout.from_counts(d.layout.counts_list, alignment=args.alignment)
+        a, b = d.a, grad
+        if fp8:
+            a, b = quantize_fp8(a, block=(128, 1)), quantize_fp8(b, block=(128, 1))
+        return dict(a=a, b=b, layout=layout, dispatch=None, topk_weights=topk_weights, rows=sum(d.layout.counts_list))
+    if fp8:
+        hidden = quantize_fp8(hidden, block=(1, 128))
+        weights = quantize_fp8(weights, block=(128, 128))
+    if args.op == "contiguous":
+        d = routing.dispatch(hidden, topk_ids, args.experts, alignment=args.alignment)
+    else:
+        max_m = align(int(torch.bincount(topk_ids.flatten(), minlength=args.experts).max()), args.alignment)
+        d = routing.dispatch_masked(hidden, topk_ids, args.experts, max_m=max_m)
+    return dict(a=d.a, b=weights, layout=d.layout, dispatch=d, topk_weights=topk_weights,
+                rows=args.tokens * args.topk)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    import moe_hal
+    from moe_hal import routing
+
+    t0 = time.perf_counter()
+    prob = build(args)
+    a, b, layout = prob["a"], prob["b"], prob["layout"]
+    setup_s = time.perf_counter() - t0
+    sel = moe_hal.select(a, b, layout, backend=args.backend)
+
+    def call():
+        return moe_hal.grouped_gemm(a, b, layout, backend=args.backend)
+
+    t0 = time.perf_counter()
+    out = call()
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(max(args.repeat, 0)):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    ref = moe_hal.grouped_gemm(a, b, layout, backend="reference", out_dtype=torch.float32)
+    ref_s = time.perf_counter() - t0
+
+    if args.op == "masked":
+        rows = torch.arange(layout.max_m)[None, :] < layout.masked_m[:, None]
+        got, want = out[rows], ref[rows]
+    elif args.op == "contiguous":
+        rows = layout.m_indices() >= 0
+        got, want = out[rows], ref[rows]
+        padding_zero = bool((out[~rows] == 0).all())
+    else:
+        got, want = out, ref
+    diff = calc_diff(got, want)
+    err = (got.double() - want.double()).abs()
+    in_dtype = moe_hal.dtypes.name_of(a.dtype)
+    ok = diff <= CALC_DIFF_MAX[in_dtype] and bool(torch.isfinite(got).all())
+    if args.op == "contiguous":
+        ok = ok and padding_zero
+    combined = None
+    if prob["dispatch"] is not None:
+        combine = routing.combine if args.op == "contiguous" else routing.combine_masked
+        y = combine(out, prob["dispatch"], prob["topk_weights"])
+        y_ref = combine(ref.to(out.dtype), prob["dispatch"], prob["topk_weights"])
+        combined = {"shape": list(y.shape), "calc_diff": calc_diff(y, y_ref)}
+    median = statistics.median(times) if times else first_s
+    useful_flops = 2.0 * prob["rows"] * args.n * args.k
+    result = {
+        "op": args.op, "experts": args.experts, "n": args.n, "k": args.k, "tokens": args.tokens, "topk": args.topk,
+        "dtype": in_dtype, "out_dtype": moe_hal.dtypes.name_of(out.dtype), "dist": args.dist,
+        "alignment": args.alignment, "seed": args.seed, "counts": _counts(layout),
+        "backend": sel.name, "mode": sel.mode, "explain": sel.explain(),
+        "setup_s": setup_s, "first_call_s": first_s, "median_s": median, "reference_s": ref_s,
+        "useful_gflops_per_s": useful_flops / median / 1e9,
+        "calc_diff": diff, "calc_diff_max": CALC_DIFF_MAX[in_dtype], "max_abs_err": float(err.max()) if err.numel() else 0.0,
+        "max_rel_err": float((err / want.double().abs().clamp_min(1e-6)).max()) if err.numel() else 0.0,
+        "padding_rows_zero": padding_zero if args.op == "contiguous" else None,
+        "combine": combined, "verified": ok,
+    }
+    _print(result)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 0 if ok else 1
+
+
+def _counts(layout) -> list[int]:
+    if hasattr(layout, "counts_list"):
+        return list(layout.counts_list)
+    return [int(v) for v in layout.masked_m.tolist()]
+
+
+def _print(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    console.print(f"[bold]moe-hal run[/bold]: {r['op']} grouped GEMM, {r['experts']} experts, N={r['n']}, K={r['k']}, "
+                  f"{r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']} -> {r['out_dtype']}")
+    counts = r["counts"]
+    console.print(f"rows per expert: min {min(counts)}, max {max(counts)}, empty {sum(c == 0 for c in counts)}; "
+                  f"alignment {r['alignment']}")
+    console.print(r["explain"], markup=False, highlight=False)
+    t = Table(show_header=False)
+    t.add_column(justify="right")
+    t.add_column()
+    t.add_row("backend", f"{r['backend']} ({r['mode']})")
+    t.add_row("time", f"median {r['median_s'] * 1e3:.2f} ms, first call {r['first_call_s'] * 1e3:.2f} ms, "
+                      f"{r['useful_gflops_per_s']:.1f} useful GFLOP/s")
+    t.add_row("reference", f"float64 oracle in {r['reference_s']:.2f} s")
+    t.add_row("calc_diff", f"{r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e})")
+    t.add_row("max error", f"abs {r['max_abs_err']:.3e}, rel {r['max_rel_err']:.3e}")
+    if r["padding_rows_zero"] is not None:
+        t.add_row("padding rows", "zero" if r["padding_rows_zero"] else "[red]NOT zero[/red]")
+    if r["combine"]:
+        t.add_row("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}")
+    t.add_row("verdict", "[green]verified against the reference[/green]" if r["verified"]
+              else "[red]FAILED verification[/red]")
+    console.print(t)
