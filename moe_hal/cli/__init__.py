@@ -50,8 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from ..errors import MoeHalError
+
     try:
         return int(args.func(args) or 0)
+    except MoeHalError as exc:
+        print(f"moe-hal {args.command}: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
