@@ -274,23 +274,19 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
     layout = ContiguousLayout.from_counts(counts, alignment=alignment)
     kept = sum(counts)
 
-    # Row r of expert g's segment holds the (r - start[g])-th sorted slot of g: a pure gather.
+    # Skipped slots sort last, so the first ``kept`` sorted slots are the routed ones, expert-major;
+    # the i-th of them lands on row i + (start[g] - first sorted index of g). Both maps are
+    # scatters with unique indices (deterministic on every device).
+    routed = order[:kept]
     first_sorted = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0)[:num_experts]
     shift = (torch.tensor(layout.starts, dtype=torch.int64) - first_sorted).to(device)
-    m_indices = layout.m_indices(device).to(torch.int64)
-    filled = m_indices >= 0
-    row = torch.arange(layout.num_rows, device=device)
-    sorted_pos = (row - shift[m_indices.clamp(min=0)]) if num_experts else row
-    slot_of_row = torch.where(filled, order[sorted_pos.clamp(0, max(order.numel() - 1, 0))], -1) \
-        if order.numel() else torch.full_like(row, -1)
-
-    dest = torch.arange(order.numel(), device=device) + (shift[expert_sorted.clamp(max=max(num_experts - 1, 0))]
-                                                         if num_experts else 0)
-    dest = torch.where(expert_sorted < num_experts, dest, -1)
-    row_of_slot = torch.empty_like(flat).scatter_(0, order, dest)
+    dest = torch.arange(kept, device=device) + shift[expert_sorted[:kept]]
+    row_of_slot = torch.full_like(flat, -1).scatter_(0, routed, dest)
+    slot_of_row = torch.full((layout.num_rows,), -1, dtype=torch.int64, device=device).scatter_(0, dest, routed)
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0)
-    a = take_rows(hidden, source_token, layout.gap_rows_on(device))
+    empty_rows = torch.nonzero_static(slot_of_row < 0, size=layout.num_rows - kept).flatten()
+    a = take_rows(hidden, source_token, empty_rows)
     return Dispatch(a, layout, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
                     _combine_plan(row_of_slot, tokens, k, kept))
 
