@@ -348,6 +348,34 @@ def test_match_reads_torch_cuda_properties(monkeypatch):
     assert calls == [1, 3]
 
 
+def test_match_falls_back_to_cuda_python(monkeypatch):
+    # A torch build without CUDA on a machine with a driver: the driver API answers instead.
+    def no_cuda(index):
+        raise AssertionError("Torch not compiled with CUDA enabled")
+
+    ok = "CUDA_SUCCESS"
+    attrs = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
+                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
+                                  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms")
+    values = {"major": 10, "minor": 0, "sms": 148}
+    driver = types.SimpleNamespace(
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok), CUdevice_attribute=attrs,
+        cuInit=lambda flags: (ok,), cuDeviceGet=lambda i: (ok, f"dev{i}"),
+        cuDeviceGetName=lambda size, dev: (ok, b"NVIDIA B200" + bytes(size - 11)),
+        cuDeviceGetAttribute=lambda attr, dev: (ok, values[attr]))
+    bindings = types.ModuleType("cuda.bindings")
+    bindings.driver = driver
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda)
+    m = hwdb.match("cuda:0")
+    assert m.id == "nvidia-b200" and m.seen == "NVIDIA B200 (cc 10.0, 148 SMs)"
+
+    driver.cuInit = lambda flags: ("CUDA_ERROR_NO_DEVICE",)
+    m = hwdb.match("cuda:0")
+    assert m.entry is None and "Torch not compiled with CUDA" in m.reason  # torch's reason is kept
+
+
 def test_match_reads_torch_npu_lazily(monkeypatch):
     fake_npu = types.SimpleNamespace(get_device_name=lambda i: "Ascend910_9382", current_device=lambda: 0)
     fake_torch_npu = types.ModuleType("torch_npu")
