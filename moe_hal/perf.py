@@ -323,113 +323,158 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
     seconds (default: the hardware's). ``overlap_p``: None combines compute and memory time
     with ``max``; a number ``p`` uses ``(T_comp^p + T_mem^p)^(1/p)`` (p=1: no overlap).
     """
-    if op not in OPS:
-        raise ArgumentError("op", f"one of {OPS}", op)
-    if hw is None:
-        raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", None)
-    h = resolve_hardware(hw, measured=measured)
-    values = _counts(counts)
-    n = _positive_int(n, "n")
-    block_m = _positive_int(block_m, "block_m")
-    block_n = _positive_int(block_n, "block_n")
-    dt = dtype_name(dtype)
-    out_dt = dtype_name(out_dtype) if out_dtype is not None else default_out_dtype(dt, op)
-    peak = h.peak(dt)
-    if t_fixed is None:
-        t_fixed = h.t_fixed
-    elif not _number(t_fixed) or t_fixed < 0:
-        raise ArgumentError("t_fixed", "None or a non-negative number of seconds", t_fixed)
-    if overlap_p is not None and (not _number(overlap_p) or overlap_p < 1):
-        raise ArgumentError("overlap_p", "None or a number >= 1", overlap_p)
-    if op == "k_grouped":
-        if k is not None:
-            raise ArgumentError("k", "None for op='k_grouped' (counts hold the per-group K)", k)
-        m = _positive_int(m, "m")
-    else:
-        k = _positive_int(k, "k")
-        if m is not None:
-            raise ArgumentError("m", f"None for op={op!r} (counts hold the rows per group)", m)
-        if max_m is not None:
-            max_m = _int(max_m, "max_m", 0)
-            for g, c in enumerate(values):
-                if c > max_m:
-                    raise ArgumentError(f"counts[{g}]", f"<= max_m ({max_m})", c)
+    call = _Call.build(counts, n, k, hw, dtype, out_dtype=out_dtype, op=op, m=m, max_m=max_m,
+                       streams_all_experts=streams_all_experts, reads_padding_rows=reads_padding_rows,
+                       accumulate=accumulate, t_fixed=t_fixed, overlap_p=overlap_p, measured=measured)
+    return call.estimate(_positive_int(block_m, "block_m"), _positive_int(block_n, "block_n"))
 
-    S = h.num_cores
-    bw = h.mem_bandwidth
-    e_a, e_b = operand_bytes(dt)
-    e_c = BYTES_PER_ELEMENT[out_dt]
-    m_floor = h.mma_min_m or 1
-    n_blocks = _ceil_div(n, block_n)
-    n_pad = n_blocks * block_n
-    active = sum(1 for c in values if c > 0)
-    per_core = peak / S
-    l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
 
-    def tile_time(depth: int) -> float:
-        """Seconds one core spends on one tile with reduction depth ``depth``."""
-        t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
-        if l2_per_core is not None:
-            t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
-        return t
+@dataclass(frozen=True)
+class _Call:
+    """A validated call, shared by the tiles :func:`advise` ranks. ``hist`` maps each distinct
+    count to how many groups have it (every term is the same for groups of equal count)."""
 
-    if op == "k_grouped":
-        m_blocks = _ceil_div(m, block_m)
-        tiles_per_group = m_blocks * n_blocks
-        total_k = sum(values)
-        rows, padded_rows = m * active, m_blocks * block_m * active
-        tiles = tiles_per_group * active
-        useful = 2.0 * m * n * total_k
-        padded = 2.0 * m_blocks * block_m * n_pad * total_k
-        occ_m = m / (m_blocks * block_m)
-        runs = [(tiles_per_group, tile_time(kg)) for kg in values if kg]
-        t_comp = _round_robin_makespan(runs, S)
-        out_bytes = len(values) * m * n * e_c * (2 if accumulate else 1)
-        bytes_min = total_k * (m + n) * e_a + out_bytes
-        bytes_kernel = bytes_min
-        group_terms = [(tiles_per_group * tile_time(kg) / S, (kg * (m + n) * e_a + m * n * e_c) / bw, kg)
-                       for kg in values]
-    else:
-        m_blocks_g = [_ceil_div(c, block_m) for c in values]
-        rows = sum(values)
-        padded_rows = sum(mb * block_m for mb in m_blocks_g)
-        tiles = sum(m_blocks_g) * n_blocks
-        useful = 2.0 * rows * n * k
-        padded = 2.0 * padded_rows * n_pad * k
-        occ_m = rows / padded_rows if padded_rows else 1.0
-        t_comp = _ceil_div(tiles, S) * tile_time(k)
-        bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
-        bytes_kernel = bytes_min
-        if streams_all_experts:
-            bytes_kernel += (len(values) - active) * n * k * e_b
-        if reads_padding_rows:
-            bytes_kernel += (padded_rows - rows) * k * e_a
-        group_terms = [(mb * n_blocks * tile_time(k) / S, (n * k * e_b + c * k * e_a + c * n * e_c) / bw, c)
-                       for mb, c in zip(m_blocks_g, values)]
+    hw: Hardware
+    values: tuple[int, ...]
+    hist: Mapping[int, int]
+    op: str
+    n: int
+    k: int | None
+    m: int | None
+    dtype: str
+    out_dtype: str
+    streams_all_experts: bool
+    reads_padding_rows: bool
+    accumulate: bool
+    t_fixed: float
+    overlap_p: float | None
 
-    waves = _ceil_div(tiles, S)
-    wave_eff = tiles / (waves * S) if waves else 1.0
-    bw_eff = bw
-    if h.bw_per_core is not None and tiles:
-        bw_eff = min(bw, min(tiles, S) * h.bw_per_core)
-    t_mem = bytes_kernel / bw_eff
-    if overlap_p is None:
-        t_body = max(t_comp, t_mem)
-    else:
-        t_body = (t_comp ** overlap_p + t_mem ** overlap_p) ** (1.0 / overlap_p)
-    group_bounds = tuple("empty" if c == 0 else ("compute" if tc > tm else "memory")
-                         for tc, tm, c in group_terms)
-    return Estimate(
-        op=op, hw=h.name, dtype=dt, out_dtype=out_dt, n=n, k=k, m=m if op == "k_grouped" else None,
-        block_m=block_m, block_n=block_n, counts=tuple(values), active_groups=active,
-        rows=rows, padded_rows=padded_rows, useful_flops=useful, padded_flops=padded,
-        occupancy_m=occ_m, occupancy_n=n / n_pad, tiles=tiles, waves=waves, wave_efficiency=wave_eff,
-        bytes_min=bytes_min, bytes_kernel=bytes_kernel, t_compute=t_comp, t_memory=t_mem,
-        t_roofline=max(useful / peak, bytes_min / bw), t_padded=max(padded / peak, bytes_min / bw),
-        t_predicted=t_body + t_fixed,
-        t_serial=sum(max(tc, tm) for tc, tm, c in group_terms if c) + t_fixed, t_fixed=t_fixed,
-        bound="compute" if t_comp >= t_mem else "memory", group_bounds=group_bounds,
-        ridge_m=peak * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=bw, num_cores=S)
+    @classmethod
+    def build(cls, counts: Any, n: Any, k: Any, hw: Any, dtype: Any, *, out_dtype: Any = None,
+              op: str = "contiguous", m: Any = None, max_m: Any = None, streams_all_experts: bool = False,
+              reads_padding_rows: bool = False, accumulate: bool = False, t_fixed: Any = None,
+              overlap_p: Any = None, measured: bool = True) -> "_Call":
+        if op not in OPS:
+            raise ArgumentError("op", f"one of {OPS}", op)
+        if hw is None:
+            raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", None)
+        h = resolve_hardware(hw, measured=measured)
+        values = _counts(counts)
+        n = _positive_int(n, "n")
+        dt = dtype_name(dtype)
+        out_dt = dtype_name(out_dtype) if out_dtype is not None else default_out_dtype(dt, op)
+        h.peak(dt)
+        if t_fixed is None:
+            t_fixed = h.t_fixed
+        elif not _number(t_fixed) or t_fixed < 0:
+            raise ArgumentError("t_fixed", "None or a non-negative number of seconds", t_fixed)
+        if overlap_p is not None and (not _number(overlap_p) or overlap_p < 1):
+            raise ArgumentError("overlap_p", "None or a number >= 1", overlap_p)
+        if op == "k_grouped":
+            if k is not None:
+                raise ArgumentError("k", "None for op='k_grouped' (counts hold the per-group K)", k)
+            m = _positive_int(m, "m")
+        else:
+            k = _positive_int(k, "k")
+            if m is not None:
+                raise ArgumentError("m", f"None for op={op!r} (counts hold the rows per group)", m)
+            if max_m is not None:
+                max_m = _int(max_m, "max_m", 0)
+                if max(values) > max_m:
+                    g = next(i for i, c in enumerate(values) if c > max_m)
+                    raise ArgumentError(f"counts[{g}]", f"<= max_m ({max_m})", values[g])
+        hist: dict[int, int] = {}
+        for c in values:
+            hist[c] = hist.get(c, 0) + 1
+        return cls(h, values, hist, op, n, k, m, dt, out_dt, bool(streams_all_experts), bool(reads_padding_rows),
+                   bool(accumulate), float(t_fixed), overlap_p)
+
+    def estimate(self, block_m: int, block_n: int) -> Estimate:
+        h, hist, n = self.hw, self.hist, self.n
+        S = h.num_cores
+        bw = h.mem_bandwidth
+        peak = h.peak(self.dtype)
+        e_a, e_b = operand_bytes(self.dtype)
+        e_c = BYTES_PER_ELEMENT[self.out_dtype]
+        m_floor = h.mma_min_m or 1
+        n_blocks = _ceil_div(n, block_n)
+        n_pad = n_blocks * block_n
+        groups = len(self.values)
+        active = groups - hist.get(0, 0)
+        per_core = peak / S
+        l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
+
+        def tile_time(depth: int) -> float:
+            """Seconds one core spends on one tile with reduction depth ``depth``."""
+            t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
+            if l2_per_core is not None:
+                t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
+            return t
+
+        # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
+        terms: dict[int, tuple[float, float]] = {}
+        if self.op == "k_grouped":
+            m = self.m
+            m_blocks = _ceil_div(m, block_m)
+            tiles_per_group = m_blocks * n_blocks
+            total_k = sum(c * r for c, r in hist.items())
+            rows, padded_rows = m * active, m_blocks * block_m * active
+            tiles = tiles_per_group * active
+            useful = 2.0 * m * n * total_k
+            padded = 2.0 * m_blocks * block_m * n_pad * total_k
+            occ_m = m / (m_blocks * block_m)
+            cost = {kg: tile_time(kg) for kg in hist}
+            t_comp = _round_robin_makespan(((tiles_per_group, cost[kg]) for kg in self.values if kg), S)
+            out_bytes = groups * m * n * e_c * (2 if self.accumulate else 1)
+            bytes_min = total_k * (m + n) * e_a + out_bytes
+            bytes_kernel = bytes_min
+            for kg in hist:
+                terms[kg] = (tiles_per_group * cost[kg] / S, (kg * (m + n) * e_a + m * n * e_c) / bw)
+        else:
+            k = self.k
+            rows = padded_rows = blocks = 0
+            for c, r in hist.items():
+                mb = _ceil_div(c, block_m)
+                rows += c * r
+                padded_rows += mb * block_m * r
+                blocks += mb * r
+            tiles = blocks * n_blocks
+            useful = 2.0 * rows * n * k
+            padded = 2.0 * padded_rows * n_pad * k
+            occ_m = rows / padded_rows if padded_rows else 1.0
+            t_tile = tile_time(k)
+            t_comp = _ceil_div(tiles, S) * t_tile
+            bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
+            bytes_kernel = bytes_min
+            if self.streams_all_experts:
+                bytes_kernel += (groups - active) * n * k * e_b
+            if self.reads_padding_rows:
+                bytes_kernel += (padded_rows - rows) * k * e_a
+            for c in hist:
+                terms[c] = (_ceil_div(c, block_m) * n_blocks * t_tile / S,
+                            (n * k * e_b + c * k * e_a + c * n * e_c) / bw)
+
+        waves = _ceil_div(tiles, S)
+        wave_eff = tiles / (waves * S) if waves else 1.0
+        bw_eff = bw
+        if h.bw_per_core is not None and tiles:
+            bw_eff = min(bw, min(tiles, S) * h.bw_per_core)
+        t_mem = bytes_kernel / bw_eff
+        p = self.overlap_p
+        t_body = max(t_comp, t_mem) if p is None else (t_comp ** p + t_mem ** p) ** (1.0 / p)
+        bound_of = {c: "empty" if c == 0 else ("compute" if tc > tm else "memory") for c, (tc, tm) in terms.items()}
+        t_serial = sum(max(tc, tm) * hist[c] for c, (tc, tm) in terms.items() if c)
+        return Estimate(
+            op=self.op, hw=h.name, dtype=self.dtype, out_dtype=self.out_dtype, n=n, k=self.k, m=self.m,
+            block_m=block_m, block_n=block_n, counts=self.values, active_groups=active,
+            rows=rows, padded_rows=padded_rows, useful_flops=useful, padded_flops=padded,
+            occupancy_m=occ_m, occupancy_n=n / n_pad, tiles=tiles, waves=waves, wave_efficiency=wave_eff,
+            bytes_min=bytes_min, bytes_kernel=bytes_kernel, t_compute=t_comp, t_memory=t_mem,
+            t_roofline=max(useful / peak, bytes_min / bw), t_padded=max(padded / peak, bytes_min / bw),
+            t_predicted=t_body + self.t_fixed, t_serial=t_serial + self.t_fixed, t_fixed=self.t_fixed,
+            bound="compute" if t_comp >= t_mem else "memory",
+            group_bounds=tuple(bound_of[c] for c in self.values),
+            ridge_m=peak * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=bw, num_cores=S)
 
 
 def _round_robin_makespan(runs: Iterable[tuple[int, float]], cores: int) -> float:
@@ -483,8 +528,8 @@ def advise(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None, 
     the best by :func:`rank_key`. ``options`` are passed to :func:`estimate` (``op``, ``m``,
     ``out_dtype``, ``streams_all_experts``, ...)."""
     tile_list = _tiles(tiles)
-    ranked = tuple(sorted((estimate(counts, n, k, hw, dtype, bm, bn, **options) for bm, bn in tile_list),
-                          key=rank_key))
+    call = _Call.build(counts, n, k, hw, dtype, **options)
+    ranked = tuple(sorted((call.estimate(bm, bn) for bm, bn in tile_list), key=rank_key))
     return Advice(ranked, _reason(ranked))
 
 
@@ -514,6 +559,24 @@ def advise_decode(max_m: int, expected_m: int | None, num_groups: int, n: int, k
     regime = ("expected_m <= M*: weight streaming bounds every tile" if rows <= advice.best.ridge_m
               else "expected_m > M*: compute-bound, padding and waves decide")
     return Advice(advice.ranked, f"{regime} (M* = {advice.best.ridge_m:.0f} rows); {advice.reason}")
+
+
+def advise_problem(problem: Any, hw: Any, tiles: Iterable[tuple[int, int]] = DEFAULT_TILES,
+                   **options: Any) -> Advice:
+    """Tile advice for a validated :class:`moe_hal.Problem`, without a device sync: contiguous
+    and K-grouped calls read the host-side counts of their layout; a masked call uses
+    :func:`advise_decode` with the layout's ``max_m`` and ``expected_m``. Backends resolve ``hw``
+    once (:func:`resolve_hardware`) and pass the :class:`Hardware`; one call costs tens of
+    microseconds of Python per tile for tens of groups."""
+    layout = problem.layout
+    dtype, out_dtype = problem.in_dtype, problem.out_dtype_name
+    if problem.op == "masked":
+        return advise_decode(layout.max_m, layout.expected_m, problem.num_groups, problem.n, problem.k, hw, dtype,
+                             tiles, out_dtype=out_dtype, **options)
+    if problem.op == "k_grouped":
+        return advise(layout.counts_list, problem.n, None, hw, dtype, tiles, op="k_grouped", m=problem.m,
+                      out_dtype=out_dtype, accumulate=problem.c is not None, **options)
+    return advise(layout.counts_list, problem.n, problem.k, hw, dtype, tiles, out_dtype=out_dtype, **options)
 
 
 def _reason(ranked: Sequence[Estimate]) -> str:
@@ -636,6 +699,8 @@ def _counts(counts: Any) -> tuple[int, ...]:
         raise ArgumentError("counts", "a sequence of non-negative ints", type(counts).__name__)
     if hasattr(counts, "tolist"):  # numpy arrays and host tensors
         counts = counts.tolist()
+    if type(counts) in (list, tuple) and counts and all(type(c) is int for c in counts) and min(counts) >= 0:
+        return tuple(counts)
     out = tuple(_int(c, f"counts[{g}]", 0) for g, c in enumerate(counts))
     if not out:
         raise ArgumentError("counts", "at least one group", [])
@@ -658,6 +723,6 @@ def _tiles(tiles: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 __all__ = ["Advice", "BYTES_PER_ELEMENT", "DEFAULT_TILES", "DISTRIBUTIONS", "Estimate", "Hardware", "OPS",
-           "SCALE_BYTES", "SEED_COUNTS", "advise", "advise_decode", "default_out_dtype", "dtype_name",
+           "SCALE_BYTES", "SEED_COUNTS", "advise", "advise_decode", "advise_problem", "default_out_dtype", "dtype_name",
            "estimate", "operand_bytes", "rank_key", "resolve_hardware", "ridge_m", "scale_counts",
            "synthetic_counts"]

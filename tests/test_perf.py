@@ -511,3 +511,28 @@ def test_published_h200_streaming_point_of_the_reference():
     est = perf.estimate([64] * 256, n=7168, k=4096, hw=H200, dtype="fp8", block_m=64, op="masked")
     assert est.bound == "memory"
     assert est.t_predicted * 1e6 == pytest.approx(1818, rel=0.005)
+
+
+def test_advise_problem_reads_the_layout_without_a_sync():
+    import torch
+
+    import moe_hal
+    from moe_hal.problem import Problem
+
+    counts = [5, 0, 300, 64]
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=128)
+    p = Problem.build(torch.zeros(lay.num_rows, 256, dtype=torch.bfloat16),
+                      torch.zeros(4, 128, 256, dtype=torch.bfloat16), lay)
+    adv = perf.advise_problem(p, H200)
+    direct = perf.advise(counts, 128, 256, H200, "bf16")
+    assert adv.best == direct.best and adv.best.counts == tuple(counts)
+
+    masked = moe_hal.MaskedLayout(torch.tensor([3, 9], dtype=torch.int32), max_m=32, expected_m=8)
+    p = Problem.build(torch.zeros(2, 32, 256), torch.zeros(2, 128, 256), masked)
+    adv = perf.advise_problem(p, perf.Hardware("x", 8, {"fp32": 1e13}, 1e12))
+    assert adv.best.counts == (8, 8) and adv.best.op == "masked" and adv.best.out_dtype == "fp32"
+
+    klay = moe_hal.KGroupedLayout.from_counts([10, 0, 22])
+    p = Problem.build(torch.zeros(32, 48), torch.zeros(32, 64), klay)
+    adv = perf.advise_problem(p, perf.Hardware("x", 8, {"fp32": 1e13}, 1e12))
+    assert adv.best.op == "k_grouped" and adv.best.m == 48 and adv.best.n == 64 and adv.best.counts == (10, 0, 22)
