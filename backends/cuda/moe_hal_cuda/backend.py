@@ -1,0 +1,279 @@
+"""The ``cuda_sm90`` and ``cuda_sm100`` backends: checks, per-call plans, and runs.
+
+A call goes through :meth:`CudaBackend.plan`, which decides
+
+1. the **path**: our Triton kernels, or a peer library (``torch`` grouped_mm, ``deep_gemm``) where
+   the measured path table (:func:`moe_hal_cuda.configs.path_table`) says it is faster and
+   :func:`moe_hal_cuda.peers.blocker` finds nothing against it;
+2. the **tile**: the performance model's advisor ranks the tile heights the config table offers
+   for the operation — from the host-side group counts for contiguous and K-grouped calls
+   (:func:`moe_hal.perf.advise`), from ``max_m``/``expected_m`` alone for masked calls
+   (:func:`moe_hal.perf.advise_decode`; the histogram lives on the device and is never read) —
+   and the config table supplies the rest of the launch configuration.
+
+Plans are cached per layout (contiguous, K-grouped) or per (signature, max_m, expected_m)
+(masked), so repeated calls with one routing cost a dictionary lookup.
+
+**Interpreter mode** (``MOE_HAL_CUDA_INTERPRET=1``): the backends accept CPU tensors (and CUDA
+tensors, which the interpreter copies to the host), say ``interpreted`` in ``execution_mode()``
+and ``explain()``, are never picked automatically (``auto_select_reason`` returns
+``interpreter_only``), skip the driver probes and the ``fp8`` device feature, and let the advisor
+model the architecture's reference device (``MODEL_HW``) because the interpreter has no speed of
+its own.
+"""
+
+from __future__ import annotations
+
+from . import mode
+
+mode.configure_triton()  # before anything below can import triton (see moe_hal_cuda.mode)
+
+import functools  # noqa: E402
+import weakref  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+from moe_hal import Backend, DeviceInfo, QuantizedTensor, Reason  # noqa: E402
+from moe_hal.problem import Problem  # noqa: E402
+
+from . import configs, peers, scales  # noqa: E402
+from . import device as cuda_device  # noqa: E402
+
+INTERPRETED_NOTE = "INTERPRETED (Triton interpreter on CPU)"
+_DEFAULT_HEIGHT = {"contiguous": 128, "masked": 64, "k_grouped": 128}
+_MASKED_PLANS_MAX = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_reason() -> Reason | None:
+    try:
+        import triton
+
+        return None if hasattr(triton, "jit") else Reason(
+            "triton_missing", "the installed triton has no triton.jit", "triton >= 3.3", "a broken triton")
+    except Exception as exc:  # noqa: BLE001
+        return Reason("triton_missing", f"triton cannot be imported: {type(exc).__name__}: {exc}",
+                      "triton >= 3.3", "not importable")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call runs. ``path``: ``triton``, ``torch`` or ``deep_gemm``. ``config``: the Triton
+    launch configuration (None for peers). ``tile_note``: where the tile came from. ``path_note``:
+    why this path. ``form``: the contiguous kernel's form (``schedule``)."""
+
+    path: str
+    config: configs.KernelConfig | None
+    tile_note: str
+    path_note: str
+    form: str | None = None
+
+
+class CudaBackend(Backend):
+    """Shared implementation of the two architectures; subclasses set the constants below."""
+
+    #: ``sm90`` or ``sm100``: picks the physical scale format and the config-table rows.
+    ARCH = ""
+    #: Hardware-DB id the advisor models when the kernels are interpreted.
+    MODEL_HW = ""
+    #: How explain() names the scale format of fp8 calls.
+    SCALE_NOTE = ""
+
+    def __init__(self, spec):
+        super().__init__(spec)
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._masked_plans: dict[tuple, Plan] = {}
+        self._hardware: dict[torch.device, tuple[object, str]] = {}
+
+    # -- modes ------------------------------------------------------------------------------------
+    @staticmethod
+    def interpreter_mode() -> bool:
+        """True when ``MOE_HAL_CUDA_INTERPRET`` asks for the Triton interpreter."""
+        return mode.interpreter_requested()
+
+    def execution_mode(self, device: DeviceInfo) -> str:
+        return self.INTERPRETED if mode.configure_triton() else self.NATIVE
+
+    # -- eligibility -------------------------------------------------------------------------------
+    def is_available(self) -> list[Reason]:
+        triton_reason = _triton_reason()
+        if triton_reason is not None:
+            return [triton_reason]
+        if self.interpreter_mode():
+            broken = mode.interpreter_broken()
+            return [Reason("interpreter_unusable", broken)] if broken else []
+        return cuda_device.driver_reasons()
+
+    def check_device(self, device: DeviceInfo) -> list[Reason]:
+        if self.interpreter_mode():
+            if device.type in ("cpu", "cuda"):
+                return []
+            return [Reason("device_type_unsupported", "the Triton interpreter runs on CPU (or CUDA) tensors",
+                           {"cpu", "cuda"}, device.type)]
+        return super().check_device(device)
+
+    def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
+        if self.interpreter_mode():
+            return Reason("interpreter_only", f"runs under the Triton interpreter (MOE_HAL_CUDA_INTERPRET=1), "
+                          f"so it is used only when named (backend={self.name!r})")
+        return None
+
+    def unsupported(self, problem: Problem) -> list[Reason]:
+        if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
+            from moe_hal.select import device_info
+
+            features = device_info(problem.device).features
+            if "fp8" not in features:
+                return [Reason("hw_feature_missing", "fp8 operands need the hardware-DB feature 'fp8'",
+                               {"fp8"}, set(features))]
+        return []
+
+    # -- planning ----------------------------------------------------------------------------------
+    def plan(self, p: Problem) -> Plan:
+        """The path and tile for ``p`` (cached; see the module docstring)."""
+        if p.op == "masked":
+            key = (p.signature, p.layout.max_m, p.layout.expected_m)
+            hit = self._masked_plans.get(key)
+            if hit is None:
+                if len(self._masked_plans) >= _MASKED_PLANS_MAX:
+                    self._masked_plans.clear()
+                hit = self._masked_plans[key] = self._make_plan(p)
+            return hit
+        per_layout = self._plans.setdefault(p.layout, {})
+        key = (p.signature, p.m, p.c is not None)
+        hit = per_layout.get(key)
+        if hit is None:
+            hit = per_layout[key] = self._make_plan(p)
+        return hit
+
+    def _make_plan(self, p: Problem) -> Plan:
+        path, path_note = self._choose_path(p)
+        if path != "triton":
+            return Plan(path, None, "", path_note)
+        config, tile_note = self._choose_tile(p)
+        return Plan("triton", config, tile_note, path_note, "schedule" if p.op == "contiguous" else None)
+
+    def _choose_path(self, p: Problem) -> tuple[str, str]:
+        if self.interpreter_mode():
+            return "triton", "peer libraries need a GPU"
+        pref = configs.path_table().get((self.ARCH, p.op, p.in_dtype))
+        if pref is None:
+            return "triton", "no measurement shows a peer library faster for this case"
+        blocked = peers.blocker(pref.path, p)
+        if blocked:
+            return "triton", f"{pref.path} was measured {pref.speedup:.2f}x faster here, but {blocked}"
+        return pref.path, f"measured {pref.speedup:.2f}x faster than our Triton kernel ({pref.source})"
+
+    def _model_hardware(self, device: torch.device):
+        """(perf.Hardware, note) the advisor models for ``device``."""
+        hit = self._hardware.get(device)
+        if hit is not None:
+            return hit
+        from moe_hal import perf
+        from moe_hal.select import device_info
+
+        if self.interpreter_mode() or device.type != "cuda":
+            hit = (perf.resolve_hardware(self.MODEL_HW), f"{self.MODEL_HW}, modelled: the interpreter has no speed")
+        else:
+            info = device_info(device)
+            hw = perf.resolve_hardware(info.hw_id)
+            facts = cuda_device.device_facts(device.index or 0)
+            if isinstance(facts, cuda_device.DeviceFacts):
+                hw = hw.replace(num_cores=facts.sm_count, l2_bytes=facts.l2_bytes)
+            hit = (hw, f"{info.hw_id}, {hw.num_cores} SMs")
+        self._hardware[device] = hit
+        return hit
+
+    def _choose_tile(self, p: Problem) -> tuple[configs.KernelConfig, str]:
+        from moe_hal import perf
+
+        tiles = configs.candidates(self.ARCH, p.in_dtype, p.op)
+        by_tile = {c.tile: c for c in tiles}
+        try:
+            hw, hw_note = self._model_hardware(p.device)
+            dtype = perf.dtype_name(p.in_dtype)
+            common = dict(tiles=list(by_tile), out_dtype=p.out_dtype_name)
+            if p.op == "masked":
+                advice = perf.advise_decode(p.layout.max_m, p.layout.expected_m, p.num_groups, p.n, p.k, hw, dtype,
+                                            **common)
+            elif p.op == "contiguous":
+                advice = perf.advise(p.layout.counts_list, p.n, p.k, hw, dtype, op="contiguous", **common)
+            else:
+                advice = perf.advise(p.layout.counts_list, p.n, None, hw, dtype, op="k_grouped", m=p.m,
+                                     accumulate=p.c is not None, **common)
+        except Exception as exc:  # noqa: BLE001 - a degenerate call (N = 0, ...) or a DB gap: keep a fixed tile
+            config = configs.lookup(self.ARCH, p.in_dtype, _DEFAULT_HEIGHT[p.op])
+            return config, f"table default (advisor unavailable: {type(exc).__name__}: {exc})"
+        return by_tile[advice.tile], f"advisor on {hw_note}: {advice.reason}"
+
+    # -- explanation ---------------------------------------------------------------------------------
+    def describe_path(self, problem: Problem) -> str:
+        plan = self.plan(problem)
+        if plan.path != "triton":
+            return f"{plan.path} ({plan.path_note})"
+        kernel = {"contiguous": "triton contiguous kernel (host tile schedule)",
+                  "masked": "triton masked kernel (masked_m read on the device, no host sync)",
+                  "k_grouped": "triton K-grouped kernel"}[problem.op]
+        parts = [f"{kernel}, {plan.config.label()} ({plan.tile_note})"]
+        if problem.quantized:
+            parts.append(f"fp8 scales: {self.SCALE_NOTE}")
+        parts.append(f"triton because {plan.path_note}")
+        if mode.configure_triton():
+            parts.append(INTERPRETED_NOTE)
+        return "; ".join(parts)
+
+    # -- execution -------------------------------------------------------------------------------------
+    def run(self, problem: Problem, out: torch.Tensor | None) -> torch.Tensor:
+        p = problem
+        out = p.new_out() if out is None else out
+        plan = self.plan(p)
+        if plan.path != "triton":
+            return peers.run(plan.path, p, out)
+        from . import launch
+
+        a, b, sa, sb = self._operands(p)
+        if p.op == "contiguous":
+            return launch.contiguous(a, b, out, p.layout, plan.config, sa=sa, sb=sb, form=plan.form)
+        if p.op == "masked":
+            return launch.masked(a, b, out, p.layout.masked_m, plan.config, sa=sa, sb=sb)
+        return launch.k_grouped(a, b, out, p.layout, plan.config, c=p.c, sa=sa, sb=sb)
+
+    def _operands(self, p: Problem):
+        """(a, b, a scales, b scales): data tensors and physical scales (None for 16-bit)."""
+        if not p.quantized:
+            return p.a, p.b, None, None
+        sa = scales.activation(p.a, self.ARCH)
+        sb = scales.activation(p.b, self.ARCH) if p.op == "k_grouped" else self.prepared_weight_scales(p.b)
+        return p.a.data, p.b.data, sa, sb
+
+    def prepared_weight_scales(self, q: QuantizedTensor) -> scales.Physical:
+        """Weight scales in this architecture's physical format, converted once per weight
+        (:data:`moe_hal.prepared.prepared_cache`; an in-place change of the weight rebuilds them)."""
+        from moe_hal.prepared import prepared_cache
+
+        tensor = prepared_cache.get(self.name, q, f"{self.ARCH}_weight_scales",
+                                    lambda w: scales.weight(w, self.ARCH).tensor)
+        rows = q.block[0] if self.ARCH == "sm90" else 1
+        return scales.Physical(tensor, scales.kind_for(self.ARCH), rows)
+
+    def physical_scales(self, q: QuantizedTensor, role: str) -> torch.Tensor:
+        """The scale tensor this backend's kernels read for operand ``role`` (``"a"`` or ``"b"``) —
+        for byte-level conformance checks. See :mod:`moe_hal_cuda.scales` for the layouts."""
+        return scales.physical_scales(q, role, self.ARCH)
+
+
+class CudaSM90Backend(CudaBackend):
+    """Hopper: fp8 scales as fp32, activation side MN-major with TMA-aligned stride."""
+
+    ARCH = "sm90"
+    MODEL_HW = "nvidia-h200-sxm"
+    SCALE_NOTE = "SM90 fp32, activations MN-major TMA-aligned (tma_align_mn_major), weights as given"
+
+
+class CudaSM100Backend(CudaBackend):
+    """Datacenter Blackwell: fp8 scales as packed UE8M0 (four exponents per int32)."""
+
+    ARCH = "sm100"
+    MODEL_HW = "nvidia-b200"
+    SCALE_NOTE = "SM100 packed UE8M0 int32 (pack_ue8m0), weights broadcast per row, decoded in-kernel"

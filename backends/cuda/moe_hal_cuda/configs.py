@@ -1,0 +1,121 @@
+"""Kernel launch configurations: a fixed table, no runtime autotuning.
+
+The tile height ``BLOCK_M`` is chosen per call by the performance model's advisor
+(:func:`moe_hal.perf.advise` / :func:`~moe_hal.perf.advise_decode`) among the heights this table
+offers for the call's operation; everything else (``BLOCK_N``, ``BLOCK_K``, warps, pipeline
+stages, the L2 swizzle group) is looked up here by ``(arch, dtype class, BLOCK_M)``.
+
+Where the numbers come from: the shapes follow the public Triton grouped-GEMM designs this
+project studied (torch inductor's ``triton_mm_grouped`` template prunes BLOCK_M by average rows
+per group; vLLM's ``fused_moe`` defaults use BLOCK_K = 128 for block-fp8 and 4 warps / 3-4 stages;
+reference/torch_and_cuda_peers.md §1.8, §2.3) and the shared-memory budget of one SM (227 KiB on
+SM90/SM100: stages x (BM + BN) x BK x bytes per element must fit). They have **not** been tuned
+on hardware: ``bench/gpu_check.py`` times every entry on the device and reports the best fixed
+tile against the advisor's choice.
+
+``BLOCK_K`` of an fp8 entry divides 128, the scale block along K, so that one K step never
+straddles two scales.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+ARCHS = ("sm90", "sm100")
+
+#: Tile heights offered to the advisor per operation. Contiguous and K-grouped calls carry many
+#: rows per group; masked decode calls carry few, so smaller heights are offered there.
+HEIGHTS: dict[str, tuple[int, ...]] = {
+    "contiguous": (64, 128, 256),
+    "masked": (16, 32, 64, 128),
+    "k_grouped": (64, 128),
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One Triton launch configuration. ``group_m``: tiles of consecutive rows that share a band
+    of the grid, so that their B columns stay in L2 (the classic grouped-order swizzle)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.block_m, self.block_n)
+
+    def label(self) -> str:
+        return (f"BM={self.block_m} BN={self.block_n} BK={self.block_k} "
+                f"warps={self.num_warps} stages={self.num_stages}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _table() -> dict[tuple[str, str, int], KernelConfig]:
+    # (BLOCK_M) -> (BLOCK_N, BLOCK_K, warps, stages) for 16-bit and fp8 operands.
+    half = {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 64, 4, 4),
+            128: (256, 64, 8, 3), 256: (128, 64, 8, 3)}
+    fp8 = {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
+           128: (128, 128, 8, 4), 256: (128, 128, 8, 3)}
+    table = {}
+    for arch in ARCHS:
+        for cls, rows in (("16bit", half), ("fp8", fp8)):
+            for bm, (bn, bk, warps, stages) in rows.items():
+                table[(arch, cls, bm)] = KernelConfig(bm, bn, bk, warps, stages)
+    return table
+
+
+TABLE: dict[tuple[str, str, int], KernelConfig] = _table()
+
+
+def dtype_class(dtype_name: str) -> str:
+    """``"fp8"`` for ``fp8_e4m3`` operands, ``"16bit"`` for bf16/fp16."""
+    return "fp8" if dtype_name.startswith("fp8") else "16bit"
+
+
+def lookup(arch: str, dtype_name: str, block_m: int) -> KernelConfig:
+    """The table entry for ``(arch, dtype class, block_m)``; KeyError names what exists."""
+    key = (arch, dtype_class(dtype_name), block_m)
+    if key not in TABLE:
+        have = sorted(bm for (a, c, bm) in TABLE if a == arch and c == key[1])
+        raise KeyError(f"no kernel config for {key}; BLOCK_M in {have}")
+    return TABLE[key]
+
+
+def candidates(arch: str, dtype_name: str, op: str) -> list[KernelConfig]:
+    """Every configuration the advisor may choose from for ``op``."""
+    return [lookup(arch, dtype_name, bm) for bm in HEIGHTS[op]]
+
+
+# -- measured path preferences -------------------------------------------------------------------
+@dataclass(frozen=True)
+class PathPreference:
+    """A measured verdict: for ``(arch, op, dtype)`` the peer path ``path`` beat our Triton kernel
+    by ``speedup`` (median time ratio) in ``source`` (a bench/results JSON)."""
+
+    arch: str
+    op: str
+    dtype: str
+    path: str
+    speedup: float
+    source: str
+
+
+def path_table() -> dict[tuple[str, str, str], PathPreference]:
+    """The packaged ``path_table.json``: cases where a peer library was measured faster than our
+    Triton kernels. ``bench/gpu_check.py`` writes the entries for its device; until a GPU run is
+    committed the table is empty and every case runs Triton."""
+    text = resources.files("moe_hal_cuda").joinpath("path_table.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    out = {}
+    for e in data.get("entries", []):
+        pref = PathPreference(e["arch"], e["op"], e["dtype"], e["path"], float(e["speedup"]), data.get("source", ""))
+        out[(pref.arch, pref.op, pref.dtype)] = pref
+    return out

@@ -1,0 +1,88 @@
+"""The moe_hal plugin of this distribution: declares ``cuda_sm90`` and ``cuda_sm100``.
+
+Registered through the entry point ``moe_hal.backends: cuda = moe_hal_cuda.plugin``. This module
+imports only moe_hal (and :mod:`moe_hal_cuda.mode`, which imports only ``os``); the backend
+classes named by ``impl`` live in :mod:`moe_hal_cuda.backend` and are imported when a call first
+considers them.
+
+Hardware requirements are hardware-DB feature flags, never architecture lists:
+
+* ``cuda_sm90`` requires ``wgmma`` and ``tma`` (Hopper-class devices). Its fp8 path takes scales in
+  either API format (``fp32`` or ``ue8m0``) and converts them to SM90's physical layout, fp32
+  MN-major with a TMA-aligned stride.
+* ``cuda_sm100`` requires ``tcgen05``, ``tma`` and ``ue8m0_scales`` (datacenter Blackwell). Its
+  fp8 path takes only ``ue8m0`` scales (powers of two) and its kernels read them packed four per
+  int32, as SM100 hardware does.
+* fp8 operands additionally need the device feature ``fp8``; that is checked per call in
+  ``unsupported()`` because bf16/fp16 calls do not need it.
+"""
+
+from __future__ import annotations
+
+from moe_hal import BackendSpec, Signature, hookimpl
+
+from . import mode
+
+_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_M_GROUPED = frozenset({"contiguous", "masked"})
+_ANY_B_ORDER = frozenset({"k", "n", "strided"})
+
+#: bf16 / fp16 operands; the output is the operand dtype or fp32 (Problem enforces the pairing).
+FLOAT_SIGNATURE = Signature(ops=_ALL_OPS, dtypes={"bf16", "fp16"}, out_dtypes={"bf16", "fp16", "fp32"},
+                            b_majors=_ANY_B_ORDER)
+#: DeepGEMM's M-grouped recipe: activations 1x128 per token, weights 128x128 (or per-row 1x128).
+FP8_M_BLOCKS = frozenset({((1, 128), (128, 128)), ((1, 128), (1, 128))})
+#: K-grouped recipe: both operands blocked 128 tokens x 1 column along the reduction axis T.
+FP8_K_BLOCKS = frozenset({((128, 1), (128, 1))})
+
+
+def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
+    return (Signature(ops=_M_GROUPED, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
+                      scale_formats=scale_formats, scale_blocks=FP8_M_BLOCKS, b_majors=_ANY_B_ORDER),
+            Signature(ops={"k_grouped"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
+                      scale_formats=scale_formats, scale_blocks=FP8_K_BLOCKS))
+
+
+def _description(text: str) -> str:
+    if mode.interpreter_requested():
+        return text + " [INTERPRETED: Triton interpreter on the CPU (MOE_HAL_CUDA_INTERPRET=1)]"
+    return text
+
+
+def specs() -> tuple[BackendSpec, BackendSpec]:
+    """The two backend declarations (built on each call so the interpreter note is current)."""
+    sm90 = BackendSpec(
+        name="cuda_sm90",
+        vendor="nvidia",
+        device_types=("cuda",),
+        tier="optimized",
+        priority=100,
+        impl="moe_hal_cuda.backend:CudaSM90Backend",
+        signatures=(FLOAT_SIGNATURE, *_fp8_signatures({"fp32", "ue8m0"})),
+        requires=frozenset({"wgmma", "tma"}),
+        deterministic=True,
+        graph_capturable=True,
+        description=_description("Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
+                                 "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"),
+    )
+    sm100 = BackendSpec(
+        name="cuda_sm100",
+        vendor="nvidia",
+        device_types=("cuda",),
+        tier="optimized",
+        priority=100,
+        impl="moe_hal_cuda.backend:CudaSM100Backend",
+        signatures=(FLOAT_SIGNATURE, *_fp8_signatures({"ue8m0"})),
+        requires=frozenset({"tcgen05", "tma", "ue8m0_scales"}),
+        deterministic=True,
+        graph_capturable=True,
+        description=_description("Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
+                                 "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"),
+    )
+    return sm90, sm100
+
+
+@hookimpl
+def moe_hal_register_backends(register) -> None:
+    for spec in specs():
+        register(spec)

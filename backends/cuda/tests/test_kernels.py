@@ -1,0 +1,257 @@
+"""Every kernel of cuda_sm90 / cuda_sm100 against the float64 reference, under the Triton interpreter.
+
+Shapes are tiny (the interpreter runs numpy per program) but chosen to hit the edges: empty
+groups, group sizes that are not multiples of the tile, N and K that are not multiples of the
+block sizes (N=24, K=40; fp8 K=456 and 600, not multiples of 128), skewed routing, masked rows at 0 and
+at max_m, K-grouped with and without ``c`` (and in place). fp8 is compared with the reference
+computed from the same quantized operands, so quantization error is not counted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_matches, magnitude, randn, reference
+
+import moe_hal
+from moe_hal.quant import quantize_fp8
+from moe_hal_cuda import configs, launch, scales
+
+BACKENDS = ("cuda_sm90", "cuda_sm100")
+ARCH = {"cuda_sm90": "sm90", "cuda_sm100": "sm100"}
+FLOATS = (torch.bfloat16, torch.float16)
+BF16_THRESHOLD, FP8_THRESHOLD = 1e-5, 1e-3
+
+#: (counts, alignment): empty first/middle/last groups, sizes off the tile, one heavy expert.
+CONTIGUOUS_CASES = {
+    "empty_and_odd": ([5, 0, 37, 3, 0], 16),
+    "skewed": ([0, 1, 71, 2, 0, 9, 0, 1], 8),
+    "unaligned": ([13, 7, 22], 1),
+}
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def _gap_rows(layout) -> torch.Tensor:
+    return layout.gap_rows_on("cpu")
+
+
+# -- contiguous ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("case", sorted(CONTIGUOUS_CASES))
+def test_contiguous_float(gen, backend, dtype, case):
+    counts, alignment = CONTIGUOUS_CASES[case]
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
+    k, n = 40, 24
+    a, b = randn(gen, lay.num_rows, k, dtype=dtype), randn(gen, len(counts), n, k, dtype=dtype)
+    out = moe_hal.grouped_gemm(a, b, lay, out=_poisoned((lay.num_rows, n), dtype), backend=backend)
+    assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
+    assert bool((out[_gap_rows(lay)] == 0).all()), "rows of no group must be exactly zero"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_contiguous_fp32_out_and_transposed_b(gen, backend):
+    """fp32 output from bf16 operands, weights given as a transposed view of [G, K, N]."""
+    lay = moe_hal.ContiguousLayout.from_counts([9, 0, 30], alignment=4)
+    k, n = 72, 40
+    a = randn(gen, lay.num_rows, k, dtype=torch.bfloat16)
+    b = randn(gen, 3, k, n, dtype=torch.bfloat16).transpose(1, 2)
+    out = moe_hal.grouped_gemm(a, b, lay, out=_poisoned((lay.num_rows, n), torch.float32),
+                               out_dtype=torch.float32, backend=backend)
+    assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("b_block", [(128, 128), (1, 128)])
+def test_contiguous_fp8(gen, backend, b_block):
+    lay = moe_hal.ContiguousLayout.from_counts([0, 21, 3, 0, 50], alignment=8)
+    k, n = 600, 24                          # five K-blocks: two packed words, a partial last block
+    ue8m0 = backend == "cuda_sm100"
+    qa = quantize_fp8(randn(gen, lay.num_rows, k), (1, 128), ue8m0=ue8m0)
+    qb = quantize_fp8(randn(gen, 5, n, k), b_block, ue8m0=ue8m0)
+    out = moe_hal.grouped_gemm(qa, qb, lay, out=_poisoned((lay.num_rows, n), torch.bfloat16), backend=backend)
+    assert_matches(out, reference(qa, qb, lay, out_dtype=torch.float32), magnitude(qa, qb, lay), k, FP8_THRESHOLD)
+    assert bool((out[_gap_rows(lay)] == 0).all())
+
+
+def test_contiguous_fp8_sm90_takes_fp32_scales(gen):
+    """SM90 converts non-power-of-two fp32 scales; SM100 rejects them with a reason."""
+    lay = moe_hal.ContiguousLayout.from_counts([17, 4], alignment=1)
+    qa = quantize_fp8(randn(gen, lay.num_rows, 136), (1, 128))
+    qb = quantize_fp8(randn(gen, 2, 32, 136), (128, 128))
+    out = moe_hal.grouped_gemm(qa, qb, lay, backend="cuda_sm90", out_dtype=torch.float32)
+    assert_matches(out, reference(qa, qb, lay, out_dtype=torch.float32), magnitude(qa, qb, lay), 136, FP8_THRESHOLD)
+    with pytest.raises(moe_hal.errors.BackendUnavailableError) as info:
+        moe_hal.grouped_gemm(qa, qb, lay, backend="cuda_sm100")
+    assert "scale_format_unsupported" in {r.code for r in info.value.reasons}
+
+
+# -- masked --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_masked_float(gen, backend, dtype):
+    g, max_m, k, n = 4, 37, 40, 24          # max_m not a multiple of any tile height
+    masked_m = torch.tensor([0, 37, 5, 16], dtype=torch.int32)
+    lay = moe_hal.MaskedLayout(masked_m, max_m)
+    a, b = randn(gen, g, max_m, k, dtype=dtype), randn(gen, g, n, k, dtype=dtype)
+    sentinel = -12345.0
+    out = torch.full((g, max_m, n), sentinel, dtype=dtype)
+    moe_hal.grouped_gemm(a, b, lay, out=out, backend=backend)
+    ref = torch.full((g, max_m, n), sentinel, dtype=torch.float32)
+    reference(a, b, lay, out=ref, out_dtype=torch.float32)
+    mag = torch.zeros_like(ref)
+    reference(a.float().abs(), b.float().abs(), lay, out=mag)
+    assert_matches(out, ref, mag, k, BF16_THRESHOLD)
+    for gi, rows in enumerate(masked_m.tolist()):
+        assert bool((out[gi, rows:] == sentinel).all()), f"group {gi}: rows >= masked_m were written"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_fp8(gen, backend):
+    g, max_m, k, n = 3, 20, 456, 24
+    masked_m = torch.tensor([20, 0, 7], dtype=torch.int32)
+    lay = moe_hal.MaskedLayout(masked_m, max_m, expected_m=8)
+    ue8m0 = backend == "cuda_sm100"
+    qa = quantize_fp8(randn(gen, g, max_m, k), (1, 128), ue8m0=ue8m0)
+    qb = quantize_fp8(randn(gen, g, n, k), (128, 128), ue8m0=ue8m0)
+    sentinel = 77.0
+    out = torch.full((g, max_m, n), sentinel, dtype=torch.bfloat16)
+    moe_hal.grouped_gemm(qa, qb, lay, out=out, backend=backend)
+    ref = torch.full((g, max_m, n), sentinel, dtype=torch.float32)
+    reference(qa, qb, lay, out=ref, out_dtype=torch.float32)
+    mag = torch.zeros_like(ref)
+    reference(qa.dequantize().abs(), qb.dequantize().abs(), lay, out=mag)
+    assert_matches(out, ref, mag, k, FP8_THRESHOLD)
+    for gi, rows in enumerate(masked_m.tolist()):
+        assert bool((out[gi, rows:] == sentinel).all())
+
+
+# -- K-grouped -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_k_grouped_float(gen, backend, dtype, with_c):
+    lay = moe_hal.KGroupedLayout.from_counts([11, 0, 45, 3, 0], alignment=1)
+    m, n = 40, 24
+    x, dy = randn(gen, lay.num_rows, m, dtype=dtype), randn(gen, lay.num_rows, n, dtype=dtype)
+    c = randn(gen, 5, m, n) if with_c else None
+    out = moe_hal.grouped_gemm(x, dy, lay, c=c, out_dtype=torch.float32, backend=backend)
+    ref = reference(x, dy, lay, c=c, out_dtype=torch.float32)
+    assert_matches(out, ref, magnitude(x, dy, lay, c), lay.num_rows, BF16_THRESHOLD)
+    if c is None:
+        assert bool((out[1] == 0).all()) and bool((out[4] == 0).all()), "empty groups give zeros"
+    else:
+        assert torch.equal(out[1], c[1]) and torch.equal(out[4], c[4]), "empty groups give c"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_k_grouped_in_place_bf16_out(gen, backend):
+    """``out`` is ``c`` itself (weight-gradient accumulation), bf16 output, gaps between groups."""
+    lay = moe_hal.KGroupedLayout.from_counts([6, 0, 19], alignment=8)
+    m, n = 24, 40
+    x = randn(gen, lay.num_rows, m, dtype=torch.bfloat16)
+    dy = randn(gen, lay.num_rows, n, dtype=torch.bfloat16)
+    c = randn(gen, 3, m, n, dtype=torch.bfloat16)
+    ref = reference(x.float(), dy.float(), lay, c=c.float())
+    mag = magnitude(x, dy, lay, c)
+    result = moe_hal.grouped_gemm(x, dy, lay, c=c, out=c, backend=backend)
+    assert result.data_ptr() == c.data_ptr()
+    assert_matches(c, ref, mag, lay.num_rows, BF16_THRESHOLD)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_c", [False, True])
+def test_k_grouped_fp8(gen, backend, with_c):
+    """Token groups that straddle 128-token scale blocks (alignment 1), an empty group."""
+    lay = moe_hal.KGroupedLayout.from_counts([100, 0, 90, 70], alignment=1)
+    m, n = 24, 40
+    ue8m0 = backend == "cuda_sm100"
+    qx = quantize_fp8(randn(gen, lay.num_rows, m), (128, 1), ue8m0=ue8m0)
+    qdy = quantize_fp8(randn(gen, lay.num_rows, n), (128, 1), ue8m0=ue8m0)
+    c = randn(gen, 4, m, n) if with_c else None
+    out = moe_hal.grouped_gemm(qx, qdy, lay, c=c, out_dtype=torch.float32, backend=backend)
+    ref = reference(qx, qdy, lay, c=c, out_dtype=torch.float32)
+    assert_matches(out, ref, magnitude(qx, qdy, lay, c), lay.num_rows, FP8_THRESHOLD)
+
+
+# -- launch level: several tiles per dimension, both contiguous forms ------------------------------
+SMALL = configs.KernelConfig(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, group_m=2)
+
+
+@pytest.mark.parametrize("form", ["schedule", "m_indices"])
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_contiguous_forms_many_tiles(gen, form, dtype):
+    """Several row, column and K tiles; the schedule form also with BLOCK_M > alignment."""
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 40, 17], alignment=16)
+    k, n = 70, 40
+    a, b = randn(gen, lay.num_rows, k, dtype=dtype), randn(gen, 4, n, k, dtype=dtype)
+    out = _poisoned((lay.num_rows, n), torch.float32)
+    launch.contiguous(a, b, out, lay, SMALL, form=form)
+    assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
+    if form == "schedule":
+        big = configs.KernelConfig(64, 32, 32, 4, 2)
+        out2 = _poisoned((lay.num_rows, n), torch.float32)
+        launch.contiguous(a, b, out2, lay, big, form="schedule")
+        assert torch.equal(out, out2), "the tile height changes no value (fp32 sums in one K order)"
+
+
+def test_m_indices_form_needs_tile_dividing_alignment(gen):
+    lay = moe_hal.ContiguousLayout.from_counts([3, 5], alignment=8)
+    a, b = randn(gen, lay.num_rows, 16), randn(gen, 2, 16, 16)
+    with pytest.raises(ValueError, match="divide"):
+        launch.contiguous(a, b, torch.empty(lay.num_rows, 16), lay, SMALL, form="m_indices")
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_fp8_many_tiles_all_layouts(gen, arch):
+    """fp8 with 32-wide K steps (four per scale block) on every layout."""
+    ue8m0 = arch == "sm100"
+    lay = moe_hal.ContiguousLayout.from_counts([20, 0, 9], alignment=1)
+    k, n = 260, 40
+    qa = quantize_fp8(randn(gen, lay.num_rows, k), (1, 128), ue8m0=ue8m0)
+    qb = quantize_fp8(randn(gen, 3, n, k), (128, 128), ue8m0=ue8m0)
+    out = _poisoned((lay.num_rows, n), torch.float32)
+    launch.contiguous(qa.data, qb.data, out, lay, SMALL, sa=scales.activation(qa, arch), sb=scales.weight(qb, arch))
+    assert_matches(out, reference(qa, qb, lay, out_dtype=torch.float32), magnitude(qa, qb, lay), k, FP8_THRESHOLD)
+
+    masked_m = torch.tensor([5, 0, 18], dtype=torch.int32)
+    ml = moe_hal.MaskedLayout(masked_m, 18)
+    qa3 = quantize_fp8(randn(gen, 3, 18, k), (1, 128), ue8m0=ue8m0)
+    out3 = torch.zeros(3, 18, n)
+    launch.masked(qa3.data, qb.data, out3, masked_m, SMALL, sa=scales.activation(qa3, arch), sb=scales.weight(qb, arch))
+    ref3 = reference(qa3, qb, ml, out_dtype=torch.float32)
+    mag3 = reference(qa3.dequantize().abs(), qb.dequantize().abs(), ml)
+    assert_matches(out3, ref3, mag3, k, FP8_THRESHOLD)
+
+    kl = moe_hal.KGroupedLayout.from_counts([150, 0, 61], alignment=1)
+    qx = quantize_fp8(randn(gen, kl.num_rows, 24), (128, 1), ue8m0=ue8m0)
+    qdy = quantize_fp8(randn(gen, kl.num_rows, n), (128, 1), ue8m0=ue8m0)
+    outk = _poisoned((3, 24, n), torch.float32)
+    launch.k_grouped(qx.data, qdy.data, outk, kl, SMALL, sa=scales.activation(qx, arch), sb=scales.activation(qdy, arch))
+    assert_matches(outk, reference(qx, qdy, kl, out_dtype=torch.float32), magnitude(qx, qdy, kl),
+                   kl.num_rows, FP8_THRESHOLD)
+
+
+def test_sm100_kernel_decodes_packed_bytes(gen):
+    """Raising one exponent byte of the packed A scales by one doubles exactly the products of
+    that row and K-block: the kernel reads the int32 UE8M0 words, not fp32 values."""
+    lay = moe_hal.ContiguousLayout.from_counts([4], alignment=1)
+    k, n = 512, 16                                       # four K-blocks: all bytes of one word
+    qa = quantize_fp8(randn(gen, 4, k), (1, 128), ue8m0=True)
+    qb = quantize_fp8(randn(gen, 1, n, k), (128, 128), ue8m0=True)
+    sa, sb = scales.activation(qa, "sm100"), scales.weight(qb, "sm100")
+    base = launch.contiguous(qa.data, qb.data, torch.empty(4, n), lay, SMALL, sa=sa, sb=sb)
+    row, block = 2, 3
+    bumped = sa.tensor.clone()
+    bumped[row, 0] += 1 << (8 * block)                   # byte 3 of word 0 of row 2
+    out = launch.contiguous(qa.data, qb.data, torch.empty(4, n), lay, SMALL,
+                            sa=scales.Physical(bumped, sa.kind, 1), sb=sb)
+    a_block = qa.dequantize()[row, 128 * block:128 * (block + 1)].double()
+    w_block = qb.dequantize()[0, :, 128 * block:128 * (block + 1)].double()
+    expected_change = a_block @ w_block.T                # that block's contribution, counted twice
+    assert torch.allclose((out[row] - base[row]).double(), expected_change, rtol=1e-5, atol=1e-4)
+    others = [r for r in range(4) if r != row]
+    assert torch.equal(out[others], base[others])
