@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from moe_hal import hwdb
+from moe_hal import hwdb, plugins
 from moe_hal.errors import ArgumentError, HardwareDBError
 
 REQUIRED_IDS = {
@@ -43,7 +43,7 @@ def clean_db(monkeypatch):
     hwdb.reload(forget_overlays=True)
     yield
     monkeypatch.undo()
-    hwdb.reload(forget_overlays=True)
+    plugins.reload()  # forgets our overlays and lets the plugin host register its own again
 
 
 def q(value, unit, basis="secondary", source="test source", **extra):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from moe_hal import hwdb
+from moe_hal import hwdb, plugins
 from moe_hal.cli import hw
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def clean_db(monkeypatch):
     hwdb.reload(forget_overlays=True)
     yield
     monkeypatch.undo()
-    hwdb.reload(forget_overlays=True)
+    plugins.reload()  # forgets our overlays and lets the plugin host register its own again
 
 
 def run(argv, capsys):

@@ -44,14 +44,18 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _guarded(run):
-    """Run a subcommand, turning hardware-DB and argument errors into a message and exit status."""
+    """Run a subcommand after loading plugins, turning moe_hal errors into a message and an exit status."""
 
     def wrapper(args: argparse.Namespace) -> int:
         import sys
 
-        from ..errors import ArgumentError, HardwareDBError
+        from .. import plugins
+        from ..errors import ArgumentError, HardwareDBError, MoeHalError
 
         try:
+            # Plugins contribute hardware-DB overlays when they load; a broken one is recorded
+            # (see `moe-hal info`) and does not stop the listing.
+            plugins.host().ensure_loaded()
             return run(args)
         except HardwareDBError as exc:
             print(f"moe-hal hw: hardware DB error: {exc}", file=sys.stderr)
@@ -59,6 +63,9 @@ def _guarded(run):
         except ArgumentError as exc:
             print(f"moe-hal hw: {exc}", file=sys.stderr)
             return 2
+        except MoeHalError as exc:
+            print(f"moe-hal hw: {exc}", file=sys.stderr)
+            return 1
 
     return wrapper
 
