@@ -115,3 +115,30 @@ def test_backend_declarations_reach_the_model():
     assert full.tile == (64, 256) and full.counts == (64, 64, 64)
     sparse = bench._predict(case, hw, bench.model_options(object()))
     assert sparse.counts == (3, 0, 5)
+
+
+def test_failures_are_recorded_and_the_run_goes_on(capsys, tmp_path, monkeypatch):
+    def broken_calibration(*args, **kwargs):
+        raise RuntimeError("calibration exploded")
+
+    monkeypatch.setattr(bench, "calibrate", broken_calibration)
+    real_add_model = bench.add_model
+
+    def add_model(row, case, *rest):
+        if case.op == "masked":
+            raise ValueError("model exploded")
+        return real_add_model(row, case, *rest)
+
+    monkeypatch.setattr(bench, "add_model", add_model)
+    monkeypatch.setenv("COLUMNS", "300")
+    out_file = tmp_path / "r.json"
+    rc, out = run(["--quick", "--model", "--calibrate", "--only", "small-", "--warmup", "1", "--reps", "2",
+                   "--no-peers", "--out", str(out_file)], capsys)
+    assert rc == 0
+    report = json.loads(out_file.read_text())
+    assert report["hardware"]["calibration"]["error"] == "RuntimeError: calibration exploded"
+    assert "model_calibrated" not in report["summary"]
+    masked = [c for c in report["cases"] if c["op"] == "masked"]
+    assert masked and all(c["model_error"] == "ValueError: model exploded" for c in masked)
+    assert report["summary"]["model"]["n"] == len(report["cases"]) - len(masked)
+    assert "model exploded" in out  # the table shows it

@@ -504,54 +504,77 @@ def run(args: argparse.Namespace) -> int:
         report["device_name"] = torch.cuda.get_device_name(device)
     dtypes = {c.dtype for c in cases}
     hw = hw_cal = None
-    opts: dict[str, Any] | None = None
+    options: dict[str, dict[str, Any]] = {}  # model options per backend name
     with Progress(console=err, transient=True) as progress:
         if args.model:
             task = progress.add_task("hardware figures", total=None)
-            hw, notes = base_hardware(device, dtypes, timer)
-            report["hardware"] = {"model": _hw_dict(hw), **notes}
-            if device.type == "cpu":
-                report["notes"].append("the tile/wave model describes GPU/NPU kernels (tiles on cores, waves, MMA "
-                                       "floors); it is not expected to predict CPU kernels, and CPU timings on a "
-                                       "shared machine are noisy: read these errors as a report, not a validation")
-            if notes["measured_here"]:
-                report["notes"].append("the hardware DB lacks some figures for this device; they were measured "
-                                       "in process (see hardware.measured_here)")
+            try:
+                hw, notes = base_hardware(device, dtypes, timer)
+            except Exception as exc:  # report and carry on timing: a one-shot GPU run must not be lost
+                report["notes"].append(f"no model: the hardware figures failed: {type(exc).__name__}: {exc}")
+            else:
+                report["hardware"] = {"model": _hw_dict(hw), **notes}
+                if device.type == "cpu":
+                    report["notes"].append(
+                        "the tile/wave model describes GPU/NPU kernels (tiles on cores, waves, MMA floors); it is "
+                        "not expected to predict CPU kernels, and CPU timings on a shared machine are noisy: read "
+                        "these errors as a report, not a validation")
+                if notes["measured_here"]:
+                    report["notes"].append("the hardware DB lacks some figures for this device; they were measured "
+                                           "in process (see hardware.measured_here)")
             progress.remove_task(task)
         task = progress.add_task("cases", total=len(cases))
         for case in cases:
             progress.update(task, description=case.name)
             row = run_case(case, device, args, timer)
-            if args.model and "error" not in row:
-                if opts is None:
-                    opts = model_options(moe_hal.get_backend(row["backend"]).spec)
-                    report["model_options"] = {**opts, "tiles": [list(t) for t in opts["tiles"]]}
-                    if args.calibrate:
-                        progress.update(task, description="calibrating")
-                        hw_cal, info = calibrate(hw, device, dtypes, args.backend or row["backend"], timer,
-                                                 opts, args.seed)
-                        report["hardware"]["calibrated"] = _hw_dict(hw_cal)
-                        report["hardware"]["calibration"] = info
-                add_model(row, case, hw, hw_cal, opts)
+            if hw is not None and "error" not in row:
+                name = row["backend"]
+                if name not in options:
+                    options[name] = model_options(moe_hal.get_backend(name).spec)
+                    report.setdefault("model_options", {})[name] = {
+                        **options[name], "tiles": [list(t) for t in options[name]["tiles"]]}
+                    if args.calibrate and "calibration" not in report["hardware"]:
+                        progress.update(task, description=f"calibrating on {name}")
+                        try:
+                            hw_cal, info = calibrate(hw, device, dtypes, args.backend or name, timer,
+                                                     options[name], args.seed)
+                        except Exception as exc:
+                            info = {"error": f"{type(exc).__name__}: {exc}"}
+                        else:
+                            report["hardware"]["calibrated"] = _hw_dict(hw_cal)
+                        report["hardware"]["calibration"] = {"backend": args.backend or name, **info}
+                try:
+                    add_model(row, case, hw, hw_cal, options[name])
+                except Exception as exc:
+                    row["model_error"] = f"{type(exc).__name__}: {exc}"
             report["cases"].append(row)
             for message in row.get("warnings", ()):
                 if message not in report["warnings"]:
                     report["warnings"].append(message)
+            if hw is not None:
+                report["summary"] = summarize(report["cases"], hw_cal is not None)
+            if args.out:  # after every case, so an interrupted run keeps what it measured
+                _write(report, args.out)
             progress.advance(task)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    if args.model:
-        report["summary"] = summarize(report["cases"], hw_cal is not None)
+    if len(options) > 1:
+        report["notes"].append(f"cases ran on several backends ({', '.join(sorted(options))}); the calibrated "
+                               "model was fitted on the first")
     if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        _write(report, args.out)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print_report(report)
     ran = sum(1 for r in report["cases"] if "error" not in r)
     return 0 if ran or not cases else 1
+
+
+def _write(report: dict[str, Any], path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
 
 
 def run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -> dict[str, Any]:
@@ -570,15 +593,13 @@ def run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) ->
 def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -> dict[str, Any]:
     import moe_hal
 
-    from ..errors import MoeHalError
-
     row: dict[str, Any] = {"name": case.name, "source": case.source, "op": case.op, "dtype": case.dtype,
                            "n": case.n, "k": case.k, "m": case.m, "max_m": case.max_m, "dist": case.dist,
                            "num_groups": len(case.counts), "rows": sum(case.counts), "counts": case.counts}
     try:
         prep = prepare(case, device, args.backend, not args.no_peers, args.seed)
         sel = moe_hal.select(*prep.args, prep.layout, backend=args.backend)
-    except (MoeHalError, RuntimeError, NotImplementedError) as exc:
+    except Exception as exc:  # recorded per case: one failing case must not end a one-shot GPU run
         row["error"] = f"{type(exc).__name__}: {exc}"
         return row
     row["backend"] = sel.name
@@ -590,9 +611,11 @@ def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -
         try:
             times[name] = timer(fn)
             outputs[name] = fn()
-        except (RuntimeError, NotImplementedError, MoeHalError) as exc:
+        except Exception as exc:  # recorded: a peer that rejects a shape is a result, not a crash
             times[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     row["times"] = times
+    if "error" in times["moe_hal"]:
+        row["error"] = "the moe_hal call failed: " + times["moe_hal"]["error"]
     ref = outputs.get("torch.mm loop")
     got = outputs.get("moe_hal")
     if ref is not None and got is not None:
@@ -670,12 +693,17 @@ def print_report(report: dict[str, Any]) -> None:
             cells.append(f"{t[key]['median'] * 1e6:.1f}" if "median" in t.get(key, {}) else
                          ("err" if key in t else "-"))
         if with_model:
-            m = r.get("model", {})
-            cells += [f"{m['t_roofline'] * 1e6:.1f}", f"{m['t_predicted'] * 1e6:.1f}",
-                      f"{m.get('error_predicted', float('nan')):+.0%}", "x".join(map(str, m["tile"])), m["bound"]]
-            if "model_calibrated" in report["summary"]:
-                cells += [f"{m['t_predicted_calibrated'] * 1e6:.1f}",
-                          f"{m.get('error_predicted_calibrated', float('nan')):+.0%}"]
+            m = r.get("model")
+            if m is None:
+                cells += ["", escape(r.get("model_error", "-")[:40])] + [""] * (len(cols) - len(cells) - 2)
+            else:
+                cells += [f"{m['t_roofline'] * 1e6:.1f}", f"{m['t_predicted'] * 1e6:.1f}",
+                          f"{m.get('error_predicted', float('nan')):+.0%}", "x".join(map(str, m["tile"])),
+                          m["bound"]]
+                if "model_calibrated" in report["summary"]:
+                    cal = m.get("t_predicted_calibrated")
+                    cells += [f"{cal * 1e6:.1f}" if cal else "-",
+                              f"{m.get('error_predicted_calibrated', float('nan')):+.0%}"]
         table.add_row(*cells)
     console.print(table)
     if with_model:
