@@ -309,7 +309,7 @@ class Timer:
         fn()
         self.sync()
         one = time.perf_counter() - t0
-        reps = self.reps if one * self.reps <= budget_s else max(3, int(budget_s / max(one, 1e-9)))
+        reps = self.reps if one * self.reps <= budget_s else min(self.reps, max(3, int(budget_s / max(one, 1e-9))))
         times, host = [], []
         if self.cuda:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
