@@ -1,0 +1,358 @@
+"""The Ascend backends: ``torch_npu.npu_grouped_matmul`` behind moe_hal's three grouped GEMMs.
+
+``ascend`` (Atlas A2/A3, 910B/910C) and ``ascend_950`` (the 950 generation) share this code; they
+differ in one decision, taken from the hardware DB's ``fp8`` feature through the backend spec: the
+950 multiplies block-scaled fp8 natively (G-B mode), ``ascend`` dequantizes fp8 to bf16 first and
+says so. Every call goes through ``ops = runtime.ops_for(device)``: torch_npu on an NPU, the CPU
+emulator (same functions) in emulation mode.
+
+Layout translation (the op groups rows back to back from row 0 and never writes rows outside its
+groups, reference/ascend.md §1.4):
+
+==============  ==============================================================================
+contiguous      ``group_type=0``, ``group_list_type=0`` with the *aligned* segment ends, so each
+                group's alignment padding is computed with that group (padding rows sit between
+                groups, and the op cannot skip rows); then every row of no group — padding, and
+                the tail the op leaves unwritten — is zeroed, as the contract says.
+masked          no native masked form. The valid rows are packed on the device (an index gather
+                computed from ``masked_m`` with ``cumsum``/``searchsorted``: no host sync),
+                ``group_list = cumsum(clamp(masked_m, 0, max_m))`` (type 0), and the results go
+                back with ``masked_scatter_``, which writes exactly the rows ``r < masked_m[g]``.
+k_grouped       ``group_type=2``: ``x = a.T`` as the transposed view the op expects, ``weight = b``,
+                ``group_list`` = token-group ends (type 0; the tokens of groups are gathered first
+                when the layout has gaps, since padding tokens must not contribute). Empty groups
+                are zeroed (the op's output for an empty K group is undocumented), then ``c`` is added.
+==============  ==============================================================================
+
+Weights ``b[G, N, K]`` reach the op as ``b.transpose(1, 2)`` — the transposed-weight view it
+recognises by strides, no copy — or, for a transposed view of ``[G, K, N]``, as that tensor.
+Other strides, fp32 upcasts, dequantized fp8, the 950's ``[G, K, N]`` fp8 layout with
+``[G, K/128, N/128]`` scales and opt-in FRACTAL_NZ weights are built once through
+:data:`moe_hal.prepared.prepared_cache`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from moe_hal import dtypes
+from moe_hal.backend import Backend, DeviceInfo, Reason
+from moe_hal.notices import warn_once
+from moe_hal.problem import Problem
+from moe_hal.quant import QuantizedTensor
+
+from . import emulation, runtime, soc
+
+#: Inner (last, in memory) dimensions of x and weight must stay below this (reference/ascend.md §1.4).
+INNER_DIM_LIMIT = 65536
+#: The 950 G-B mode: activations 1x128 per token, weights 128x128 blocks, fp32 scales.
+GB_SCALE_BLOCKS = ((1, 128), (128, 128))
+#: ``nd`` (default) or ``nz``: cast bf16/fp16 weights to FRACTAL_NZ once, where the SoC has it.
+ENV_WEIGHT_FORMAT = "MOE_HAL_ASCEND_WEIGHT_FORMAT"
+ACL_FORMAT_FRACTAL_NZ = 29
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one problem signature is computed. ``compute``: ``native`` (operands as given),
+    ``upcast_fp32`` (fp32 output from bf16/fp16 operands), ``dequantize`` (fp8 dequantized to
+    ``op_dtype``) or ``fp8_gb`` (the 950's native block-scaled fp8). ``notes``: the precision
+    changes, announced once per process."""
+
+    compute: str
+    op_dtype: torch.dtype
+    notes: tuple[str, ...] = ()
+
+
+class AscendBackend(Backend):
+    """``npu_grouped_matmul`` on Atlas A2/A3 (910B/910C): fp32/bf16/fp16, fp8 dequantized to bf16."""
+
+    #: Whether fp8 e4m3 block-scaled operands are multiplied natively (G-B mode).
+    native_fp8 = False
+
+    # -- availability and devices ----------------------------------------------------------------
+    def is_available(self) -> list[Reason]:
+        if emulation.config().enabled:
+            return []
+        return runtime.availability()
+
+    def check_device(self, device: DeviceInfo) -> list[Reason]:
+        if device.type == "cpu":
+            cfg = emulation.config()
+            if not cfg.enabled:
+                return [Reason("device_type_unsupported", "Ascend backends run on NPUs; CPU tensors only in "
+                               f"emulation mode ({emulation.ENV_EMULATE}=1)", {"npu"}, "cpu")]
+            prof = soc.profile(cfg.soc)
+            return self._soc_reasons(prof.hw_id, prof.features, f"emulated SoC {cfg.soc}", prof.reason)
+        if device.type != "npu":
+            return [Reason("device_type_unsupported", "Ascend backends run on NPUs", {"npu"}, device.type)]
+        return self._soc_reasons(device.hw_id, device.features, device.seen, None)
+
+    def _soc_reasons(self, hw_id: str | None, features: frozenset[str], seen: str, why: str | None) -> list[Reason]:
+        required = set(self.spec.requires)
+        if hw_id is None:
+            return [Reason("soc_unsupported", "the hardware DB does not recognise this SoC, so its features "
+                           f"are unknown{': ' + why if why else ''}", required, seen)]
+        missing = self.spec.requires - features
+        if missing:
+            return [Reason("soc_unsupported", f"{hw_id} lacks the hardware-DB features {sorted(missing)} "
+                           "this backend requires", required, sorted(features & self.spec.requires))]
+        return []
+
+    def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
+        if device.type == "cpu":
+            return Reason("emulator_only", "on the CPU this backend is the torch_npu emulator; it runs only when "
+                          f"named (backend={self.name!r} or MOE_HAL_BACKEND={self.name})")
+        return None
+
+    def execution_mode(self, device: DeviceInfo) -> str:
+        return self.EMULATED if device.type == "cpu" else self.NATIVE
+
+    def unsupported(self, p: Problem) -> list[Reason]:
+        if p.op == "k_grouped":
+            # x is a^T, a transposed view of [T, M] (inner dim M); the weight is b[T, N] (inner N).
+            limits = (("M", p.m), ("N", p.n))
+        else:
+            # x is [rows, K]; the weight is always passed K-inner when N would be too large.
+            limits = (("K", p.k),)
+        return [Reason("shape_constraint", f"npu_grouped_matmul needs {name} < {INNER_DIM_LIMIT} (the inner "
+                       "dimension of x and weight)", f"{name} < {INNER_DIM_LIMIT}", value)
+                for name, value in limits if value >= INNER_DIM_LIMIT]
+
+    # -- the plan and its explanation ------------------------------------------------------------
+    def plan(self, p: Problem) -> Plan:
+        """The computation this backend uses for ``p`` (depends only on its signature)."""
+        if p.quantized:
+            if self.native_fp8 and p.op != "k_grouped" and p.scale_blocks == GB_SCALE_BLOCKS:
+                return Plan("fp8_gb", torch.float8_e4m3fn)
+            op_dtype = torch.bfloat16 if p.out_dtype == torch.bfloat16 else torch.float32
+            why = ("the hardware DB lists no fp8 for this backend's SoCs" if not self.native_fp8 else
+                   "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only")
+            return Plan("dequantize", op_dtype, (
+                f"dequantizes fp8 operands to {dtypes.name_of(op_dtype)} before npu_grouped_matmul ({why}); "
+                "weights once, through the prepared-weight cache",))
+        if p.out_dtype != p.a.dtype:
+            return Plan("upcast_fp32", torch.float32, (
+                f"upcasts {p.in_dtype} operands to fp32 (npu_grouped_matmul writes the input dtype for "
+                "non-quantized operands); weights once, through the prepared-weight cache",))
+        return Plan("native", p.a.dtype)
+
+    def describe_path(self, p: Problem) -> str:
+        plan = self.plan(p)
+        parts = []
+        if p.device.type == "cpu":
+            parts.append(f"EMULATED (CPU emulator of torch_npu, SoC {emulation.config().soc}; not run on an NPU)")
+        mode = " in G-B mode (fp32 scales, per_token_scale [M, K/128], scale [G, K/128, N/128])" \
+            if plan.compute == "fp8_gb" else ""
+        if p.op == "contiguous":
+            parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 over the "
+                         "aligned segment ends; rows of no group (padding, and the tail the op leaves unwritten) zeroed")
+        elif p.op == "masked":
+            parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 = "
+                         "cumsum(masked_m) over the valid rows packed on the device (no host sync); results "
+                         "written back with masked_scatter_, so rows >= masked_m[g] are never written")
+        else:
+            parts.append("torch_npu.npu_grouped_matmul group_type=2 (K axis), split_item=3, group_list_type=0 over "
+                         "the token-group ends (tokens of no group, if any, gathered out first), x = a.T as a "
+                         "transposed view; empty groups zeroed"
+                         + ("; c added after the op (one more rounding in the output dtype)" if p.c is not None else ""))
+            return "; ".join(parts + list(plan.notes))
+        parts.append(self._weight_text(p, plan))
+        return "; ".join(parts + list(plan.notes))
+
+    def _weight_text(self, p: Problem, plan: Plan) -> str:
+        if plan.compute == "fp8_gb":
+            return "fp8 weights laid out once as [G, K, N] with scales [G, K/128, N/128] (prepared)"
+        if self._use_nz(p, plan):
+            return "weights cast once to FRACTAL_NZ [G, K, N] (prepared; MOE_HAL_ASCEND_WEIGHT_FORMAT=nz)"
+        if plan.compute != "native":
+            return "weights converted once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view"
+        return {"k": "weights b[G, N, K] passed as their transposed view (no copy)",
+                "n": "weights passed as the [G, K, N] tensor b is a view of (no copy; copied once to K-inner if N >= 65536)",
+                "strided": "weights copied once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view",
+                }.get(p.b_major, "weights passed as the op expects")
+
+    # -- execution -------------------------------------------------------------------------------
+    def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
+        plan = self.plan(p)
+        for note in plan.notes:
+            warn_once((self.name, note), f"moe_hal {self.name} backend {note}", stacklevel=4)
+        if p.m == 0 or p.n == 0 or p.k == 0 or p.num_groups == 0:
+            return _degenerate(p, out)
+        ops = runtime.ops_for(p.device)
+        if p.op == "contiguous":
+            return self._contiguous(p, plan, ops, out)
+        if p.op == "masked":
+            return self._masked(p, plan, ops, out)
+        return self._k_grouped(p, plan, ops, out)
+
+    def _contiguous(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
+        lay = p.layout
+        if lay.num_valid_rows == 0:
+            return _degenerate(p, out)
+        x, per_token_scale = _activation(p.a, plan)
+        y = self._gmm_m(p, plan, ops, x, per_token_scale, _aligned_ends(lay, p.device))
+        if lay.has_gaps():
+            y.index_fill_(0, lay.gap_rows_on(p.device), 0)
+        return _deliver(y, out)
+
+    def _masked(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
+        groups, max_m, rows = p.num_groups, p.m, p.num_groups * p.m
+        x, per_token_scale = _activation(p.a, plan)
+        valid_m = p.layout.masked_m.clamp(0, max_m).to(torch.int64)
+        ends = torch.cumsum(valid_m, 0)
+        # Packed row i holds row (i - start[g]) of group g, the group whose range contains i.
+        # Rows past the last end are never read by the op; any in-range source will do.
+        packed = torch.arange(rows, device=p.device)
+        group = torch.searchsorted(ends, packed, right=True).clamp_(max=groups - 1)
+        source = (group * max_m + packed - (ends - valid_m)[group]).clamp_(0, rows - 1)
+        x = x.reshape(rows, p.k).index_select(0, source)
+        if per_token_scale is not None:
+            per_token_scale = per_token_scale.reshape(rows, -1).index_select(0, source)
+        y = self._gmm_m(p, plan, ops, x, per_token_scale, ends)
+        out = p.new_out() if out is None else out
+        valid = torch.arange(max_m, device=p.device)[None, :] < valid_m[:, None]
+        out.masked_scatter_(valid[..., None], y)
+        return out
+
+    def _gmm_m(self, p: Problem, plan: Plan, ops: Any, x: torch.Tensor, per_token_scale: torch.Tensor | None,
+               group_list: torch.Tensor) -> torch.Tensor:
+        """One M-grouped ``npu_grouped_matmul`` over ``x [rows, K]``: ``y [rows, N]`` in the output dtype."""
+        weight, weight_scale = self._m_weight(p, plan, ops)
+        kwargs: dict[str, Any] = dict(group_list=group_list, group_type=0, group_list_type=0, split_item=3)
+        if plan.compute == "fp8_gb":
+            kwargs.update(scale=[weight_scale], per_token_scale=[per_token_scale.contiguous()],
+                          output_dtype=p.out_dtype)
+        return ops.npu_grouped_matmul([x.contiguous()], [weight], **kwargs)[0]
+
+    def _k_grouped(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
+        lay = p.layout
+        if lay.num_valid_rows == 0:
+            return _degenerate(p, out)
+        a, _ = _activation(p.a, plan)
+        b, _ = _activation(p.b, plan)
+        a, b = a.contiguous(), b.contiguous()
+        if lay.has_gaps():
+            rows = lay.valid_rows_on(p.device)
+            a, b = a.index_select(0, rows), b.index_select(0, rows)
+            ends = _cached(lay, "packed_ends_i64", p.device, lambda: lay.packed_ends_on("cpu").to(torch.int64))
+        else:
+            ends = _cached(lay, "ends_i64", p.device, lambda: lay.psum.to(torch.int64))
+        y = ops.npu_grouped_matmul([a.t()], [b], group_list=ends, group_type=2, group_list_type=0, split_item=3)[0]
+        empty = [g for g, count in enumerate(lay.counts_list) if count == 0]
+        if empty:
+            y.index_fill_(0, _cached(lay, "empty_groups", p.device, lambda: torch.tensor(empty, dtype=torch.int64)), 0)
+        if p.c is not None:
+            y.add_(p.c)
+        return _deliver(y, out)
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _m_weight(self, p: Problem, plan: Plan, ops: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight (and G-B scale) in a form ``npu_grouped_matmul`` accepts, prepared once
+        where a conversion is needed."""
+        from moe_hal.prepared import prepared_cache
+
+        b = p.b
+        if plan.compute == "fp8_gb":
+            data = prepared_cache.get(self.name, b, "npu_fp8_weight_kn", lambda q: q.data.transpose(1, 2).contiguous())
+            scale = prepared_cache.get(self.name, b, "npu_fp8_scale_kn", lambda q: q.scale.transpose(1, 2).contiguous())
+            return data, scale
+        if plan.compute == "native":
+            w = b
+        else:
+            name = dtypes.name_of(plan.op_dtype)
+            w = prepared_cache.get(self.name, b, f"npu_weight_{name}", _converter(plan))
+        if self._use_nz(p, plan):
+            nz = prepared_cache.get(self.name, b, f"npu_weight_nz_{dtypes.name_of(plan.op_dtype)}",
+                                    lambda _: ops.npu_format_cast(w.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ))
+            return nz, None
+        kn = w.transpose(1, 2)
+        if w.is_contiguous():
+            return kn, None                       # the transposed view, K inner
+        if kn.is_contiguous() and p.n < INNER_DIM_LIMIT:
+            return kn, None                       # b is a view of a contiguous [G, K, N]: N inner
+        w = prepared_cache.get(self.name, b, "npu_weight_k_inner", lambda t: t.contiguous())
+        return w.transpose(1, 2), None
+
+    def _use_nz(self, p: Problem, plan: Plan) -> bool:
+        if os.environ.get(ENV_WEIGHT_FORMAT, "nd").strip().lower() != "nz":
+            return False
+        features = soc.emulated().features if p.device.type == "cpu" else _device_features(p.device)
+        return ("nz_format" in features and plan.op_dtype in (torch.bfloat16, torch.float16)
+                and p.k > 1 and p.n > 1)
+
+
+class Ascend950Backend(AscendBackend):
+    """``npu_grouped_matmul`` on the Ascend 950 generation: also fp8 e4m3 natively (G-B mode)."""
+
+    native_fp8 = True
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _activation(x: torch.Tensor | QuantizedTensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An activation operand in the dtype the op gets, and its per-token scales in G-B mode."""
+    if plan.compute == "fp8_gb":
+        return x.data, x.scale
+    if plan.compute == "dequantize":
+        return x.dequantize(plan.op_dtype), None
+    if plan.compute == "upcast_fp32":
+        return x.to(torch.float32), None
+    return x, None
+
+
+def _converter(plan: Plan) -> Callable[[Any], torch.Tensor]:
+    if plan.compute == "dequantize":
+        return lambda q: q.dequantize(plan.op_dtype)
+    return lambda t: t.to(plan.op_dtype, memory_format=torch.contiguous_format)
+
+
+def _device_features(device: torch.device) -> frozenset[str]:
+    from moe_hal.select import device_info
+
+    return device_info(device).features
+
+
+def _deliver(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _degenerate(p: Problem, out: torch.Tensor | None) -> torch.Tensor:
+    """Calls with nothing to multiply: every product is zero (plus ``c`` for K-grouped calls)."""
+    out = p.new_out() if out is None else out
+    if p.op == "masked":
+        if out.numel():
+            rows = torch.arange(p.m, device=p.device)[None, :] < p.layout.masked_m[:, None]
+            out.masked_fill_(rows[..., None], 0)
+    elif p.op == "k_grouped" and p.c is not None:
+        if out is not p.c:
+            out.copy_(p.c)
+    else:
+        out.zero_()
+    return out
+
+
+_layout_tensors: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cached(layout: Any, kind: str, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """int64 group lists of a layout on ``device``, built once (the op wants int64, the layout
+    caches int32)."""
+    per_layout = _layout_tensors.setdefault(layout, {})
+    key = (kind, device)
+    hit = per_layout.get(key)
+    if hit is None:
+        hit = per_layout[key] = build().to(device)
+    return hit
+
+
+def _aligned_ends(layout: Any, device: torch.device) -> torch.Tensor:
+    return _cached(layout, "aligned_ends_i64", device, lambda: torch.tensor(
+        [-(-end // layout.alignment) * layout.alignment for end in layout.ends], dtype=torch.int64))

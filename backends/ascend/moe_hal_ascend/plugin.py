@@ -1,0 +1,89 @@
+"""The moe_hal plugin of this distribution: declares the ``ascend`` and ``ascend_950`` backends.
+
+Registered through the entry point ``moe_hal.backends: ascend = moe_hal_ascend.plugin``. This
+module imports only moe_hal and :mod:`moe_hal_ascend.emulation` (which imports only ``os``); it
+never imports torch_npu. The classes named by ``impl`` (:mod:`moe_hal_ascend.backend`) are imported
+when a call first considers them, and they import torch_npu only when an NPU call needs it.
+
+Hardware requirements are hardware-DB feature flags, never SoC lists:
+
+* ``ascend`` requires ``npu_grouped_matmul``, ``cube_unit`` and ``bf16`` — the Atlas A2/A3 parts
+  (910B, 910C) and later. fp8 operands are dequantized to bf16 (fp32 for an fp32 output) before
+  the op, a declared path that ``explain()`` names and a one-time PathWarning announces.
+* ``ascend_950`` requires those and ``fp8`` (the 950 generation) and ranks higher: it multiplies
+  M-grouped fp8 with DeepGEMM's 1x128 / 128x128 blocks natively in the op's G-B mode.
+
+Both are verified only through the CPU emulator of torch_npu (no NPU was available); with
+emulation on (``MOE_HAL_ASCEND_EMULATE=1``) they accept CPU tensors, run only when named, and
+report the EMULATED execution mode.
+"""
+
+from __future__ import annotations
+
+from moe_hal import BackendSpec, Signature, hookimpl
+
+from . import emulation
+
+_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_ANY_B_ORDER = frozenset({"k", "n", "strided"})
+#: A single [G, ...] weight tensor takes at most 1024 groups (reference/ascend.md §1.2).
+MAX_GROUPS = 1024
+_FP8_FORMATS = frozenset({"fp32", "ue8m0"})
+
+FLOAT_SIGNATURE = Signature(ops=_ALL_OPS, dtypes={"fp32", "bf16", "fp16"}, out_dtypes={"fp32", "bf16", "fp16"},
+                            b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+#: fp8 dequantized before the op: any blocks, every operation.
+FP8_DEQUANTIZED = Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
+                            scale_formats=_FP8_FORMATS, b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+#: fp8 in the 950's G-B mode (gsM = 1, gsN = gsK = 128, fp32 scales): M-grouped only.
+FP8_NATIVE_950 = Signature(ops={"contiguous", "masked"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
+                           scale_formats=_FP8_FORMATS, scale_blocks={((1, 128), (128, 128))},
+                           b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+#: K-grouped fp8 on the 950: the G-B scale layout along K is undocumented, so it is dequantized.
+FP8_K_DEQUANTIZED_950 = Signature(ops={"k_grouped"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
+                                  scale_formats=_FP8_FORMATS, max_groups=MAX_GROUPS)
+
+_BASE_FEATURES = frozenset({"npu_grouped_matmul", "cube_unit", "bf16"})
+
+
+def _description(text: str) -> str:
+    text += "; verified only through the CPU emulator of torch_npu, never on an NPU"
+    cfg = emulation.config()
+    if cfg.enabled:
+        text += f" [EMULATION ON: CPU tensors run on the emulator as SoC {cfg.soc}]"
+    return text
+
+
+def specs() -> tuple[BackendSpec, BackendSpec]:
+    """The two backend declarations (built on each call so the emulation note is current)."""
+    a2_a3 = BackendSpec(
+        name="ascend",
+        vendor="huawei",
+        device_types=("npu",),
+        tier="optimized",
+        priority=100,
+        impl="moe_hal_ascend.backend:AscendBackend",
+        signatures=(FLOAT_SIGNATURE, FP8_DEQUANTIZED),
+        requires=_BASE_FEATURES,
+        description=_description("torch_npu.npu_grouped_matmul on Atlas A2/A3 (910B/910C): contiguous, masked, "
+                                 "K-grouped; fp32/bf16/fp16, fp8 dequantized to bf16"),
+    )
+    a5 = BackendSpec(
+        name="ascend_950",
+        vendor="huawei",
+        device_types=("npu",),
+        tier="optimized",
+        priority=110,
+        impl="moe_hal_ascend.backend:Ascend950Backend",
+        signatures=(FLOAT_SIGNATURE, FP8_NATIVE_950, FP8_K_DEQUANTIZED_950),
+        requires=_BASE_FEATURES | {"fp8"},
+        description=_description("torch_npu.npu_grouped_matmul on Ascend 950: contiguous, masked, K-grouped; "
+                                 "fp32/bf16/fp16, fp8 block-scaled natively (G-B mode) for M-grouped calls"),
+    )
+    return a2_a3, a5
+
+
+@hookimpl
+def moe_hal_register_backends(register) -> None:
+    for spec in specs():
+        register(spec)

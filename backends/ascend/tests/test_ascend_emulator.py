@@ -1,0 +1,237 @@
+"""The CPU emulator of torch_npu on its own, against independent per-expert float64 products.
+
+These tests pin the documented semantics the backends rely on (reference/ascend.md §1, §6):
+group_list types, group_type, split_item, transposed-weight detection, empty groups, unwritten
+rows, fp32 accumulation, G-B fp8 and the validation the real operator performs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from ascend_helpers import SOC_910B, SOC_910C, SOC_950
+
+from moe_hal_ascend import emulator
+from moe_hal_ascend.emulator import AclnnError, npu_grouped_matmul
+
+GMM = dict(group_type=0, split_item=3)
+
+
+def per_expert(x: torch.Tensor, w_kn: torch.Tensor, sizes: list[int], order: list[int] | None = None) -> torch.Tensor:
+    """float64 ``[sum(sizes), N]``: rows laid back to back, range i multiplied by ``w_kn[order[i]]``."""
+    order = list(range(len(sizes))) if order is None else order
+    out, row = [], 0
+    for e, size in zip(order, sizes):
+        out.append(x[row:row + size].double() @ w_kn[e].double())
+        row += size
+    return torch.cat(out) if out else torch.zeros(0, w_kn.shape[-1], dtype=torch.float64)
+
+
+def lists_for(sizes: list[int]) -> dict[int, torch.Tensor]:
+    """The same grouping in group_list_type 0, 1 and 2 (type 2 lists non-zero groups first)."""
+    cumsum = torch.tensor(sizes, dtype=torch.int64).cumsum(0)
+    pairs = sorted(((e, s) for e, s in enumerate(sizes)), key=lambda p: p[1] == 0)
+    return {0: cumsum, 1: torch.tensor(sizes, dtype=torch.int64), 2: torch.tensor(pairs, dtype=torch.int64)}
+
+
+def within_one_ulp(y: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Every element of ``y`` is within one ulp of the float64 ``exact`` at y's precision."""
+    eps = torch.finfo(y.dtype).eps
+    return bool(((y.double() - exact).abs() <= eps * exact.abs() + 1e-30).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_group_list_types_and_weight_views_agree_with_per_expert_products(gen, dtype):
+    sizes = [5, 0, 17, 1, 0, 9]
+    m, k, n = sum(sizes) + 7, 48, 24                # 7 rows past the groups stay unwritten
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    w_nk = torch.randn(len(sizes), n, k, generator=gen).to(dtype)
+    exact = per_expert(x, w_nk.transpose(1, 2), sizes)
+    covered = sum(sizes)
+    for weight in (w_nk.transpose(1, 2), w_nk.transpose(1, 2).contiguous()):   # transposed view / ND [E, K, N]
+        for glt, gl in lists_for(sizes).items():
+            if glt == 2:
+                continue                                                  # type 2 needs quantized operands
+            y = npu_grouped_matmul([x], [weight], group_list=gl, group_list_type=glt, **GMM)
+            assert len(y) == 1 and y[0].shape == (m, n) and y[0].dtype == dtype
+            if dtype == torch.float32:       # fp32 products round too: the usual K * eps bound
+                bound = k * torch.finfo(dtype).eps * per_expert(x.abs(), w_nk.abs().transpose(1, 2), sizes)
+                assert bool(((y[0][:covered].double() - exact).abs() <= bound).all())
+            else:                            # bf16/fp16 products are exact in fp32: one rounding
+                assert within_one_ulp(y[0][:covered], exact)
+            assert torch.isnan(y[0][covered:]).all()
+
+
+def test_fp32_accumulation_with_a_single_rounding(gen):
+    # Products of bf16 values accumulated in bf16 would drift far beyond one ulp at K = 4096.
+    x = torch.randn(8, 4096, generator=gen).bfloat16()
+    w = torch.randn(1, 4096, 16, generator=gen).bfloat16()
+    y = npu_grouped_matmul([x], [w], group_list=torch.tensor([8]), **GMM)[0]
+    assert within_one_ulp(y, x.double() @ w[0].double())
+
+
+def test_group_list_type_2_follows_the_listed_order(gen, emulate):
+    emulate(SOC_950)
+    sizes = {2: 6, 0: 3, 3: 0, 1: 0}                 # listed order: expert 2 first, then 0
+    pairs = torch.tensor(list(sizes.items()), dtype=torch.int64)
+    m, k, n = 12, 256, 128
+    x = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(4, k, n, generator=gen).to(torch.float8_e4m3fn)
+    ones_x = torch.ones(m, 2)
+    ones_w = torch.ones(4, 2, 1)
+    y = npu_grouped_matmul([x], [w], group_list=pairs, group_list_type=2, scale=[ones_w], per_token_scale=[ones_x],
+                           output_dtype=torch.float32, **GMM)[0]
+    exact = per_expert(x.float(), w.float(), [6, 3], order=[2, 0])
+    torch.testing.assert_close(y[:9].double(), exact, rtol=1e-6, atol=1e-4)
+    assert torch.isnan(y[9:]).all()
+
+
+@pytest.mark.parametrize("split_item", [0, 1])
+def test_split_items_0_and_1_return_one_output_per_group(gen, split_item):
+    sizes = [3, 0, 4]
+    x = torch.randn(9, 8, generator=gen)
+    w = torch.randn(3, 8, 5, generator=gen)
+    ys = npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3, 7]), group_type=0, split_item=split_item)
+    assert [tuple(y.shape) for y in ys] == [(3, 5), (0, 5), (4, 5)]
+    torch.testing.assert_close(torch.cat(ys).double(), per_expert(x, w, sizes), rtol=1e-5, atol=1e-5)
+
+
+def test_group_type_2_groups_along_k(gen):
+    k_sizes = [4, 0, 9, 2]
+    t, m, n = sum(k_sizes) + 3, 6, 5
+    a = torch.randn(t, m, generator=gen).bfloat16()             # [K, M] storage, passed transposed
+    b = torch.randn(t, n, generator=gen).bfloat16()
+    gl = torch.tensor(k_sizes, dtype=torch.int64).cumsum(0)
+    y = npu_grouped_matmul([a.t()], [b], group_list=gl, group_type=2, split_item=3)[0]
+    assert y.shape == (4, m, n)
+    start = 0
+    for g, size in enumerate(k_sizes):
+        if size:
+            exact = a[start:start + size].double().T @ b[start:start + size].double()
+            assert within_one_ulp(y[g], exact)
+        else:
+            assert torch.isnan(y[g]).all()           # an empty K group's output is never written
+        start += size
+    with pytest.raises(AclnnError, match="must be transposed"):
+        npu_grouped_matmul([a.t().contiguous()], [b], group_list=gl, group_type=2, split_item=3)
+
+
+def test_group_type_minus_1_is_independent_matmuls(gen):
+    xs = [torch.randn(3, 4, generator=gen), torch.randn(2, 6, generator=gen)]
+    ws = [torch.randn(4, 5, generator=gen), torch.randn(5, 6, generator=gen).t()]
+    ys = npu_grouped_matmul(xs, ws, group_type=-1, split_item=0)
+    for x, w, y in zip(xs, ws, ys):
+        torch.testing.assert_close(y.double(), x.double() @ w.double(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(AclnnError, match="group_list must be None"):
+        npu_grouped_matmul(xs, ws, group_type=-1, group_list=torch.tensor([1, 2]))
+
+
+def test_g_b_fp8_matches_the_dequantized_product(gen, emulate):
+    emulate(SOC_950)
+    m, k, n = 10, 300, 200                           # partial K and N blocks
+    x = (torch.randn(m, k, generator=gen) * 4).to(torch.float8_e4m3fn)
+    w = (torch.randn(2, k, n, generator=gen) * 4).to(torch.float8_e4m3fn)
+    xs = torch.rand(m, math.ceil(k / 128), generator=gen) + 0.5
+    ws = torch.rand(2, math.ceil(k / 128), math.ceil(n / 128), generator=gen) + 0.5
+    y = npu_grouped_matmul([x], [w], scale=[ws], per_token_scale=[xs], group_list=torch.tensor([4, 10]),
+                           output_dtype=torch.bfloat16, **GMM)[0]
+    x_deq = x.double() * xs.double().repeat_interleave(128, 1)[:, :k]
+    w_deq = w.double() * ws.double().repeat_interleave(128, 1)[:, :k].repeat_interleave(128, 2)[..., :n]
+    exact = torch.cat([x_deq[:4] @ w_deq[0], x_deq[4:] @ w_deq[1]])
+    assert within_one_ulp(y, exact)
+
+
+def test_format_cast_records_nz_and_the_op_checks_it(gen, emulate):
+    w = torch.randn(2, 8, 4, generator=gen).bfloat16()
+    nz = emulator.npu_format_cast(w, 29)
+    assert emulator.get_npu_format(nz) == 29 and emulator.get_npu_format(w) == 2
+    assert torch.equal(nz, w)
+    x = torch.randn(5, 8, generator=gen).bfloat16()
+    y = npu_grouped_matmul([x], [nz], group_list=torch.tensor([2, 5]), **GMM)[0]
+    assert torch.equal(y, npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 5]), **GMM)[0])
+    with pytest.raises(AclnnError, match="float32"):
+        npu_grouped_matmul([x.float()], [emulator.npu_format_cast(w.float(), 29)], group_list=torch.tensor([2, 5]), **GMM)
+    with pytest.raises(AclnnError, match="K > 1 and N > 1"):
+        thin = emulator.npu_format_cast(torch.randn(2, 8, 1).bfloat16(), 29)
+        npu_grouped_matmul([x], [thin], group_list=torch.tensor([2, 5]), **GMM)
+
+
+# -- validation: the errors the real operator raises ---------------------------------------------------
+def _call(x=None, w=None, gl=None, **kwargs):
+    x = torch.randn(6, 8).bfloat16() if x is None else x
+    w = torch.randn(2, 8, 4).bfloat16() if w is None else w
+    gl = torch.tensor([2, 6]) if gl is None else gl
+    args = dict(GMM, group_list=gl)
+    args.update(kwargs)
+    return npu_grouped_matmul([x], [w], **args)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(w=torch.randn(2, 7, 4).bfloat16()), "k dim value of x and weight is not matched"),
+    (dict(gl=torch.tensor([2, 6], dtype=torch.int32)), "INT64"),
+    (dict(gl=torch.tensor([2, 6, 6])), "must equal the number of groups"),
+    (dict(gl=torch.tensor([4, 2])), "non-decreasing"),
+    (dict(gl=torch.tensor([2, 7])), "more than the 6 of x"),
+    (dict(gl=torch.tensor([3, -1]), group_list_type=1), "non-negative"),
+    (dict(gl=torch.tensor([[0, 2], [1, 4]]), group_list_type=2), "group_list_type 2 is only supported"),
+    (dict(group_type=1), "group_type only supports"),
+    (dict(split_item=4), "split_item"),
+    (dict(act_type=5), "act_type"),
+    (dict(output_dtype=torch.float32), "output_dtype"),
+    (dict(x=torch.randn(8, 6).bfloat16().t()), "must not be transposed"),
+    (dict(x=torch.randn(6, 8, dtype=torch.float16)), "must be the same"),
+    (dict(x=torch.randn(6, 8).to(torch.float8_e4m3fn), w=torch.randn(2, 8, 4).to(torch.float8_e4m3fn),
+          output_dtype=torch.bfloat16), "FLOAT8_E4M3FN is not supported"),
+])
+def test_parameter_errors_are_shaped_like_the_kernel(kwargs, match):
+    with pytest.raises(AclnnError, match=match) as info:
+        _call(**kwargs)
+    assert info.value.code == emulator.ACLNN_ERR_PARAM_INVALID
+    assert "161002" in str(info.value)
+
+
+def test_limits_on_groups_and_inner_dimensions():
+    with pytest.raises(AclnnError, match="maximum of 1024"):
+        _call(w=torch.zeros(1025, 8, 1).bfloat16(), gl=torch.zeros(1025, dtype=torch.int64))
+    with pytest.raises(AclnnError, match="less than 65536"):
+        _call(x=torch.zeros(2, 65536).bfloat16(), w=torch.zeros(1, 1, 65536).bfloat16().transpose(1, 2),
+              gl=torch.tensor([2]))
+    # the same K passed inside a transposed weight is the weight's inner dimension too
+    with pytest.raises(AclnnError, match="weight is 65536"):
+        _call(x=torch.zeros(2, 4).bfloat16(), w=torch.zeros(1, 4, 65536).bfloat16(), gl=torch.tensor([2]))
+
+
+def test_one_entry_counts_list_is_an_a2_a3_restriction(emulate):
+    x, w = torch.ones(3, 4).bfloat16(), torch.ones(1, 4, 2).bfloat16()
+    for soc in (SOC_910B, SOC_910C):
+        emulate(soc)
+        with pytest.raises(AclnnError, match="length 1"):
+            npu_grouped_matmul([x], [w], group_list=torch.tensor([3]), group_list_type=1, **GMM)
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([3]), group_list_type=0, **GMM)
+    emulate(SOC_950)
+    y = npu_grouped_matmul([x], [w], group_list=torch.tensor([3]), group_list_type=1, **GMM)[0]
+    assert torch.equal(y, torch.full((3, 2), 4.0).bfloat16())
+
+
+def test_type_2_lists_non_zero_groups_first_and_tuning_config_is_not_on_950(gen, emulate):
+    emulate(SOC_950)
+    x = torch.randn(4, 128, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(2, 128, 128, generator=gen).to(torch.float8_e4m3fn)
+    quant = dict(scale=[torch.ones(2, 1, 1)], per_token_scale=[torch.ones(4, 1)], output_dtype=torch.bfloat16)
+    with pytest.raises(AclnnError, match="non-zero groups first"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([[0, 0], [1, 4]]), group_list_type=2, **quant, **GMM)
+    with pytest.raises(AclnnError, match="tuning_config"):
+        _call(tuning_config=[4])
+    with pytest.raises(AclnnError, match=r"scale shape must be"):
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([4, 4]), **dict(quant, scale=[torch.ones(2, 1, 2)]), **GMM)
+
+
+def test_arguments_the_emulator_does_not_model_are_refused_by_name():
+    with pytest.raises(NotImplementedError, match="bias"):
+        _call(bias=[torch.zeros(2, 4)])
+    with pytest.raises(NotImplementedError, match="List"):
+        _call(gl=[2, 6])
+    with pytest.raises(NotImplementedError, match="int8"):
+        _call(x=torch.ones(6, 8, dtype=torch.int8), w=torch.ones(2, 8, 4, dtype=torch.int8))
