@@ -481,8 +481,9 @@ def _db() -> _Database:
 
 
 def reload(*, forget_overlays: bool = False) -> None:
-    """Drop the cached database so the next call re-reads every file. With ``forget_overlays``,
-    also forget the overlays registered through :func:`add_overlay` (for tests)."""
+    """Drop the cached database so the next call re-reads every file (a file whose text did not
+    change is not parsed again). With ``forget_overlays``, also forget the overlays registered
+    through :func:`add_overlay` (for tests)."""
     with _lock:
         _cache["db"] = None
         _cache["key"] = None
