@@ -15,8 +15,8 @@ Calibration measurements keep the fastest repetition (what the device can do); c
 median. Hardware figures: the device's hardware-DB entry, measured values first (``perf.Hardware.
 from_entry``); figures the entry lacks (``cpu-generic`` has none) are measured in process
 (dense ``torch.mm`` peak, copy bandwidth) and the report says so. ``--calibrate`` adds a second
-model, fitted outside the sweep: copy bandwidth, a fixed time from a one-tile call of the
-backend, and the backend's own peak fitted on one large single-group call.
+model, fitted on three calls of the backend outside the sweep: a fixed time (one row), the
+streaming bandwidth (one memory-bound call) and the peak (one large single-group call).
 
 Backends tell the model about their kernels through ``BackendSpec.extra["perf_model"]``:
 ``tiles`` (``[(BM, BN), ...]`` the backend may launch; default :data:`moe_hal.perf.DEFAULT_TILES`),
@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--model", action="store_true", help="add the model's ideal and prediction and the error summary")
     p.add_argument("--calibrate", action="store_true",
-                   help="also fit a calibrated model (copy bandwidth, fixed time, backend peak) outside the sweep")
+                   help="also fit a calibrated model (fixed time, bandwidth, peak) on three calls outside the sweep")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CPU-sized sweep (the default on CPU)")
     size.add_argument("--full", action="store_true", help="GPU-sized sweep (the default on GPU)")
@@ -404,34 +404,57 @@ def measure_mm_peak(device: Any, dtype: str, timer: Timer) -> float:
 
 def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, timer: Timer,
               model_opts: dict[str, Any], seed: int) -> tuple[Any, dict[str, Any]]:
-    """A calibrated copy of ``base``: copy bandwidth; ``t_fixed`` from a one-tile call of the
-    backend; per dtype, the peak scaled so the model's compute time of one large single-group
-    call (not part of the sweep) equals its measured time."""
-    from .. import perf
+    """A calibrated copy of ``base``, fitted on calls that are not part of the sweep:
 
-    info: dict[str, Any] = {"bandwidth": measure_copy_bandwidth(device, timer)}
-    hw = base.replace(mem_bandwidth=info["bandwidth"], name=base.name + "+calibrated")
-    tiny = Case("calibration-tiny", "calibration", "contiguous", sorted(dtypes)[0], 128, 128, [1])
-    t_tiny = timer(prepare(tiny, device, backend, False, seed).calls["moe_hal"])["min"]
-    body = _predict(tiny, hw, model_opts).t_predicted
-    info["t_fixed"] = max(0.0, t_tiny - body)
+    1. ``t_fixed``: a one-row call of the backend, minus the model's time for it;
+    2. bandwidth: scaled so the model's memory time of one memory-bound call of the backend
+       (16 experts x 8 rows, N = K = 4096 on a GPU) equals its measured time; the device copy
+       bandwidth is the starting point, and what is kept when that call is not memory-bound;
+    3. per dtype, the peak scaled so the model's compute time of one large single-group call
+       (M 8192, N = K 4096 on a GPU) equals its measured time.
+    Each fit keeps the fastest repetition and subtracts ``t_fixed``.
+    """
+    gpu = device.type == "cuda"
+    first = sorted(dtypes)[0]
+    info: dict[str, Any] = {"copy_bandwidth": measure_copy_bandwidth(device, timer)}
+    hw = base.replace(mem_bandwidth=info["copy_bandwidth"], name=base.name + "+calibrated")
+
+    def measure(case: Case) -> float:
+        return timer(prepare(case, device, backend, False, seed).calls["moe_hal"])["min"]
+
+    tiny = Case("calibration-tiny", "calibration", "contiguous", first, 128, 128, [1])
+    t_tiny = measure(tiny)
+    info["t_fixed"] = max(0.0, t_tiny - _predict(tiny, hw, model_opts).t_predicted)
     hw = hw.replace(t_fixed=info["t_fixed"])
+
+    groups, rows, nk = (16, 8, 4096) if gpu else (8, 4, 512)
+    stream = Case("calibration-stream", "calibration", "contiguous", first, nk, nk, [rows] * groups)
+    t = measure(stream)
+    est = _predict(stream, hw, model_opts)
+    body = t - info["t_fixed"]
+    fitted = est.bound == "memory" and body > 0
+    if fitted:
+        hw = hw.replace(mem_bandwidth=hw.mem_bandwidth * est.t_memory / body)
+    info["bandwidth"] = {"value": hw.mem_bandwidth, "shape": {"groups": groups, "rows": rows, "n": nk, "k": nk},
+                         "dtype": first, "measured_s": t, "fitted": fitted}
+
     peaks = dict(hw.peak_flops)
-    big_m, big_nk = (8192, 4096) if device.type == "cuda" else (1024, 512)
+    big_m, big_nk = (8192, 4096) if gpu else (1024, 512)
     for d in sorted(dtypes):
-        case = Case(f"calibration-{d}", "calibration", "contiguous", d, big_nk, big_nk, [big_m])
         if d not in peaks:
             info[f"peak.{d}"] = "not calibrated: no base peak for this dtype"
             continue
-        t = timer(prepare(case, device, backend, False, seed).calls["moe_hal"])["min"]
+        case = Case(f"calibration-{d}", "calibration", "contiguous", d, big_nk, big_nk, [big_m])
+        t = measure(case)
         est = _predict(case, hw.replace(peak_flops=peaks), model_opts)
         body = t - info["t_fixed"]
-        if est.bound == "compute" and body > 0:
+        fitted = est.bound == "compute" and body > 0
+        if fitted:
             peaks[d] = peaks[d] * est.t_compute / body
-        info[f"peak.{d}"] = {"value": peaks[d], "shape": [big_m, big_nk, big_nk], "measured_s": t,
-                             "fitted": est.bound == "compute" and body > 0}
+        info[f"peak.{d}"] = {"value": peaks[d], "shape": [big_m, big_nk, big_nk], "measured_s": t, "fitted": fitted}
     sources = dict(hw.sources, **{f"peak.{d}": "fitted on one large call of the backend" for d in dtypes if d in peaks},
-                   bandwidth="measured here (copy, read+write)", t_fixed="one-tile call of the backend")
+                   bandwidth="fitted on one memory-bound call of the backend" if info["bandwidth"]["fitted"]
+                   else "measured here (copy, read+write)", t_fixed="one-row call of the backend")
     return hw.replace(peak_flops=peaks, sources=sources), info
 
 
