@@ -6,10 +6,10 @@ A call goes through :meth:`CudaBackend.plan`, which decides
    the measured path table (:func:`moe_hal_cuda.configs.path_table`) says it is faster and
    :func:`moe_hal_cuda.peers.blocker` finds nothing against it;
 2. the **tile**: the performance model's advisor ranks the tile heights the config table offers
-   for the operation — from the host-side group counts for contiguous and K-grouped calls
-   (:func:`moe_hal.perf.advise`), from ``max_m``/``expected_m`` alone for masked calls
-   (:func:`moe_hal.perf.advise_decode`; the histogram lives on the device and is never read) —
-   and the config table supplies the rest of the launch configuration.
+   for the operation (:func:`moe_hal.perf.advise_problem`) — from the host-side group counts for
+   contiguous and K-grouped calls, from ``max_m``/``expected_m`` alone for masked calls (the
+   decode shortcut: the histogram lives on the device and is never read) — and the config table
+   supplies the rest of the launch configuration.
 
 Plans are cached per layout (contiguous, K-grouped) or per (signature, max_m, expected_m)
 (masked), so repeated calls with one routing cost a dictionary lookup.
@@ -192,16 +192,7 @@ class CudaBackend(Backend):
         by_tile = {c.tile: c for c in tiles}
         try:
             hw, hw_note = self._model_hardware(p.device)
-            dtype = perf.dtype_name(p.in_dtype)
-            common = dict(tiles=list(by_tile), out_dtype=p.out_dtype_name)
-            if p.op == "masked":
-                advice = perf.advise_decode(p.layout.max_m, p.layout.expected_m, p.num_groups, p.n, p.k, hw, dtype,
-                                            **common)
-            elif p.op == "contiguous":
-                advice = perf.advise(p.layout.counts_list, p.n, p.k, hw, dtype, op="contiguous", **common)
-            else:
-                advice = perf.advise(p.layout.counts_list, p.n, None, hw, dtype, op="k_grouped", m=p.m,
-                                     accumulate=p.c is not None, **common)
+            advice = perf.advise_problem(p, hw, list(by_tile))
         except Exception as exc:  # noqa: BLE001 - a degenerate call (N = 0, ...) or a DB gap: keep a fixed tile
             config = configs.lookup(self.ARCH, p.in_dtype, _DEFAULT_HEIGHT[p.op])
             return config, f"table default (advisor unavailable: {type(exc).__name__}: {exc})"
