@@ -470,6 +470,11 @@ def _build(overlays: list[tuple[Path, str]]) -> _Database:
 
 
 def _db() -> _Database:
+    # Plugins may contribute entries (moe_hal_hardware_db); discovery is re-entrant, so the
+    # overlays a plugin registers during discovery see the database built so far.
+    from . import plugins
+
+    plugins.host().ensure_loaded()
     with _lock:
         # Plugins first, then the user's MOE_HAL_HWDB, so the user's measured values win.
         overlays = [*_plugin_overlays, *_env_overlays()]

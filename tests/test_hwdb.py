@@ -39,8 +39,10 @@ KNOWN_FEATURES = {
 
 @pytest.fixture(autouse=True)
 def clean_db(monkeypatch):
+    # The built-in database alone: no plugin overlays (tests/test_plugins.py covers those).
     monkeypatch.delenv("MOE_HAL_HWDB", raising=False)
-    hwdb.reload(forget_overlays=True)
+    monkeypatch.setenv("MOE_HAL_PLUGINS", "")
+    plugins.reload()
     yield
     monkeypatch.undo()
     plugins.reload()  # forgets our overlays and lets the plugin host register its own again

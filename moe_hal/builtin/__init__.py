@@ -43,6 +43,8 @@ TORCH = BackendSpec(
     ),
     deterministic=True,
     description="torch.nn.functional.grouped_mm with padding, stride and dtype fix-ups",
+    # Its masked path multiplies all max_m rows (moe_hal.perf reads this hint).
+    extra={"perf_model": {"masked_computes_max_m": True}},
 )
 
 
