@@ -14,6 +14,8 @@ from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout
 from .quant import QuantizedTensor
 
 Operand = torch.Tensor | QuantizedTensor
+_NAMES = dtypes.NAMES
+_FLOAT_DTYPES = frozenset(dtypes.DTYPES[n] for n in dtypes.FLOAT_INPUTS)
 
 
 
@@ -42,8 +44,8 @@ class Problem:
         self.device = device
         self.num_groups = num_groups
         self.m, self.n, self.k = m, n, k
-        self.in_dtype = dtypes.name_of(a.dtype)
-        self.out_dtype_name = dtypes.name_of(out_dtype)
+        self.in_dtype = _NAMES[a.dtype]
+        self.out_dtype_name = _NAMES[out_dtype]
         quantized = isinstance(a, QuantizedTensor)
         self.scale_format = _combined_scale_format(a, b) if quantized else None
         self.scale_blocks = (a.block, b.block) if quantized else None
@@ -99,8 +101,7 @@ class Problem:
             raise DTypeError("b", "a QuantizedTensor like a" if a_q else "a plain tensor like a",
                              "a QuantizedTensor" if b_q else f"a {b.dtype} tensor")
         if not a_q:
-            name = dtypes.name_of(a.dtype)
-            if name not in dtypes.FLOAT_INPUTS:
+            if a.dtype not in _FLOAT_DTYPES:
                 raise DTypeError("a", "torch.float32, torch.bfloat16, torch.float16 or a QuantizedTensor", a.dtype)
             if b.dtype != a.dtype:
                 raise DTypeError("b", f"{a.dtype} (the dtype of a)", b.dtype)

@@ -69,8 +69,9 @@ class TorchBackend(Backend):
 
     # -- execution ------------------------------------------------------------------------------
     def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
-        for note in self.dtype_notes(p):
-            warn_once(("torch", note), f"moe_hal torch backend {note}", stacklevel=4)
+        if p.quantized or p.out_dtype is not p.a.dtype:
+            for note in self.dtype_notes(p):
+                warn_once(("torch", note), f"moe_hal torch backend {note}", stacklevel=4)
         if p.k == 0 or p.n == 0 or p.m == 0 or p.num_groups == 0:
             return self._degenerate(p, out)
         a, b = self._operands(p)
