@@ -1,0 +1,27 @@
+"""The README's API tour runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def test_readme_tour_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README.md has no python block"
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), {"__name__": "readme"})
+    assert "selected:" in capsys.readouterr().out
+
+
+def test_readme_has_exactly_two_setup_commands():
+    text = README.read_text()
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"```\n(.*?)```", setup, flags=re.S)
+    assert len(commands) == 2, commands
+    assert "moe-hal run" in commands[0] and "torch==2.13.0" in commands[0]
+    assert commands[1].strip() == "scripts/test.sh"
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "scripts/test.sh" in ci, ".ci/run must call the README's test command"
