@@ -100,7 +100,7 @@ class AscendBackend(Backend):
                            f"are unknown{': ' + why if why else ''}", required, seen)]
         missing = self.spec.requires - features
         if missing:
-            return [Reason("soc_unsupported", f"{hw_id} lacks the hardware-DB features {sorted(missing)} "
+            return [Reason("soc_unsupported", f"{hw_id} (seen as {seen}) lacks the hardware-DB features {sorted(missing)} "
                            "this backend requires", required, sorted(features & self.spec.requires))]
         return []
 

@@ -1,0 +1,220 @@
+"""Benchmark moe_hal's Ascend backends against a per-expert matmul loop, on a real Ascend NPU.
+
+NOT RUN BY THE MOE_HAL MAINTAINERS: nobody on the project had an NPU, so no figure in the docs
+comes from this script. It is here for users who have one (``run_on_npu.sh`` calls it).
+
+For each case it times, in the same process and on the same device tensors:
+
+* ``moe_hal``  ``moe_hal.grouped_gemm(..., backend=<ascend backend>)``: the whole path, layout
+               translation and contract fix-ups included;
+* ``gmm_op``   one bare ``torch_npu.npu_grouped_matmul`` call with the same group list (the op
+               alone, without the fix-ups; not for the masked layout, which has no native form);
+* ``loop``     the peer: one ``torch.matmul`` per non-empty expert.
+
+and writes JSON with median times and the ratios ``loop / moe_hal`` and ``gmm_op / moe_hal``
+(above 1: moe_hal is faster). Before timing, moe_hal's output is compared with the loop's
+(DeepGEMM's ``calc_diff`` and the largest difference); a case that disagrees is not timed.
+
+``--dry-run`` runs the same code on the CPU emulator of torch_npu with tiny shapes, to check the
+script itself; its times mean nothing and the JSON says ``"mode": "emulated"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+#: (name, op, G, N, K, tokens, alignment): DeepSeek-V3-sized expert GEMMs on 32 local experts
+#: (up-projection N=4096 K=7168, down-projection N=7168 K=2048) at prefill and decode sizes; for
+#: k_grouped, M=K is the weight-gradient's row count and tokens its reduction length.
+CASES = [
+    ("prefill_up", "contiguous", 32, 4096, 7168, 8192, 1),
+    ("prefill_down", "contiguous", 32, 7168, 2048, 8192, 1),
+    ("prefill_up_aligned128", "contiguous", 32, 4096, 7168, 8192, 128),
+    ("decode_up_masked", "masked", 32, 4096, 7168, 256, 0),
+    ("wgrad_k_grouped", "k_grouped", 32, 2048, 7168, 8192, 1),
+]
+DRY_RUN_CASES = [
+    ("prefill_up", "contiguous", 4, 64, 96, 64, 1),
+    ("prefill_up_aligned16", "contiguous", 4, 64, 96, 64, 16),
+    ("decode_up_masked", "masked", 4, 64, 96, 32, 0),
+    ("wgrad_k_grouped", "k_grouped", 4, 32, 48, 64, 1),
+]
+
+
+def skewed_counts(tokens: int, groups: int, generator) -> list[int]:
+    """Expert loads from a Zipf-like router (a few hot experts, some nearly empty), summing to ``tokens``."""
+    import torch
+
+    weights = 1.0 / torch.arange(1, groups + 1, dtype=torch.float64) ** 1.2
+    weights = weights[torch.randperm(groups, generator=generator)]
+    counts = torch.multinomial(weights, tokens, replacement=True, generator=generator).bincount(minlength=groups)
+    return counts.tolist()
+
+
+def timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, warmup: int) -> float:
+    """Median wall time of ``fn`` in milliseconds, the device synchronised around each call."""
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+class Case:
+    """Operands of one benchmark case on ``device``, with the loop peer and the bare op."""
+
+    def __init__(self, spec, device, dtype, generator):
+        import torch
+
+        import moe_hal
+
+        self.name, self.op, groups, n, k, tokens, alignment = spec
+        self.counts = counts = skewed_counts(tokens, groups, generator)
+        self.info = {"case": self.name, "op": self.op, "G": groups, "N": n, "K": k, "tokens": tokens,
+                     "alignment": alignment, "counts": counts}
+        randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731
+        if self.op == "contiguous":
+            self.layout = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
+            self.a, self.b = randn(self.layout.num_rows, k), randn(groups, n, k) / k ** 0.5
+            self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
+            ends = [-(-e // alignment) * alignment for e in self.layout.ends]
+            self.group_list = torch.tensor(ends, dtype=torch.int64, device=device)
+        elif self.op == "masked":
+            max_m = max(counts) or 1
+            self.layout = moe_hal.MaskedLayout(torch.tensor(counts, dtype=torch.int32, device=device), max_m)
+            self.a, self.b = randn(groups, max_m, k), randn(groups, n, k) / k ** 0.5
+            self.group_list = None
+        else:
+            self.layout = moe_hal.KGroupedLayout.from_counts(counts, alignment=alignment)
+            self.a, self.b = randn(self.layout.num_rows, k), randn(self.layout.num_rows, n) / tokens ** 0.5
+            self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
+            self.group_list = torch.tensor(self.layout.ends, dtype=torch.int64, device=device)
+
+    def loop(self) -> list:
+        """The peer: one matmul per non-empty expert."""
+        if self.op == "contiguous":
+            return [self.a[s:e] @ self.b[g].T for g, s, e in self.segments]
+        if self.op == "masked":
+            return [self.a[g, :c] @ self.b[g].T for g, c in enumerate(self.counts) if c]
+        return [self.a[s:e].T @ self.b[s:e] for _, s, e in self.segments]
+
+    def loop_output(self):
+        """The loop's results laid out like moe_hal's output, for the comparison."""
+        import torch
+
+        parts = self.loop()
+        if self.op == "contiguous":
+            out = torch.zeros(self.a.shape[0], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
+            for (_, s, e), part in zip(self.segments, parts):
+                out[s:e] = part
+            return out
+        if self.op == "masked":
+            out = torch.zeros(self.a.shape[0], self.a.shape[1], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
+            for g, part in zip([g for g, c in enumerate(self.counts) if c], parts):
+                out[g, :part.shape[0]] = part
+            return out
+        out = torch.zeros(len(self.counts), self.a.shape[1], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
+        for (g, _, _), part in zip(self.segments, parts):
+            out[g] = part
+        return out
+
+    def gmm_op(self, ops):
+        """One bare npu_grouped_matmul with the group list moe_hal passes (None for masked)."""
+        if self.group_list is None:
+            return None
+        if self.op == "contiguous":
+            return ops.npu_grouped_matmul([self.a], [self.b.transpose(1, 2)], group_list=self.group_list,
+                                          group_type=0, group_list_type=0, split_item=3)[0]
+        return ops.npu_grouped_matmul([self.a.t()], [self.b], group_list=self.group_list, group_type=2,
+                                      group_list_type=0, split_item=3)[0]
+
+
+def calc_diff(x, y) -> float:
+    """DeepGEMM's similarity metric: 1 - 2<x,y> / (|x|^2 + |y|^2), in float64."""
+    x, y = x.double(), y.double()
+    denom = (x * x + y * y).sum()
+    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--backend", default=None, help="ascend or ascend_950 (default: what moe_hal selects)")
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU emulator (checks the script)")
+    args = parser.parse_args(argv)
+
+    if args.dry_run:
+        os.environ["MOE_HAL_ASCEND_EMULATE"] = os.environ.get("MOE_HAL_ASCEND_EMULATE") or "1"
+    import torch
+
+    import moe_hal
+    from moe_hal import environment
+    from moe_hal_ascend import runtime
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.dry_run:
+        device, specs, sync = torch.device("cpu"), DRY_RUN_CASES, (lambda: None)
+        args.repeats, args.warmup = 2, 1
+        backend = args.backend or "ascend"          # on the CPU the Ascend backends run only when named
+    else:
+        runtime.torch_npu()                          # raises with the reason when torch_npu is unusable
+        device, specs, sync = torch.device("npu:0"), CASES, torch.npu.synchronize
+        backend = args.backend
+    ops = runtime.ops_for(device)
+    generator = torch.Generator().manual_seed(20261202)
+    results = []
+    for spec in specs:
+        case = Case(spec, device, dtype, generator)
+        entry: dict[str, Any] = dict(case.info)
+        try:
+            sel = moe_hal.select(case.a, case.b, case.layout, backend=backend)
+            entry.update(backend=sel.name, mode=sel.mode, path=sel.chosen.path)
+            run = lambda: moe_hal.grouped_gemm(case.a, case.b, case.layout, backend=sel.name)  # noqa: E731
+            y, peer = run(), case.loop_output()
+            entry["calc_diff_vs_loop"] = calc_diff(y, peer)
+            entry["max_abs_diff_vs_loop"] = (y.double() - peer.double()).abs().max().item()
+            entry["ok"] = entry["calc_diff_vs_loop"] < 1e-5
+            if entry["ok"]:
+                ms = {"moe_hal": timed(run, sync, args.repeats, args.warmup),
+                      "loop": timed(case.loop, sync, args.repeats, args.warmup)}
+                if case.gmm_op(ops) is not None:
+                    ms["gmm_op"] = timed(lambda: case.gmm_op(ops), sync, args.repeats, args.warmup)
+                entry["ms"] = ms
+                entry["ratio_loop_over_moe_hal"] = ms["loop"] / ms["moe_hal"]
+                if "gmm_op" in ms:
+                    entry["ratio_gmm_op_over_moe_hal"] = ms["gmm_op"] / ms["moe_hal"]
+        except Exception as exc:  # noqa: BLE001 - record the failure and go on with the next case
+            entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+        results.append(entry)
+
+    report = {"tool": "backends/ascend/scripts/bench_npu.py", "mode": "emulated" if args.dry_run else "native",
+              "note": ("dry run on the CPU emulator of torch_npu: the times mean nothing" if args.dry_run
+                       else "measured on an Ascend NPU"),
+              "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "host": platform.node(),
+              "versions": environment.versions(),
+              "env": {k: v for k, v in os.environ.items() if k.startswith(("MOE_HAL_", "ASCEND_"))},
+              "results": results}
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    failed = [r["case"] for r in results if not r.get("ok")]
+    print(f"wrote {args.out}: {len(results)} cases" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
