@@ -390,7 +390,7 @@ def _values_unreadable(device: torch.device) -> bool:
 Layout = ContiguousLayout | MaskedLayout | KGroupedLayout
 
 __all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "SegmentLayout", "align",
-           "contiguous_to_masked", "masked_to_contiguous"]
+           "contiguous_to_masked", "masked_to_contiguous", "take_rows"]
 
 
 # -- data conversions between the contiguous and masked layouts -------------------------------------
