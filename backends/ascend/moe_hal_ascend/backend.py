@@ -42,6 +42,7 @@ import torch
 
 from moe_hal import dtypes
 from moe_hal.backend import Backend, DeviceInfo, Reason
+from moe_hal.errors import DeviceError
 from moe_hal.notices import warn_once
 from moe_hal.problem import Problem
 from moe_hal.quant import QuantizedTensor
@@ -159,8 +160,8 @@ class AscendBackend(Backend):
         else:
             parts.append("torch_npu.npu_grouped_matmul group_type=2 (K axis), split_item=3, group_list_type=0 over "
                          "the token-group ends (tokens of no group, if any, gathered out first), x = a.T as a "
-                         "transposed view; empty groups zeroed"
-                         + ("; c added after the op (one more rounding in the output dtype)" if p.c is not None else ""))
+                         "transposed view; empty groups zeroed; c, when given, added after the op (one more "
+                         "rounding in the output dtype)")
             return "; ".join(parts + list(plan.notes))
         parts.append(self._weight_text(p, plan))
         return "; ".join(parts + list(plan.notes))
@@ -179,6 +180,10 @@ class AscendBackend(Backend):
 
     # -- execution -------------------------------------------------------------------------------
     def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
+        if p.device.type == "cpu" and not emulation.config().enabled:
+            # Called directly (not through selection): never emulate without being asked to.
+            raise DeviceError("a", f"tensors on an NPU (CPU tensors only in emulation mode, "
+                              f"{emulation.ENV_EMULATE}=1)", p.device)
         plan = self.plan(p)
         for note in plan.notes:
             warn_once((self.name, note), f"moe_hal {self.name} backend {note}", stacklevel=4)

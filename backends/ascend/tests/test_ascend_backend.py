@@ -15,7 +15,7 @@ import torch
 from ascend_helpers import SOC_910B, SOC_910C, SOC_950, assert_close, reference
 
 import moe_hal
-from moe_hal.errors import BackendUnavailableError, PathWarning
+from moe_hal.errors import BackendUnavailableError, DeviceError, PathWarning
 from moe_hal.prepared import prepared_cache
 from moe_hal.quant import quantize_fp8
 from moe_hal_ascend import emulator
@@ -265,6 +265,8 @@ def test_emulation_off_rejects_cpu_tensors(gen):
         moe_hal.select(a, b, lay, backend="ascend")
     codes = {r.code for r in info.value.reasons}
     assert codes & {"torch_npu_missing", "cann_missing", "torch_npu_broken", "npu_device_missing"}
+    with pytest.raises(DeviceError, match="emulation mode"):          # called directly, bypassing selection
+        moe_hal.get_backend("ascend").run(moe_hal.Problem.build(a, b, lay), None)
 
 
 def test_limits_are_reasons(gen):
@@ -319,3 +321,19 @@ def _fp8_operands(gen, op, ue8m0=False):
         return quantize_fp8(torch.randn(lay.num_rows, k, generator=gen), block=(1, 128), ue8m0=ue8m0), b, lay
     lay = moe_hal.MaskedLayout(torch.tensor([5, 0, 12], dtype=torch.int32), 12)
     return quantize_fp8(torch.randn(3, 12, k, generator=gen), block=(1, 128), ue8m0=ue8m0), b, lay
+
+
+def test_calls_with_nothing_to_multiply(gen):
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 2], alignment=4)
+    a, b = torch.randn(lay.num_rows, 0).bfloat16(), torch.randn(3, 5, 0).bfloat16()
+    out = torch.full((lay.num_rows, 5), 3.0).bfloat16()
+    assert bool((moe_hal.grouped_gemm(a, b, lay, out=out, backend="ascend") == 0).all())
+    mlay = moe_hal.MaskedLayout(torch.tensor([2, 0], dtype=torch.int32), 3)
+    out = torch.full((2, 3, 4), 3.0).half()
+    moe_hal.grouped_gemm(torch.zeros(2, 3, 0).half(), torch.zeros(2, 4, 0).half(), mlay, out=out, backend="ascend")
+    assert_close(out, reference(torch.zeros(2, 3, 0).half(), torch.zeros(2, 4, 0).half(), mlay,
+                                out=torch.full((2, 3, 4), 3.0).half()))
+    klay = moe_hal.KGroupedLayout.from_counts([0, 0], alignment=1)
+    c = torch.randn(2, 4, 6, generator=gen)
+    y = moe_hal.grouped_gemm(torch.zeros(0, 4), torch.zeros(0, 6), klay, c=c, backend="ascend")
+    assert torch.equal(y, c)
