@@ -159,3 +159,29 @@ def test_ceil_to_ue8m0_is_the_smallest_power_of_two_above(v):
 def test_ceil_to_ue8m0_rejects_non_fp32():
     with pytest.raises(DTypeError, match="scale"):
         ceil_to_ue8m0(torch.ones(3, dtype=torch.float64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), max_size=2), rows=st.integers(1, 140), cols=st.integers(1, 300),
+       block=st.sampled_from([(1, 128), (128, 128), (128, 1), (1, 32), (3, 5)]),
+       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), ue8m0=st.booleans(),
+       seed=st.integers(0, 2 ** 16), zero_rows=st.booleans())
+def test_quantize_properties(lead, rows, cols, block, dtype, ue8m0, seed, zero_rows):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*lead, rows, cols, generator=gen) * 10.0 ** torch.randint(-3, 4, (1,), generator=gen).item()
+    if zero_rows:
+        x[..., : rows // 2, :] = 0.0
+    x = x.to(dtype)
+    q = quantize_fp8(x, block=block, ue8m0=ue8m0)
+    assert q.data.shape == x.shape
+    assert q.scale.shape == (*lead, math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+    # The scale covers its block's amax (no fp8 overflow) and is not larger than needed.
+    expected = naive_scales(x.float(), block, ue8m0)
+    if ue8m0:
+        assert torch.equal(q.scale, expected)
+    else:
+        torch.testing.assert_close(q.scale, expected, rtol=2e-7, atol=0)
+    assert bool(torch.isfinite(q.data.float()).all())
+    xf = x.double()
+    bound = xf.abs() * 2.0 ** -4 + q.expanded_scale().double() * 2.0 ** -10
+    assert bool(((q.dequantize(torch.float64) - xf).abs() <= bound * (1 + 1e-6)).all())
