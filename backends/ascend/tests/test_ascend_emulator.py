@@ -88,6 +88,26 @@ def test_group_list_type_2_follows_the_listed_order(gen, emulate):
     assert torch.isnan(y[9:]).all()
 
 
+def test_group_list_types_0_1_2_are_equivalent(gen, emulate):
+    # type 2 is legal only for quantized operands (full quantization on the 950): compare all
+    # three there, bit for bit, on a grouping with empty groups (listed last for type 2).
+    emulate(SOC_950)
+    sizes = [7, 0, 12, 1, 0]
+    m, k, n = sum(sizes) + 4, 256, 128
+    x = torch.randn(m, k, generator=gen).to(torch.float8_e4m3fn)
+    w = torch.randn(len(sizes), k, n, generator=gen).to(torch.float8_e4m3fn)
+    quant = dict(scale=[torch.rand(len(sizes), 2, 1, generator=gen) + 0.5],
+                 per_token_scale=[torch.rand(m, 2, generator=gen) + 0.5], output_dtype=torch.bfloat16)
+    ys = {glt: npu_grouped_matmul([x], [w], group_list=gl, group_list_type=glt, **quant, **GMM)[0]
+          for glt, gl in lists_for(sizes).items()}
+    covered = sum(sizes)
+    assert torch.equal(ys[0][:covered], ys[1][:covered]) and torch.equal(ys[0][:covered], ys[2][:covered])
+    assert all(torch.isnan(y[covered:]).all() for y in ys.values())
+    for glt, gl in lists_for(sizes).items():
+        ranges = emulator.decode_group_list(gl, glt, len(sizes), m, arch35=True)
+        assert sorted((r.expert, r.start, r.count) for r in ranges if r.count) == [(0, 0, 7), (2, 7, 12), (3, 19, 1)]
+
+
 @pytest.mark.parametrize("split_item", [0, 1])
 def test_split_items_0_and_1_return_one_output_per_group(gen, split_item):
     sizes = [3, 0, 4]
