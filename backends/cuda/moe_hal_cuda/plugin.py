@@ -1,7 +1,8 @@
 """The moe_hal plugin of this distribution: declares ``cuda_sm90`` and ``cuda_sm100``.
 
 Registered through the entry point ``moe_hal.backends: cuda = moe_hal_cuda.plugin``. This module
-imports only moe_hal (and :mod:`moe_hal_cuda.mode`, which imports only ``os``); the backend
+imports only moe_hal and two light modules of this package (:mod:`~moe_hal_cuda.mode`,
+:mod:`~moe_hal_cuda.configs`: standard library only); the backend
 classes named by ``impl`` live in :mod:`moe_hal_cuda.backend` and are imported when a call first
 considers them.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from moe_hal import BackendSpec, Signature, hookimpl
 
-from . import mode
+from . import configs, mode
 
 _ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
 _M_GROUPED = frozenset({"contiguous", "masked"})
@@ -43,6 +44,15 @@ def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
                       scale_formats=scale_formats, scale_blocks=FP8_K_BLOCKS))
 
 
+def _perf_model(arch: str) -> dict:
+    """What ``moe-hal bench --model`` should assume about the kernels (``BackendSpec.extra``): the
+    tiles of contiguous 16-bit calls (the advisor picks among them per call), no weight traffic
+    for empty experts, no reads of padding rows, masked tiles past ``masked_m`` skipped."""
+    tiles = [[bm, configs.TABLE[(arch, "16bit", bm)].block_n] for bm in configs.HEIGHTS["contiguous"]]
+    return {"perf_model": {"tiles": tiles, "streams_all_experts": False, "reads_padding_rows": False,
+                           "masked_computes_max_m": False}}
+
+
 def _description(text: str) -> str:
     if mode.interpreter_requested():
         return text + " [INTERPRETED: Triton interpreter on the CPU (MOE_HAL_CUDA_INTERPRET=1)]"
@@ -62,6 +72,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"wgmma", "tma"}),
         deterministic=True,
         graph_capturable=True,
+        extra=_perf_model("sm90"),
         description=_description("Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"),
     )
@@ -76,6 +87,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"tcgen05", "tma", "ue8m0_scales"}),
         deterministic=True,
         graph_capturable=True,
+        extra=_perf_model("sm100"),
         description=_description("Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"),
     )

@@ -1,0 +1,37 @@
+"""The GPU check script's CPU smoke run: every section runs (interpreter, tiny shapes) and the
+JSON report has the fields the GPU run will fill. Skipped when the plugin is tested outside the
+moe_hal repository (the script lives in its ``bench/``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
+
+
+@pytest.mark.skipif(not SCRIPT.exists(), reason="bench/gpu_check.py is not beside this checkout")
+def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
+    out = tmp_path / "gpu_check.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-W", "ignore", str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["schema"] == "moe_hal_cuda.gpu_check/1" and report["complete"] is True
+    assert report["mode"].startswith("cpu-smoke")
+    names = {row["name"] for row in report["correctness"]}
+    for op in ("contiguous", "masked", "k_grouped"):
+        for fmt in ("fp8-sm90-fp32-scales", "fp8-sm100-ue8m0-scales", "bfloat16", "float16"):
+            assert any(n.startswith(op) and n.endswith(fmt) for n in names), (op, fmt)
+    assert all(row["passed"] for row in report["correctness"]), [r for r in report["correctness"] if not r["passed"]]
+    assert report["timings"] and "ours_bf16" in report["timings"][0]["paths"]
+    assert report["timings"][0]["tile_sweep"] and report["decode"]
+    assert set(report["targets"]) >= {"bf16_contiguous_vs_torch_grouped_mm", "fp8_vs_our_bf16_at_large_m",
+                                      "masked_decode_vs_weight_bandwidth_floor", "advisor_vs_best_fixed_tile",
+                                      "bf16_contiguous_vs_occupancy_adjusted_roofline"}
