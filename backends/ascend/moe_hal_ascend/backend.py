@@ -132,7 +132,8 @@ class AscendBackend(Backend):
             if self.native_fp8 and p.op != "k_grouped" and p.scale_blocks == GB_SCALE_BLOCKS:
                 return Plan("fp8_gb", torch.float8_e4m3fn)
             op_dtype = torch.bfloat16 if p.out_dtype == torch.bfloat16 else torch.float32
-            why = ("the hardware DB lists no fp8 for this backend's SoCs" if not self.native_fp8 else
+            why = ("this backend serves SoCs without fp8 hardware, Atlas A2/A3; on a 950 ascend_950 runs fp8 "
+                   "natively" if not self.native_fp8 else
                    "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only")
             return Plan("dequantize", op_dtype, (
                 f"dequantizes fp8 operands to {dtypes.name_of(op_dtype)} before npu_grouped_matmul ({why}); "
