@@ -29,6 +29,7 @@ from . import mode
 mode.configure_triton()  # before anything below can import triton (see moe_hal_cuda.mode)
 
 import functools  # noqa: E402
+import importlib.util  # noqa: E402
 import weakref  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
@@ -47,14 +48,16 @@ _MASKED_PLANS_MAX = 256
 
 @functools.lru_cache(maxsize=None)
 def _triton_reason() -> Reason | None:
+    """Whether triton is installed, found without importing it: an import here (selection asks
+    every backend, on every machine) would fix TRITON_INTERPRET's effect before a later
+    ``MOE_HAL_CUDA_INTERPRET=1`` could set it."""
     try:
-        import triton
-
-        return None if hasattr(triton, "jit") else Reason(
-            "triton_missing", "the installed triton has no triton.jit", "triton >= 3.3", "a broken triton")
-    except Exception as exc:  # noqa: BLE001
-        return Reason("triton_missing", f"triton cannot be imported: {type(exc).__name__}: {exc}",
-                      "triton >= 3.3", "not importable")
+        found = importlib.util.find_spec("triton") is not None
+    except Exception:  # noqa: BLE001 - a broken meta-path finder reads as "absent"
+        found = False
+    if found:
+        return None
+    return Reason("triton_missing", "triton is not installed", "triton >= 3.3", "not installed")
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import assert_matches, magnitude, randn, reference
+from cuda_helpers import assert_matches, magnitude, randn, reference
 
 import moe_hal
 from moe_hal.quant import quantize_fp8

@@ -17,7 +17,7 @@ import types
 
 import pytest
 import torch
-from conftest import randn
+from cuda_helpers import randn
 
 import moe_hal
 from moe_hal import DeviceInfo, perf

@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import randn
+from cuda_helpers import randn
 
 import moe_hal
 from moe_hal.errors import ScaleFormatError
