@@ -23,6 +23,7 @@ computed and kept on the device. :func:`combine` and :func:`combine_masked` do n
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -62,7 +63,7 @@ class Dispatch:
     row_of_slot: torch.Tensor
     slot_of_row: torch.Tensor
     topk_weights: torch.Tensor | None
-    _plan: _CombinePlan
+    _kept: int
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +72,10 @@ class Dispatch:
     @property
     def top_k(self) -> int:
         return self.row_of_slot.shape[1]
+
+    @functools.cached_property
+    def _plan(self) -> _CombinePlan:
+        return _combine_plan(self.row_of_slot.reshape(-1), self.num_tokens, self.top_k, self._kept)
 
     @property
     def token_of_row(self) -> torch.Tensor:
@@ -100,7 +105,7 @@ class MaskedDispatch:
     row_of_slot: torch.Tensor
     slot_of_row: torch.Tensor
     topk_weights: torch.Tensor | None
-    _plan: _CombinePlan
+    _kept: int
 
     @property
     def num_tokens(self) -> int:
@@ -109,6 +114,10 @@ class MaskedDispatch:
     @property
     def top_k(self) -> int:
         return self.row_of_slot.shape[1]
+
+    @functools.cached_property
+    def _plan(self) -> _CombinePlan:
+        return _combine_plan(self.row_of_slot.reshape(-1), self.num_tokens, self.top_k, self._kept)
 
     @property
     def token_of_row(self) -> torch.Tensor:
@@ -178,18 +187,25 @@ def _raise_bad_id(flat: torch.Tensor, k: int, num_experts: int) -> None:
 # -- shared machinery ----------------------------------------------------------------------------
 
 def _sort_slots(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Slots sorted stably by expert (skipped slots last), their experts, and the per-key stats.
+    """Stable sort of the slots by expert id, and a histogram that also validates the ids.
 
-    Returns ``(order, expert_sorted, stats)``: ``order`` int64 [T*k] flat slot indices;
-    ``expert_sorted`` the key of each (``num_experts`` for skipped slots); ``stats`` int64
-    ``[num_experts + 2]`` on the device: slots per expert, skipped slots, invalid ids.
+    Ids are clamped to ``[-2, num_experts]`` first, so one ``bincount`` counts, in order: ids below
+    -1 (invalid), skipped slots (-1), each expert, ids >= num_experts (invalid). Returns
+    ``(order, key_sorted, bins)``: flat slot indices sorted stably by clamped id (skipped slots
+    first), their clamped ids, and the int64 ``[num_experts + 3]`` histogram on the device.
     """
-    invalid = (flat < -1) | (flat >= num_experts)
-    key = torch.where(flat < 0, num_experts, flat).clamp_(max=num_experts)
-    counts = torch.bincount(key, minlength=num_experts + 1)
-    expert_sorted, order = torch.sort(key, stable=True)
-    stats = torch.cat([counts, invalid.sum().reshape(1)])
-    return order, expert_sorted, stats
+    key = flat.clamp(-2, num_experts)
+    bins = torch.bincount(key + 2, minlength=num_experts + 3)
+    key_sorted, order = torch.sort(key, stable=True)
+    return order, key_sorted, bins
+
+
+def _read_bins(bins: torch.Tensor, flat: torch.Tensor, k: int, num_experts: int) -> tuple[int, list[int]]:
+    """The one host sync: (skipped slots, slots per expert); LayoutError on an invalid id."""
+    host = bins.tolist()
+    if host[0] or host[-1]:
+        _raise_bad_id(flat, k, num_experts)
+    return host[1], host[2:-1]
 
 
 def _token_of(slot_of_row: torch.Tensor, k: int) -> torch.Tensor:
@@ -266,29 +282,25 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
     """
     flat, tokens, k, num_experts = _check_routing(hidden, topk_ids, num_experts, topk_weights)
     device = flat.device
-    order, expert_sorted, stats = _sort_slots(flat, num_experts)
-    host = stats.tolist()                                   # the one host sync
-    if host[-1]:
-        _raise_bad_id(flat, k, num_experts)
-    counts = host[:num_experts]
+    order, key_sorted, bins = _sort_slots(flat, num_experts)
+    skipped, counts = _read_bins(bins, flat, k, num_experts)
     layout = ContiguousLayout.from_counts(counts, alignment=alignment)
     kept = sum(counts)
 
-    # Skipped slots sort last, so the first ``kept`` sorted slots are the routed ones, expert-major;
-    # the i-th of them lands on row i + (start[g] - first sorted index of g). Both maps are
+    # Skipped slots sort first; the next ``kept`` sorted slots are the routed ones, expert-major,
+    # and the i-th of them lands on row i + (start[g] - first routed index of g). Both maps are
     # scatters with unique indices (deterministic on every device).
-    routed = order[:kept]
-    first_sorted = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0)[:num_experts]
-    shift = (torch.tensor(layout.starts, dtype=torch.int64) - first_sorted).to(device)
-    dest = torch.arange(kept, device=device) + shift[expert_sorted[:kept]]
+    routed = order[skipped:skipped + kept]
+    first_routed = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0)[:num_experts]
+    shift = (torch.tensor(layout.starts, dtype=torch.int64) - first_routed).to(device)
+    dest = torch.arange(kept, device=device) + shift[key_sorted[skipped:skipped + kept]]
     row_of_slot = torch.full_like(flat, -1).scatter_(0, routed, dest)
     slot_of_row = torch.full((layout.num_rows,), -1, dtype=torch.int64, device=device).scatter_(0, dest, routed)
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0)
     empty_rows = torch.nonzero_static(slot_of_row < 0, size=layout.num_rows - kept).flatten()
     a = take_rows(hidden, source_token, empty_rows)
-    return Dispatch(a, layout, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
-                    _combine_plan(row_of_slot, tokens, k, kept))
+    return Dispatch(a, layout, row_of_slot.view(tokens, k), slot_of_row, topk_weights, kept)
 
 
 def combine(expert_out: torch.Tensor, d: Dispatch, topk_weights: torch.Tensor | None = None) -> torch.Tensor:
@@ -324,42 +336,42 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
         raise ArgumentError("max_m", "a non-negative int", max_m)
     flat, tokens, k, num_experts = _check_routing(hidden, topk_ids, num_experts, topk_weights)
     device = flat.device
-    order, expert_sorted, stats = _sort_slots(flat, num_experts)
-    host = stats.tolist()                                   # the one host sync
-    if host[-1]:
-        _raise_bad_id(flat, k, num_experts)
-    counts_host = host[:num_experts]
+    order, key_sorted, bins = _sort_slots(flat, num_experts)
+    skipped, counts_host = _read_bins(bins, flat, k, num_experts)
     over = [g for g, c in enumerate(counts_host) if c > max_m]
     if over and overflow == "error":
         g = over[0]
         raise CapacityError(f"expert {g}", f"at most max_m = {max_m} routed slots", counts_host[g],
                             f"{len(over)} expert(s) over capacity; pass overflow='drop' to keep the first "
                             f"{max_m} of each")
+    routed_total = sum(counts_host)
     kept = sum(min(c, max_m) for c in counts_host)
-    dropped = sum(counts_host) - kept
 
-    counts = stats[:num_experts]
+    # As in dispatch, the routed slots follow the skipped ones in expert-major order; the m-th slot
+    # of expert g goes to row g * max_m + m if m < max_m, else it is dropped.
+    routed = order[skipped:skipped + routed_total]
+    expert = key_sorted[skipped:skipped + routed_total]
+    counts = bins[2:-1]
+    first_routed = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(routed_total, device=device) - first_routed[expert]
+    dest = torch.where(rank < max_m, expert * max_m + rank, -1)
+    row_of_slot = torch.full_like(flat, -1).scatter_(0, routed, dest)
+
     masked_m = counts.clamp(max=max_m).to(torch.int32)
-    first_sorted = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(order.numel(), device=device) - (
-        first_sorted[expert_sorted.clamp(max=max(num_experts - 1, 0))] if num_experts else 0)
-    keep = (expert_sorted < num_experts) & (rank < max_m)
-    dest = torch.where(keep, expert_sorted * max_m + rank, -1)
-    row_of_slot = torch.empty_like(flat).scatter_(0, order, dest)
-
     m = torch.arange(max_m, device=device)
     filled = m[None, :] < masked_m[:, None]                           # [G, max_m]
-    sorted_pos = (first_sorted[:, None] + m[None, :]).clamp_(0, max(order.numel() - 1, 0))
-    slot_of_row = torch.where(filled, order[sorted_pos], -1) if order.numel() \
-        else torch.full(filled.shape, -1, dtype=torch.int64, device=device)
+    if routed_total:
+        position = (first_routed[:, None] + m[None, :]).clamp_(max=routed_total - 1)
+        slot_of_row = torch.where(filled, routed[position], -1)
+    else:
+        slot_of_row = torch.full(filled.shape, -1, dtype=torch.int64, device=device)
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0).reshape(-1)
     empty_rows = torch.nonzero_static(~filled.reshape(-1), size=num_experts * max_m - kept).flatten()
-    a = take_rows(hidden, source_token, empty_rows)
-    a = _reshape_rows(a, (num_experts, max_m))
+    a = _reshape_rows(take_rows(hidden, source_token, empty_rows), (num_experts, max_m))
     layout = MaskedLayout(masked_m, max_m, check=False)    # in range by construction
-    return MaskedDispatch(a, layout, dropped, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
-                          _combine_plan(row_of_slot, tokens, k, kept))
+    return MaskedDispatch(a, layout, routed_total - kept, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
+                          kept)
 
 
 def combine_masked(expert_out: torch.Tensor, md: MaskedDispatch,
