@@ -185,3 +185,16 @@ def test_quantize_properties(lead, rows, cols, block, dtype, ue8m0, seed, zero_r
     xf = x.double()
     bound = xf.abs() * 2.0 ** -4 + q.expanded_scale().double() * 2.0 ** -10
     assert bool(((q.dequantize(torch.float64) - xf).abs() <= bound * (1 + 1e-6)).all())
+
+
+@pytest.mark.parametrize("block", [(1, 128), (128, 128), (128, 1)])
+def test_chunked_cpu_path_matches_one_chunk(monkeypatch, block):
+    import moe_hal.quant as quant
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 300, 260).bfloat16()
+    whole = quantize_fp8(x, block=block, ue8m0=True)
+    monkeypatch.setattr(quant, "_CPU_CHUNK_ELEMENTS", 1000)      # many chunks, one of them partial
+    chunked = quantize_fp8(x, block=block, ue8m0=True)
+    assert torch.equal(chunked.scale, whole.scale)
+    assert torch.equal(chunked.data.view(torch.uint8), whole.data.view(torch.uint8))
