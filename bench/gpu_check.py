@@ -86,6 +86,7 @@ class Check:
     report: dict[str, Any] = field(default_factory=dict)
     gen: torch.Generator | None = None
     out_path: Path | None = None
+    section_deadline: float = float("inf")
 
     def flush(self) -> None:
         """Write the report so far (atomically), so a run killed by its time limit keeps its results."""
@@ -101,7 +102,8 @@ class Check:
         return self.device.type == "cuda"
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        """Seconds left for the current section (its share of the budget, never past the end)."""
+        return min(self.deadline, self.section_deadline) - time.monotonic()
 
     def skip(self, section: str, what: str, why: str) -> None:
         self.report["skipped"].append({"section": section, "what": what, "why": why})
@@ -451,6 +453,13 @@ def contiguous_cases(check: Check) -> list[tuple[str, list[int]]]:
     return cases
 
 
+def _grouped_mm() -> Callable[..., torch.Tensor]:
+    """``torch.nn.functional.grouped_mm``, or ``torch._grouped_mm`` on torch builds before it was public."""
+    import torch.nn.functional as F
+
+    return getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+
 def _estimate(check: Check, counts, n, k, dtype, tile) -> dict[str, float]:
     if check.hw is None:
         return {}
@@ -461,10 +470,9 @@ def _estimate(check: Check, counts, n, k, dtype, tile) -> dict[str, float]:
 
 
 def contiguous_timings(check: Check) -> None:
-    import torch.nn.functional as F
-
     from moe_hal_cuda import configs, launch
 
+    grouped_mm = _grouped_mm()
     be = moe_hal.get_backend("cuda_sm90")
     alignment = 8 if check.smoke else 128
     shapes = ((24, 40),) if check.smoke else DSV3_SHAPES
@@ -493,8 +501,8 @@ def contiguous_timings(check: Check) -> None:
                 if check.cuda:
                     ends = lay.aligned_ends_on(check.device)
                     row["paths"]["torch_grouped_mm"] = time_calls(check, [
-                        (lambda a=a, b=b: F.grouped_mm(a, b.transpose(1, 2), offs=ends)) for a, b in sets])
-                    peer = F.grouped_mm(sets[0][0], sets[0][1].transpose(1, 2), offs=ends)
+                        (lambda a=a, b=b: grouped_mm(a, b.transpose(1, 2), offs=ends)) for a, b in sets])
+                    peer = grouped_mm(sets[0][0], sets[0][1].transpose(1, 2), offs=ends)
                     valid = lay.valid_rows_on(check.device)
                     row["calc_diff_vs_torch_grouped_mm"] = calc_diff(ours[valid], peer[valid])
                 segs = [(g, s, e) for g, s, e in lay.segments() if e > s]
@@ -702,12 +710,15 @@ def main(argv: list[str] | None = None) -> int:
                                       "mem_bandwidth": getattr(check.hw, "mem_bandwidth", None)}
     print(f"gpu_check: {check.report['mode']} on {check.report['device'].get('name')} "
           f"({check.report['device'].get('hw_id')}), budget {args.budget:.0f} s", flush=True)
-    sections = [("correctness", correctness), ("timings", contiguous_timings), ("decode", decode_timings)]
-    for name, fn in sections:
+    # Each section may use its share of what is left when it starts, so that a slow one (Triton
+    # compiles every kernel variant on first use) cannot starve the others.
+    sections = [("correctness", correctness, 0.45), ("timings", contiguous_timings, 0.65), ("decode", decode_timings, 1.0)]
+    for name, fn, share in sections:
         if name in skip:
             check.skip(name, "*", "--skip")
             continue
-        print(f"[{name}]", flush=True)
+        check.section_deadline = time.monotonic() + share * max(0.0, check.deadline - time.monotonic())
+        print(f"[{name}] {check.left():.0f} s", flush=True)
         try:
             fn(check)
         except Exception as exc:  # noqa: BLE001 - keep the other sections and the report

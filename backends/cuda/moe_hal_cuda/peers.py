@@ -45,14 +45,19 @@ def _deep_gemm_alignment(dg) -> int | None:
     return None
 
 
+def _grouped_mm():
+    """``torch.nn.functional.grouped_mm``, else ``torch._grouped_mm`` (torch builds before it was public)."""
+    return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
 def blocker(path: str, p: Problem) -> str | None:
     """Why peer ``path`` cannot run ``p`` (None when it can), from the problem's shapes and
     dtypes and from what is installed."""
     if p.device.type != "cuda":
         return "peers run on CUDA devices only"
     if path == "torch":
-        if not hasattr(torch.nn.functional, "grouped_mm"):
-            return "this torch has no torch.nn.functional.grouped_mm"
+        if _grouped_mm() is None:
+            return "this torch has no grouped_mm"
         if p.in_dtype != "bf16" or p.out_dtype_name != "bf16":
             return "grouped_mm's CUDA kernel takes bf16 operands with bf16 output only"
         if p.op == "masked":
@@ -94,11 +99,11 @@ def _zero_gap_rows(p: Problem, out: torch.Tensor) -> None:
 
 
 def _torch(p: Problem, out: torch.Tensor) -> torch.Tensor:
-    F = torch.nn.functional
+    grouped_mm = _grouped_mm()
     lay = p.layout
     if p.op == "contiguous":
         # Aligned segment ends: padding rows are computed with their group, then zeroed.
-        out.copy_(F.grouped_mm(p.a.contiguous(), p.b.transpose(1, 2), offs=lay.aligned_ends_on(p.device)))
+        out.copy_(grouped_mm(p.a.contiguous(), p.b.transpose(1, 2), offs=lay.aligned_ends_on(p.device)))
         _zero_gap_rows(p, out)
         return out
     a, b = p.a.contiguous(), p.b.contiguous()
@@ -106,7 +111,7 @@ def _torch(p: Problem, out: torch.Tensor) -> torch.Tensor:
     if lay.has_gaps():
         rows = lay.valid_rows_on(p.device)
         a, b, offs = a.index_select(0, rows), b.index_select(0, rows), lay.packed_ends_on(p.device)
-    result = F.grouped_mm(a.t(), b, offs=offs)
+    result = grouped_mm(a.t(), b, offs=offs)
     if p.c is not None:
         result = result.to(out.dtype) + p.c
     out.copy_(result)

@@ -318,3 +318,56 @@ def test_weight_scales_prepared_once(gen):
     assert stats["misses"] == misses and stats["backends"]["cuda_sm100"]["entries"] == 1
     qb.scale.mul_(1)  # an in-place write bumps the version counter: the scales are rebuilt
     assert be.prepared_weight_scales(qb).tensor is not first
+
+
+# -- peer adapters, run on the CPU directly (their blockers keep them off the CPU in real calls) -----
+def test_torch_peer_adapter_matches_reference(gen):
+    lay = moe_hal.ContiguousLayout.from_counts([5, 0, 11], alignment=8)
+    a, b = randn(gen, lay.num_rows, 32, dtype=torch.bfloat16), randn(gen, 3, 16, 32, dtype=torch.bfloat16)
+    problem = moe_hal.Problem.build(a, b, lay)
+    out = peers.run("torch", problem, torch.full((lay.num_rows, 16), float("nan"), dtype=torch.bfloat16))
+    assert torch.equal(out, moe_hal.grouped_gemm(a, b, lay, backend="reference"))
+
+    kl = moe_hal.KGroupedLayout.from_counts([7, 0, 9], alignment=4)
+    x, dy = randn(gen, kl.num_rows, 16, dtype=torch.bfloat16), randn(gen, kl.num_rows, 24, dtype=torch.bfloat16)
+    c = randn(gen, 3, 16, 24, dtype=torch.bfloat16)
+    kp = moe_hal.Problem.build(x, dy, kl, c=c)
+    got = peers.run("torch", kp, torch.empty(3, 16, 24, dtype=torch.bfloat16))
+    want = moe_hal.grouped_gemm(x.float(), dy.float(), kl, c=c.float())
+    assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max() + 1e-2
+
+
+def test_deep_gemm_adapter_plumbing(gen, monkeypatch):
+    """A stand-in deep_gemm (computing from what it is given, writing junk into padding rows as
+    DeepGEMM's SM100 kernels may) checks our side: operands, m_indices, zeroed gap rows."""
+    seen = {}
+
+    def fake_contiguous(a, b, d, m_indices):
+        (a_data, a_scale), (b_data, b_scale) = a, b
+        seen["m_indices"] = m_indices.clone()
+        qa, qb = moe_hal.QuantizedTensor(a_data, a_scale, (1, 128)), moe_hal.QuantizedTensor(b_data, b_scale, (128, 128))
+        full = torch.einsum("mk,gnk->gmn", qa.dequantize(), qb.dequantize())
+        d.fill_(123.0)
+        for row, g in enumerate(m_indices.tolist()):
+            if g >= 0:
+                d[row] = full[g, row].to(d.dtype)
+
+    fake = types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=fake_contiguous,
+                                 get_mk_alignment_for_contiguous_layout=lambda: 16)
+    monkeypatch.setitem(sys.modules, "deep_gemm", fake)
+    lay = moe_hal.ContiguousLayout.from_counts([5, 0, 20], alignment=16)
+    qa = quantize_fp8(randn(gen, lay.num_rows, 256), (1, 128))
+    qb = quantize_fp8(randn(gen, 3, 32, 256), (128, 128))
+    problem = moe_hal.Problem.build(qa, qb, lay)
+    assert peers.blocker("deep_gemm", types.SimpleNamespace(**{**vars(problem_fields(problem)),
+                                                             "device": torch.device("cuda", 0)})) is None
+    out = peers.run("deep_gemm", problem, torch.empty(lay.num_rows, 32, dtype=torch.bfloat16))
+    assert torch.equal(seen["m_indices"], lay.m_indices("cpu"))
+    assert bool((out[lay.gap_rows_on("cpu")] == 0).all())
+    ref = moe_hal.grouped_gemm(qa, qb, lay, backend="reference", out_dtype=torch.float32)
+    assert (out.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()
+
+
+def problem_fields(p):
+    """The Problem's fields as a namespace (to fake its device)."""
+    return types.SimpleNamespace(**{name: getattr(p, name) for name in p.__slots__})
