@@ -37,7 +37,6 @@ import triton  # noqa: E402 - TRITON_INTERPRET must be set before triton decorat
 import triton.language as tl  # noqa: E402
 
 
-
 @triton.jit
 def _swizzle(pid, num_tiles, num_n, GROUP_M: tl.constexpr):
     """Map a linear program id to (row tile, column tile) in grouped order: GROUP_M consecutive

@@ -22,7 +22,6 @@ from cuda_helpers import randn
 import moe_hal
 from moe_hal import DeviceInfo, perf
 from moe_hal.quant import quantize_fp8
-from moe_hal_cuda import backend as cuda_backend
 from moe_hal_cuda import configs, device, peers, plugin
 
 NAMES = ("cuda_sm90", "cuda_sm100")
