@@ -146,6 +146,8 @@ def _print_summary(report: dict) -> None:
     from rich.table import Table
 
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # logs and CI: do not squeeze the table into 80 columns
     table = Table(title=f"moe_hal conformance, suite {report['suite']['version']} "
                         f"({', '.join(report['suite']['tiers'])})")
     for col in ("backend", "mode", "device", "pass", "fail", "error", "n/a", "xfail", "xpass", "time", "verdict"):
@@ -170,6 +172,8 @@ def _print_summary(report: dict) -> None:
                               f"{escape(case.get('message', ''))}", highlight=False)
                 shown += 1
     console.print(f"verdict: [bold]{report['verdict']}[/]")
+    if "fuzz" in report["suite"]["tiers"]:
+        console.print("(fuzz results are reported but never part of the verdict)")
 
 
 def _exit_status(report: dict, explicit: bool) -> int:

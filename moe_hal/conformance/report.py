@@ -311,4 +311,6 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
                      f"({', '.join(parts)}; {run['summary']['duration_s']:.1f} s)")
     lines.append(f"verdict: {report['verdict']} (suite {report['suite']['version']}, "
                  f"tiers {', '.join(report['suite']['tiers'])})")
+    if "fuzz" in report["suite"]["tiers"]:
+        lines.append("fuzz results are reported but never part of the verdict")
     return lines

@@ -166,10 +166,11 @@ class Suite:
         """The case's tensors (CPU torch tensors): the stored ones, or for a generated (sweep or
         fuzz) case its inputs and the oracle's golden, computed here (the last one is cached)."""
         if case.file is None:
-            if self._generated[0] != case.id:
+            key = json.dumps([case.id, case.op, case.signature, case.problem, case.generator], sort_keys=True)
+            if self._generated[0] != key:
                 from .build import case_tensors
 
-                self._generated = (case.id, case_tensors(case))
+                self._generated = (key, case_tensors(case))
             return self._generated[1]
         from safetensors.torch import load
 
