@@ -2,9 +2,9 @@
 
 ``ascend`` (Atlas A2/A3, 910B/910C) and ``ascend_950`` (the 950 generation) share this code; they
 differ in one decision, taken from the hardware DB's ``fp8`` feature through the backend spec: the
-950 multiplies block-scaled fp8 natively (G-B mode), ``ascend`` dequantizes fp8 to bf16 first and
-says so. Every call goes through ``ops = runtime.ops_for(device)``: torch_npu on an NPU, the CPU
-emulator (same functions) in emulation mode.
+950 multiplies block-scaled fp8 natively (G-B mode), ``ascend`` dequantizes fp8 first (to bf16
+where that is exact) and says so. Every call goes through ``ops = runtime.ops_for(device)``:
+torch_npu on an NPU, the CPU emulator (same functions) in emulation mode.
 
 Layout translation (the op groups rows back to back from row 0 and never writes rows outside its
 groups, reference/ascend.md §1.4):
@@ -21,7 +21,8 @@ masked          no native masked form. The valid rows are packed on the device (
 k_grouped       ``group_type=2``: ``x = a.T`` as the transposed view the op expects, ``weight = b``,
                 ``group_list`` = token-group ends (type 0; the tokens of groups are gathered first
                 when the layout has gaps, since padding tokens must not contribute). Empty groups
-                are zeroed (the op's output for an empty K group is undocumented), then ``c`` is added.
+                are zeroed (the op's output for an empty K group is undocumented), then ``c`` is
+                added in fp32 (for a 16-bit output the op computes in fp32, so the sum rounds once).
 ==============  ==============================================================================
 
 Weights ``b[G, N, K]`` reach the op as ``b.transpose(1, 2)`` — the transposed-weight view it
@@ -61,7 +62,8 @@ ACL_FORMAT_FRACTAL_NZ = 29
 @dataclass(frozen=True)
 class Plan:
     """How one problem signature is computed. ``compute``: ``native`` (operands as given),
-    ``upcast_fp32`` (fp32 output from bf16/fp16 operands), ``dequantize`` (fp8 dequantized to
+    ``upcast_fp32`` (fp32 output from bf16/fp16 operands, or K-grouped with ``c`` into a 16-bit
+    output), ``dequantize`` (fp8 dequantized to
     ``op_dtype``) or ``fp8_gb`` (the 950's native block-scaled fp8). ``notes``: the precision
     changes, announced once per process."""
 
@@ -71,7 +73,7 @@ class Plan:
 
 
 class AscendBackend(Backend):
-    """``npu_grouped_matmul`` on Atlas A2/A3 (910B/910C): fp32/bf16/fp16, fp8 dequantized to bf16."""
+    """``npu_grouped_matmul`` on Atlas A2/A3 (910B/910C): fp32/bf16/fp16, fp8 dequantized before the op."""
 
     #: Whether fp8 e4m3 block-scaled operands are multiplied natively (G-B mode).
     native_fp8 = False
@@ -101,8 +103,8 @@ class AscendBackend(Backend):
                            f"are unknown{': ' + why if why else ''}", required, seen)]
         missing = self.spec.requires - features
         if missing:
-            return [Reason("soc_unsupported", f"{hw_id} (seen as {seen}) lacks the hardware-DB features {sorted(missing)} "
-                           "this backend requires", required, sorted(features & self.spec.requires))]
+            return [Reason("soc_unsupported", f"{hw_id} (seen as {seen}) lacks the hardware-DB features "
+                           f"{sorted(missing)} this backend requires", required, sorted(features & self.spec.requires))]
         return []
 
     def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
@@ -131,17 +133,29 @@ class AscendBackend(Backend):
         if p.quantized:
             if self.native_fp8 and p.op != "k_grouped" and p.scale_blocks == GB_SCALE_BLOCKS:
                 return Plan("fp8_gb", torch.float8_e4m3fn)
-            op_dtype = torch.bfloat16 if p.out_dtype == torch.bfloat16 else torch.float32
+            # ue8m0 scales are powers of two: fp8 * scale is exact in bf16, so the bf16 op loses
+            # nothing. fp32 scales are not exact in bf16, and rounding both operands would exceed
+            # the fp8 accuracy class on short reductions: those go through the fp32 op.
+            exact_in_bf16 = p.scale_format == "ue8m0" and p.out_dtype == torch.bfloat16 and not _sums_c(p)
+            op_dtype = torch.bfloat16 if exact_in_bf16 else torch.float32
             why = ("this backend serves SoCs without fp8 hardware, Atlas A2/A3; on a 950 ascend_950 runs fp8 "
                    "natively" if not self.native_fp8 else
                    "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only")
+            exact = ("exact: ue8m0 scales are powers of two" if exact_in_bf16 else
+                     "an fp32 output" if p.out_dtype == torch.float32 else
+                     "c + a^T b rounded once" if _sums_c(p) else
+                     "fp32 block scales are not exact in bf16, so the fp32 op keeps the fp8 accuracy")
             return Plan("dequantize", op_dtype, (
-                f"dequantizes fp8 operands to {dtypes.name_of(op_dtype)} before npu_grouped_matmul ({why}); "
-                "weights once, through the prepared-weight cache",))
+                f"dequantizes fp8 operands to {dtypes.name_of(op_dtype)} ({exact}) before npu_grouped_matmul "
+                f"({why}); weights once, through the prepared-weight cache",))
         if p.out_dtype != p.a.dtype:
             return Plan("upcast_fp32", torch.float32, (
                 f"upcasts {p.in_dtype} operands to fp32 (npu_grouped_matmul writes the input dtype for "
                 "non-quantized operands); weights once, through the prepared-weight cache",))
+        if _sums_c(p):
+            return Plan("upcast_fp32", torch.float32, (
+                f"upcasts K-grouped {p.in_dtype} operands to fp32 when c is given, so that c + a^T b is rounded "
+                "once (npu_grouped_matmul cannot accumulate into c)",))
         return Plan("native", p.a.dtype)
 
     def describe_path(self, p: Problem) -> str:
@@ -153,7 +167,8 @@ class AscendBackend(Backend):
             if plan.compute == "fp8_gb" else ""
         if p.op == "contiguous":
             parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 over the "
-                         "aligned segment ends; rows of no group (padding, and the tail the op leaves unwritten) zeroed")
+                         "aligned segment ends; rows of no group (padding, and the tail the op leaves unwritten) "
+                         "zeroed")
         elif p.op == "masked":
             parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 = "
                          "cumsum(masked_m) over the valid rows packed on the device (no host sync); results "
@@ -161,8 +176,7 @@ class AscendBackend(Backend):
         else:
             parts.append("torch_npu.npu_grouped_matmul group_type=2 (K axis), split_item=3, group_list_type=0 over "
                          "the token-group ends (tokens of no group, if any, gathered out first), x = a.T as a "
-                         "transposed view; empty groups zeroed; c, when given, added after the op (one more "
-                         "rounding in the output dtype)")
+                         "transposed view; empty groups zeroed; c, when given, added in fp32 after the op")
             return "; ".join(parts + list(plan.notes))
         parts.append(self._weight_text(p, plan))
         return "; ".join(parts + list(plan.notes))
@@ -175,8 +189,10 @@ class AscendBackend(Backend):
         if plan.compute != "native":
             return "weights converted once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view"
         return {"k": "weights b[G, N, K] passed as their transposed view (no copy)",
-                "n": "weights passed as the [G, K, N] tensor b is a view of (no copy; copied once to K-inner if N >= 65536)",
-                "strided": "weights copied once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view",
+                "n": "weights passed as the [G, K, N] tensor b is a view of (no copy; copied once to K-inner "
+                     "if N >= 65536)",
+                "strided": "weights copied once to a contiguous [G, N, K] tensor (prepared), passed as its "
+                           "transposed view",
                 }.get(p.b_major, "weights passed as the op expects")
 
     # -- execution -------------------------------------------------------------------------------
@@ -205,7 +221,7 @@ class AscendBackend(Backend):
         y = self._gmm_m(p, plan, ops, x, per_token_scale, _aligned_ends(lay, p.device))
         if lay.has_gaps():
             y.index_fill_(0, lay.gap_rows_on(p.device), 0)
-        return _deliver(y, out)
+        return _deliver(y, out, p.out_dtype)
 
     def _masked(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
         groups, max_m, rows = p.num_groups, p.m, p.num_groups * p.m
@@ -223,7 +239,7 @@ class AscendBackend(Backend):
         y = self._gmm_m(p, plan, ops, x, per_token_scale, ends)
         out = p.new_out() if out is None else out
         valid = torch.arange(max_m, device=p.device)[None, :] < valid_m[:, None]
-        out.masked_scatter_(valid[..., None], y)
+        out.masked_scatter_(valid[..., None], y.to(out.dtype))
         return out
 
     def _gmm_m(self, p: Problem, plan: Plan, ops: Any, x: torch.Tensor, per_token_scale: torch.Tensor | None,
@@ -255,7 +271,7 @@ class AscendBackend(Backend):
             y.index_fill_(0, _cached(lay, "empty_groups", p.device, lambda: torch.tensor(empty, dtype=torch.int64)), 0)
         if p.c is not None:
             y.add_(p.c)
-        return _deliver(y, out)
+        return _deliver(y, out, p.out_dtype)
 
     # -- weights ---------------------------------------------------------------------------------
     def _m_weight(self, p: Problem, plan: Plan, ops: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -274,8 +290,10 @@ class AscendBackend(Backend):
             name = dtypes.name_of(plan.op_dtype)
             w = prepared_cache.get(self.name, b, f"npu_weight_{name}", _converter(plan))
         if self._use_nz(p, plan):
-            nz = prepared_cache.get(self.name, b, f"npu_weight_nz_{dtypes.name_of(plan.op_dtype)}",
-                                    lambda _: ops.npu_format_cast(w.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ))
+            def to_nz(_: Any) -> torch.Tensor:
+                return ops.npu_format_cast(w.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ)
+
+            nz = prepared_cache.get(self.name, b, f"npu_weight_nz_{dtypes.name_of(plan.op_dtype)}", to_nz)
             return nz, None
         kn = w.transpose(1, 2)
         if w.is_contiguous():
@@ -300,6 +318,12 @@ class Ascend950Backend(AscendBackend):
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _sums_c(p: Problem) -> bool:
+    """A K-grouped call adding ``c`` into a 16-bit output: the op must compute in fp32 so that
+    ``c + a^T b`` is rounded once (a 16-bit op result plus c would round twice)."""
+    return p.op == "k_grouped" and p.c is not None and p.out_dtype != torch.float32
+
+
 def _activation(x: torch.Tensor | QuantizedTensor, plan: Plan) -> tuple[torch.Tensor, torch.Tensor | None]:
     """An activation operand in the dtype the op gets, and its per-token scales in G-B mode."""
     if plan.compute == "fp8_gb":
@@ -323,9 +347,10 @@ def _device_features(device: torch.device) -> frozenset[str]:
     return device_info(device).features
 
 
-def _deliver(y: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _deliver(y: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``y`` in ``dtype`` (one rounding when the op computed in fp32), written into ``out`` if given."""
     if out is None:
-        return y
+        return y.to(dtype)
     out.copy_(y)
     return out
 

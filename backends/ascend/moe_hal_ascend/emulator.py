@@ -330,7 +330,8 @@ def _independent(xs, ws, quant, split_item, output_dtype, profile) -> list[torch
 
 
 # -- arithmetic --------------------------------------------------------------------------------------
-def _product(xr: torch.Tensor, w: torch.Tensor, quant, expert: int, rows: slice, out_dtype: torch.dtype) -> torch.Tensor:
+def _product(xr: torch.Tensor, w: torch.Tensor, quant, expert: int, rows: slice,
+             out_dtype: torch.dtype) -> torch.Tensor:
     """One group: ``xr [m, K] @ w [K, N]`` with fp32 accumulation, rounded once to ``out_dtype``."""
     scale, per_token_scale = quant
     if scale is None:
@@ -360,7 +361,8 @@ def _check_dtypes(x: torch.Tensor, w: torch.Tensor, quant, output_dtype, profile
         if scale is not None or per_token_scale is not None:
             raise AclnnError(f"scale / per_token_scale must be None for non-quantized {x.dtype} x")
         if output_dtype is not None and output_dtype != x.dtype:
-            raise AclnnError(f"output_dtype must be None or {x.dtype} for non-quantized {x.dtype} x, got {output_dtype}")
+            raise AclnnError(f"output_dtype must be None or {x.dtype} for non-quantized {x.dtype} x, "
+                             f"got {output_dtype}")
         if fmt == ACL_FORMAT_FRACTAL_NZ:
             if x.dtype == torch.float32:
                 raise AclnnError("FRACTAL_NZ weight is not supported for float32")

@@ -8,8 +8,8 @@ when a call first considers them, and they import torch_npu only when an NPU cal
 Hardware requirements are hardware-DB feature flags, never SoC lists:
 
 * ``ascend`` requires ``npu_grouped_matmul``, ``cube_unit`` and ``bf16`` — the Atlas A2/A3 parts
-  (910B, 910C) and later. fp8 operands are dequantized to bf16 (fp32 for an fp32 output) before
-  the op, a declared path that ``explain()`` names and a one-time PathWarning announces.
+  (910B, 910C) and later. fp8 operands are dequantized before the op (to bf16 where that is exact,
+  else fp32), a declared path that ``explain()`` names and a one-time PathWarning announces.
 * ``ascend_950`` requires those and ``fp8`` (the 950 generation) and ranks higher: it multiplies
   M-grouped fp8 with DeepGEMM's 1x128 / 128x128 blocks natively in the op's G-B mode.
 
@@ -66,7 +66,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         signatures=(FLOAT_SIGNATURE, FP8_DEQUANTIZED),
         requires=_BASE_FEATURES,
         description=_description("torch_npu.npu_grouped_matmul on Atlas A2/A3 (910B/910C): contiguous, masked, "
-                                 "K-grouped; fp32/bf16/fp16, fp8 dequantized to bf16"),
+                                 "K-grouped; fp32/bf16/fp16, fp8 dequantized"),
     )
     a5 = BackendSpec(
         name="ascend_950",

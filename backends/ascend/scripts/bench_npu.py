@@ -121,7 +121,7 @@ class Case:
                 out[s:e] = part
             return out
         if self.op == "masked":
-            out = torch.zeros(self.a.shape[0], self.a.shape[1], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
+            out = torch.zeros(*self.a.shape[:2], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
             for g, part in zip([g for g, c in enumerate(self.counts) if c], parts):
                 out[g, :part.shape[0]] = part
             return out

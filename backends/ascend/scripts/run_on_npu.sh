@@ -9,7 +9,7 @@
 # Needs:  CANN (set_env.sh sourced, or found at ASCEND_TOOLKIT_HOME / /usr/local/Ascend), torch_npu
 #         matching torch, moe-hal and moe-hal-ascend installed, one visible NPU
 #         (ASCEND_RT_VISIBLE_DEVICES picks which).
-# Writes: OUTPUT_DIR/environment.json, conformance-<backend>.* (per eligible Ascend backend),
+# Writes: OUTPUT_DIR/environment.json, conformance-<backend>.json/.xml (per eligible Ascend backend),
 #         bench-<backend>.json, and OUTPUT_DIR.tar.gz.
 set -euo pipefail
 
@@ -34,7 +34,8 @@ if [[ -z "${ASCEND_HOME_PATH:-}" ]]; then
     done
 fi
 if [[ -z "${ASCEND_HOME_PATH:-}" ]]; then
-    echo "error: CANN not found (ASCEND_HOME_PATH unset and no set_env.sh found); source <ascend-toolkit>/set_env.sh first" >&2
+    echo "error: CANN not found (ASCEND_HOME_PATH unset, no set_env.sh found);" \
+         "source <ascend-toolkit>/set_env.sh first" >&2
     exit 2
 fi
 
@@ -81,13 +82,15 @@ if not eligible:
     sys.exit("error: no Ascend backend can run on this device (see environment.json)")
 EOF
 
-BACKENDS=$(python -c "import json,sys; print(' '.join(json.load(open(sys.argv[1]))['eligible_ascend_backends']))" "$OUT/environment.json")
+BACKENDS=$(python -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]))['eligible_ascend_backends']))" \
+           "$OUT/environment.json")
 
 status=0
 for backend in $BACKENDS; do
-    # 3. The conformance suite, full tier, on the NPU.
+    # 3. The conformance suite on the NPU: the stored full tier (smoke included) and the seeded sweep.
     echo "== conformance: $backend"
-    moe-hal conformance run --backend "$backend" --tier full --report "$OUT/conformance-$backend" || status=1
+    moe-hal conformance run --backend "$backend" --device npu:0 --tier full,sweep --no-progress \
+        --report "$OUT/conformance-$backend.json" --junit "$OUT/conformance-$backend.xml" || status=1
     # 4. The benchmark: moe_hal vs a per-expert matmul loop vs the bare op, ND and NZ weights.
     echo "== benchmark: $backend"
     python "$HERE/bench_npu.py" --backend "$backend" --out "$OUT/bench-$backend.json" || status=1

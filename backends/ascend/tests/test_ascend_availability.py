@@ -32,7 +32,8 @@ LIBHCCL = "libhccl.so: cannot open shared object file: No such file or directory
 FAKES = {
     "cann_missing_oserror": f"raise OSError({LIBHCCL!r})",
     "cann_missing_importerror": "raise ImportError('libascendcl.so: cannot open shared object file')",
-    "torch_npu_broken": "raise RuntimeError('Two accelerators cannot be used at the same time in PyTorch: npu and cuda')",
+    "torch_npu_broken": "raise RuntimeError('Two accelerators cannot be used at the same time in PyTorch: "
+                        "npu and cuda')",
     "npu_op_missing": "__version__ = '2.0.0'",
     "npu_device_missing": """
         import torch, types

@@ -172,7 +172,8 @@ def test_format_cast_records_nz_and_the_op_checks_it(gen, emulate):
     y = npu_grouped_matmul([x], [nz], group_list=torch.tensor([2, 5]), **GMM)[0]
     assert torch.equal(y, npu_grouped_matmul([x], [w], group_list=torch.tensor([2, 5]), **GMM)[0])
     with pytest.raises(AclnnError, match="float32"):
-        npu_grouped_matmul([x.float()], [emulator.npu_format_cast(w.float(), 29)], group_list=torch.tensor([2, 5]), **GMM)
+        nz32 = emulator.npu_format_cast(w.float(), 29)
+        npu_grouped_matmul([x.float()], [nz32], group_list=torch.tensor([2, 5]), **GMM)
     with pytest.raises(AclnnError, match="K > 1 and N > 1"):
         thin = emulator.npu_format_cast(torch.randn(2, 8, 1).bfloat16(), 29)
         npu_grouped_matmul([x], [thin], group_list=torch.tensor([2, 5]), **GMM)
