@@ -281,6 +281,8 @@ def test_not_applicable_comes_with_reason_codes():
         pytest.skip("the fake vendor plugin is not installed")
     assert {c["status"] for c in run["cases"]} == {"not_applicable"}
     assert all(any(r["code"] == "dtype_unsupported" for r in c["reasons"]) for c in run["cases"])
+    # The plugin's expected-failure manifest arrives through the moe_hal_conformance_manifest hook.
+    assert [s["plugin"] for s in run["waivers"]["sources"]] == ["fake_vendor"]
 
 
 def test_unknown_backend_is_unavailable_not_conformant():

@@ -39,9 +39,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not config.getoption("moe_backend"):
+    name = config.getoption("moe_backend")
+    if not name:
         raise pytest.UsageError("moe_hal.conformance.plugin: --moe-backend NAME is required "
                                 "(see `moe-hal info` for the registered backends)")
+    if "," in name or name.strip() == "all":
+        raise pytest.UsageError(f"moe_hal.conformance.plugin: --moe-backend takes one backend name, got {name!r} "
+                                "(run pytest once per backend, or use `moe-hal conformance run --backend all`)")
     config.stash[_SESSION] = ConformanceSession(config)
 
 
