@@ -270,6 +270,10 @@ def _regen(args) -> int:
         if not (root / suite_mod.MANIFEST).is_file():
             print(f"error: no {suite_mod.MANIFEST} in {root}", file=sys.stderr)
             return 2
+        if not args.manifest_dir and not (root.parent / "pyproject.toml").is_file():
+            print(f"error: {root} is an installed suite, not a checkout; regenerate in a checkout or pass "
+                  "--manifest-dir (use --check to verify an installed suite)", file=sys.stderr)
+            return 2
         done = regen.regenerate(root, args.case, cross_check=not args.no_cross_check,
                                 progress=lambda c: print(f"regenerating {c.id}", file=sys.stderr))
         total = sum(len(r.blob) for r in done)

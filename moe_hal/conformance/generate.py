@@ -19,8 +19,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import oracle
-
 GENERATOR_VERSION = 1
 
 _MASK = (1 << 64) - 1

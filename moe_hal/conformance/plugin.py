@@ -146,7 +146,7 @@ class ConformanceSession:
 
         runner = self.runner
         result = sweep.fuzz(runner.run_case, lambda c: [p for _, p in runner.items([c])], self.plan.fuzz_examples,
-                            session._fuzz_result)
+                            session.fuzz_result)
         self.results.append(result)
         self._outcome(result)
 

@@ -25,6 +25,8 @@ from collections import Counter
 from typing import Any, Iterable
 from xml.etree import ElementTree as ET
 
+from .suite import STATUSES
+
 SCHEMA_VERSION = 1
 KIND = "moe_hal.conformance.report"
 REPORT_SCHEMA = "report.schema.json"
@@ -122,8 +124,7 @@ def run_record(runner: Any, results: list[Any], tiers: list[str], duration_s: fl
         "selection": runner.selections,
         "waivers": runner.waivers.as_dict(selected),
         "cases": cases,
-        "summary": {"counts": {s: counts.get(s, 0) for s in
-                               ("pass", "fail", "error", "not_applicable", "xfail", "xpass", "skipped")},
+        "summary": {"counts": {s: counts.get(s, 0) for s in STATUSES},
                     "total": len(cases), "duration_s": round(duration_s, 3),
                     "verdict": verdict(cases, target.available, runner.strict, len(stale))},
     }
@@ -306,7 +307,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             lines.append(f"{label}: unavailable on {run['device']['label']}: {reasons}")
             continue
         c = run["summary"]["counts"]
-        parts = [f"{c[s]} {s}" for s in ("pass", "fail", "error", "not_applicable", "xfail", "xpass", "skipped") if c[s]]
+        parts = [f"{c[s]} {s}" for s in STATUSES if c[s]]
         lines.append(f"{label} on {run['device']['label']}: {run['summary']['verdict']} "
                      f"({', '.join(parts)}; {run['summary']['duration_s']:.1f} s)")
     lines.append(f"verdict: {report['verdict']} (suite {report['suite']['version']}, "

@@ -32,9 +32,6 @@ from .checks import CheckOutcome
 from .suite import BACKEND_TRANSFORM_OPS, GEMM_OPS, Case, Suite
 from .waivers import WaiverSet
 
-STATUSES = ("pass", "fail", "error", "not_applicable", "xfail", "xpass", "skipped")
-
-
 @dataclass
 class CaseResult:
     """The outcome of one case on one path."""
@@ -57,10 +54,6 @@ class CaseResult:
     @property
     def key(self) -> str:
         return f"{self.id} [{self.path}]"
-
-    @property
-    def in_verdict(self) -> bool:
-        return self.tier != "fuzz"
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "path": self.path, "op": self.op, "tier": self.tier,
@@ -268,8 +261,6 @@ class Runner:
         return self._tolerances[case.tolerance]
 
     def _gemm(self, case: Case, path: str, result: CaseResult) -> None:
-        import torch
-
         from ..problem import Problem
         from .build import GemmSpec, gemm_call
 

@@ -126,7 +126,7 @@ def execute(p: Plan, progress: Progress | None = None) -> dict[str, Any]:
                 progress.step(runner.target.name, result)
         if "fuzz" in p.tiers and runner.target.available:
             result = sweep_mod.fuzz(runner.run_case, lambda c, r=runner: [path for _, path in r.items([c])],
-                                    p.fuzz_examples, _fuzz_result)
+                                    p.fuzz_examples, fuzz_result)
             results.append(result)
             if progress:
                 progress.step(runner.target.name, result)
@@ -134,7 +134,8 @@ def execute(p: Plan, progress: Progress | None = None) -> dict[str, Any]:
     return report_mod.build(p.suite, runs, p.tiers, p.sweep)
 
 
-def _fuzz_result(case_id: str, status: str, message: str, metrics: dict[str, Any]) -> CaseResult:
+def fuzz_result(case_id: str, status: str, message: str, metrics: dict[str, Any]) -> CaseResult:
+    """The one result the fuzz tier reports per backend."""
     return CaseResult(case_id, "direct", "gemm", "fuzz", status, message=message, metrics=metrics,
                       tags=("generated", "hypothesis"))
 

@@ -41,6 +41,8 @@ GEMM_CHECKS = ("shape", "values", "padding_zero", "sentinel", "masked_zero", "in
                "determinism", "in_place_c")
 TRANSFORM_CHECKS = ("bytes", "strides")
 TIERS = ("smoke", "full", "sweep", "fuzz")
+#: Statuses of a case result, in report order.
+STATUSES = ("pass", "fail", "error", "not_applicable", "xfail", "xpass", "skipped")
 STORED_TIERS = ("smoke", "full")
 
 _ID = re.compile(r"^[a-z0-9_]+(/[a-z0-9_.+-]+)+@[0-9]+$")
