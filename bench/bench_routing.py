@@ -18,7 +18,8 @@ are left out): dispatch reads the routed token rows and writes every output row,
 included; combine reads the routed expert-output rows and writes ``[T, N]``; quantization reads the
 input and writes the fp8 data and the fp32 scales. Each figure is the median of ``--repeat`` rounds
 after ``--warmup`` calls; a round calls every operation once in turn, so that peers see the same
-machine load. This is a measurement script, not a test: CI only smoke-runs it
+machine load. The 1-minute load average before and after the run is printed and stored: on a
+shared host the absolute figures move with it, the ratios between peers much less. This is a measurement script, not a test: CI only smoke-runs it
 at a tiny size.
 
 Usage::
@@ -95,7 +96,10 @@ def baseline_combine(rows: torch.Tensor, order: torch.Tensor, weights: torch.Ten
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = dtypes.parse(args.dtype)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     esize = torch.empty(0, dtype=dtype).element_size()
     torch.manual_seed(args.seed)
     tokens, hidden_size, k = args.tokens, args.hidden, args.topk
@@ -160,7 +164,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                    "weight_shape": [args.weight_groups, args.weight_n, hidden_size],
                    "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "torch": torch.__version__,
                    "repeat": args.repeat, "warmup": args.warmup,
-                   "rows": rows, "valid_rows": valid},
+                   "rows": rows, "valid_rows": valid,
+                   "load_average_1min": {"before": load_before,
+                                         "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}},
         "results": results,
     }
 
@@ -172,7 +178,8 @@ def show(report: dict[str, Any]) -> None:
     cfg = report["config"]
     table = Table(title=f"routing + fp8 quantization: T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of "
                         f"{cfg['experts']}, {cfg['dtype']}, {cfg['device']} ({cfg['threads']} threads); "
-                        f"{cfg['valid_rows']} routed rows, {cfg['rows']} with padding")
+                        f"{cfg['valid_rows']} routed rows, {cfg['rows']} with padding; 1-min load average "
+                        f"{cfg['load_average_1min']['before']} -> {cfg['load_average_1min']['after']}")
     for col in ("operation", "ms", "GB/s", "x copy limit", "speed-up vs peer"):
         table.add_column(col, justify="left" if col == "operation" else "right")
     for r in report["results"]:
@@ -195,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     report = run(args)
