@@ -164,8 +164,11 @@ def _masked_rows(p: Problem) -> torch.Tensor:
 
 
 def _deliver(result: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``result`` as the call's output: copied into ``out`` when given, else returned as a
+    contiguous tensor of ``dtype`` (grouped_mm may pad the row stride of what it allocates)."""
     if out is None:
-        return result if result.dtype == dtype else result.to(dtype)
+        result = result if result.dtype == dtype else result.to(dtype)
+        return result if result.is_contiguous() else result.contiguous()
     out.copy_(result)
     return out
 
