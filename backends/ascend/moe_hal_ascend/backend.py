@@ -244,7 +244,8 @@ class AscendBackend(Backend):
 
     def _gmm_m(self, p: Problem, plan: Plan, ops: Any, x: torch.Tensor, per_token_scale: torch.Tensor | None,
                group_list: torch.Tensor) -> torch.Tensor:
-        """One M-grouped ``npu_grouped_matmul`` over ``x [rows, K]``: ``y [rows, N]`` in the output dtype."""
+        """One M-grouped ``npu_grouped_matmul`` over ``x [rows, K]``: ``y [rows, N]``, in the output
+        dtype, or fp32 on the fp32 paths (rows outside the group list left as the op leaves them)."""
         weight, weight_scale = self._m_weight(p, plan, ops)
         kwargs: dict[str, Any] = dict(group_list=group_list, group_type=0, group_list_type=0, split_item=3)
         if plan.compute == "fp8_gb":
