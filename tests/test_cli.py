@@ -8,7 +8,7 @@ import pytest
 
 from moe_hal.cli import SUBCOMMANDS, build_parser, main
 
-SMALL = ["--tokens", "96", "--n", "48", "--k", "160", "--repeat", "1"]
+SMALL = ["--tokens", "96", "--n", "48", "--k", "160", "--repeat", "1", "--conformance", "none"]
 
 
 @pytest.mark.parametrize("extra", [
@@ -31,12 +31,13 @@ def test_main_job_verifies_against_the_reference(extra, tmp_path, capsys):
     assert "verified against the reference" in capsys.readouterr().out
 
 
-def test_main_job_defaults_use_the_seed_skew(tmp_path):
+def test_main_job_defaults_use_the_seed_skew_and_print_a_conformance_verdict(tmp_path):
     out = tmp_path / "run.json"
     assert main(["run", "--tokens", "128", "--n", "32", "--k", "64", "--repeat", "0", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["experts"] == 32 and r["dist"] == "seed" and r["backend"] == "torch"
     assert r["counts"].count(0) >= 7  # the seed histogram has 7 empty experts
+    assert r["conformance"]["tier"] == "smoke" and r["conformance"]["verdict"] == "conformant"
 
 
 def test_bad_arguments_give_a_clean_error(capsys):

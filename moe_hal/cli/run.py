@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--backend", default=None, help="force a backend (default: automatic selection)")
     p.add_argument("--repeat", type=int, default=3, help="timed repetitions after the first call")
+    p.add_argument("--conformance", default="smoke", metavar="TIER",
+                   help="also run this conformance tier on the selected backend and print its verdict "
+                        "(smoke, full; 'none' to skip; default smoke)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
     p.set_defaults(func=run)
 
@@ -176,8 +179,16 @@ def run(args: argparse.Namespace) -> int:
         "calc_diff": diff, "calc_diff_max": CALC_DIFF_MAX[in_dtype], "max_abs_err": float(err.max()) if err.numel() else 0.0,
         "max_rel_err": float((err / want.double().abs().clamp_min(1e-6)).max()) if err.numel() else 0.0,
         "padding_rows_zero": padding_zero if args.op == "contiguous" else None,
-        "combine": combined, "verified": ok,
+        "combine": combined, "verified": ok, "conformance": None,
     }
+    if args.conformance != "none":
+        from .. import conformance
+
+        report = conformance.run(sel.name, tiers=[args.conformance])
+        result["conformance"] = {"tier": args.conformance, "verdict": report["verdict"],
+                                 "summary": conformance.summary(report)}
+        ok = ok and report["verdict"] in ("conformant", "conformant with waivers")
+        result["verified"] = ok
     _print(result)
     if args.json:
         text = json.dumps(result, indent=2)
@@ -219,6 +230,8 @@ def _print(r: dict) -> None:
         t.add_row("padding rows", "zero" if r["padding_rows_zero"] else "[red]NOT zero[/red]")
     if r["combine"]:
         t.add_row("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}")
+    if r["conformance"]:
+        t.add_row(f"conformance ({r['conformance']['tier']})", r["conformance"]["summary"])
     t.add_row("verdict", "[green]verified against the reference[/green]" if r["verified"]
               else "[red]FAILED verification[/red]")
     console.print(t)
