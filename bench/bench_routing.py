@@ -26,7 +26,7 @@ Usage::
 
     python bench/bench_routing.py                                   # T=16384, H=4096, top-8 of 64, bf16
     python bench/bench_routing.py --tokens 64 --hidden 256 --experts 8 --topk 2 --repeat 1
-    python bench/bench_routing.py --json routing.json
+    python bench/bench_routing.py --json routing.json --markdown routing.md
 """
 
 from __future__ import annotations
@@ -188,6 +188,23 @@ def show(report: dict[str, Any]) -> None:
     Console(width=120).print(table)
 
 
+def markdown(report: dict[str, Any]) -> str:
+    """The table as Markdown (for docs), with the configuration line above it."""
+    cfg = report["config"]
+    load = cfg["load_average_1min"]
+    lines = [f"T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}, {cfg['dtype']}, "
+             f"alignment {cfg['alignment']}, {cfg['device']}, {cfg['threads']} torch thread(s) on {cfg['cpus']} CPUs, "
+             f"torch {cfg['torch']}, median of {cfg['repeat']} rounds, 1-min load average "
+             f"{load['before']:.1f} -> {load['after']:.1f}" if load["before"] is not None else "",
+             "",
+             "| operation | ms | GB/s | x copy limit | speed-up vs peer |",
+             "|---|---:|---:|---:|---:|"]
+    for r in report["results"]:
+        peer = f"{r['vs_peer']:.2f}x" if r["vs_peer"] is not None else ""
+        lines.append(f"| {r['name']} | {r['seconds'] * 1e3:.1f} | {r['gbps']:.2f} | {r['vs_copy']:.2f} | {peer} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=16384)
@@ -204,12 +221,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown")
     args = parser.parse_args(argv)
     report = run(args)
     show(report)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(report))
     return report
 
 
