@@ -403,10 +403,17 @@ __all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "Segm
 RowOperand = torch.Tensor | QuantizedTensor
 
 
-def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor) -> RowOperand:
+def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor,
+              filled_rows: torch.Tensor | None = None) -> RowOperand:
     """``x[source_rows]`` along dim 0 (a tensor, or a QuantizedTensor with per-row scales) with the
     rows listed in ``empty_rows`` (int64, same device) set to zero — their scale to 1.0, a power of
-    two, so UE8M0 packing stays exact. Only the empty rows are written a second time."""
+    two, so UE8M0 packing stays exact.
+
+    ``filled_rows`` (optional, the complement of ``empty_rows``) lets the mostly-empty case (decode
+    batches padded to a large alignment or capacity) start from a zero buffer and write only the
+    filled rows, instead of gathering every row and clearing the empty ones."""
+    if filled_rows is not None and empty_rows.numel() > filled_rows.numel():
+        return _fill_rows(x, source_rows.index_select(0, filled_rows), filled_rows, source_rows.shape[0])
     if isinstance(x, QuantizedTensor):
         raw = x.data.view(torch.uint8)                    # fp8 lacks fill kernels; zero bits == 0.0
         data = take_rows(raw, source_rows, empty_rows).view(torch.float8_e4m3fn)
@@ -418,6 +425,17 @@ def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor
     if x.shape[0] == 0:                                   # nothing to read: every row is empty
         return x.new_zeros(source_rows.shape[0], *x.shape[1:])
     return x.index_select(0, source_rows).index_fill_(0, empty_rows, 0)
+
+
+def _fill_rows(x: RowOperand, sources: torch.Tensor, rows: torch.Tensor, num_rows: int) -> RowOperand:
+    """A ``num_rows`` buffer of empty rows (zeros; scale 1.0) with ``out[rows] = x[sources]``."""
+    if isinstance(x, QuantizedTensor):
+        data = _fill_rows(x.data.view(torch.uint8), sources, rows, num_rows).view(torch.float8_e4m3fn)
+        scale = x.scale.new_ones(num_rows, *x.scale.shape[1:])
+        scale.index_put_((rows,), x.scale.index_select(0, sources))
+        return QuantizedTensor(data, scale, x.block, x.scale_format)
+    out = x.new_zeros(num_rows, *x.shape[1:])
+    return out.index_put_((rows,), x.index_select(0, sources))   # unique rows: deterministic
 
 
 def _check_rows_operand(x: object, argument: str, rank: int) -> torch.Tensor:

@@ -299,7 +299,7 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0)
     empty_rows = torch.nonzero_static(slot_of_row < 0, size=layout.num_rows - kept).flatten()
-    a = take_rows(hidden, source_token, empty_rows)
+    a = take_rows(hidden, source_token, empty_rows, filled_rows=dest)
     return Dispatch(a, layout, row_of_slot.view(tokens, k), slot_of_row, topk_weights, kept)
 
 
@@ -367,8 +367,10 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
         slot_of_row = torch.full(filled.shape, -1, dtype=torch.int64, device=device)
 
     source_token = torch.div(slot_of_row, k, rounding_mode="floor").clamp_(min=0).reshape(-1)
-    empty_rows = torch.nonzero_static(~filled.reshape(-1), size=num_experts * max_m - kept).flatten()
-    a = _reshape_rows(take_rows(hidden, source_token, empty_rows), (num_experts, max_m))
+    filled = filled.reshape(-1)
+    empty_rows = torch.nonzero_static(~filled, size=num_experts * max_m - kept).flatten()
+    filled_rows = torch.nonzero_static(filled, size=kept).flatten()
+    a = _reshape_rows(take_rows(hidden, source_token, empty_rows, filled_rows), (num_experts, max_m))
     layout = MaskedLayout(masked_m, max_m, check=False)    # in range by construction
     return MaskedDispatch(a, layout, routed_total - kept, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
                           kept)
