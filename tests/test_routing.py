@@ -215,6 +215,13 @@ def test_quantized_hidden_moves_scales_with_rows():
             assert torch.equal(deq[r], q.dequantize()[t])
         else:
             assert torch.equal(d.a.data[r].float(), torch.zeros(300)) and torch.equal(d.a.scale[r], torch.ones(3))
+    # Mostly padding (alignment 128): the zero-buffer path must give the same rows.
+    wide = dispatch(q, ids, 2, alignment=128)
+    for r, t in enumerate(wide.token_of_row.tolist()):
+        expected_data = q.data[t] if t >= 0 else torch.zeros(300, dtype=torch.float8_e4m3fn)
+        expected_scale = q.scale[t] if t >= 0 else torch.ones(3)
+        assert torch.equal(wide.a.data[r].view(torch.uint8), expected_data.view(torch.uint8))
+        assert torch.equal(wide.a.scale[r], expected_scale)
     md = dispatch_masked(q, ids, 2, max_m=4)
     assert md.a.data.shape == (2, 4, 300) and md.a.scale.shape == (2, 4, 3)
     assert torch.equal(md.a.dequantize()[1, :3], q.dequantize()[[0, 2, 5]])
