@@ -7,32 +7,56 @@ Huawei Ascend NPUs and the CPU.
 >>> moe_hal.grouped_gemm(a, b, lay).shape
 torch.Size([12, 32])
 
-Importing this package loads no plugin and imports no vendor stack (torch_npu, triton,
-cuda-python); plugins are discovered on first use.
+The public names below load on first access (PEP 562), so ``import moe_hal`` itself imports
+neither torch nor any plugin, and never a vendor stack (torch_npu, triton, cuda-python); plugins
+are discovered on the first call that needs them. Submodules: ``layouts``, ``quant``,
+``routing``, ``hwdb``, ``perf``, ``prepared``, ``conformance``, ``errors``, ``plugins``.
 """
 
-from . import errors, quant
-from .api import backends, explain, get_backend, grouped_gemm, select
-from .backend import Backend, BackendSpec, DeviceInfo, Reason, Signature
-from .hookspecs import hookimpl
-from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout
-from .problem import Problem
-from .quant import QuantizedTensor
-from .select import Selection
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Backend", "BackendSpec", "ContiguousLayout", "DeviceInfo", "KGroupedLayout", "MaskedLayout",
-    "Problem", "QuantizedTensor", "Reason", "Selection", "Signature", "backends", "errors", "explain",
-    "get_backend", "grouped_gemm", "hookimpl", "quant", "select", "__version__",
-]
+#: public name -> submodule that defines it
+_EXPORTS = {
+    "grouped_gemm": "api", "select": "api", "explain": "api", "backends": "api", "get_backend": "api",
+    "Backend": "backend", "BackendSpec": "backend", "DeviceInfo": "backend", "Reason": "backend",
+    "Signature": "backend", "hookimpl": "hookspecs", "ContiguousLayout": "layouts",
+    "KGroupedLayout": "layouts", "MaskedLayout": "layouts", "Problem": "problem",
+    "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
+}
+_SUBMODULES = frozenset({
+    "api", "backend", "builtin", "conformance", "dtypes", "environment", "errors", "hookspecs", "hwdb",
+    "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection",
+})
+
+__all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])
 
 
-def __getattr__(name: str):
-    # Submodules with heavier imports load on first access: moe_hal.routing, .hwdb, .perf, ...
-    import importlib
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups are plain attribute reads: no cost on the hot path
+    return value
 
-    if name in ("routing", "hwdb", "perf", "prepared", "conformance", "layouts", "plugins", "dtypes"):
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS) | _SUBMODULES)
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
+    from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401
+    from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401
+    from .backend import Backend, BackendSpec, DeviceInfo, Reason, Signature  # noqa: F401
+    from .hookspecs import hookimpl  # noqa: F401
+    from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401
+    from .problem import Problem  # noqa: F401
+    from .quant import QuantizedTensor  # noqa: F401
+    from .selection import Selection, device_info  # noqa: F401

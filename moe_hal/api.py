@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from . import plugins
-from . import select as _select
+from . import selection as _select
 from .backend import Backend, BackendSpec
 from .errors import BackendUnavailableError, NoBackendError
 from .problem import Operand, Problem
-from .select import Preference, Selection
+from .selection import Preference, Selection
 
 
 def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
@@ -44,7 +44,7 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
 def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
            out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
            backend: Preference = None) -> Selection:
-    """The :class:`~moe_hal.select.Selection` :func:`grouped_gemm` would use for these arguments.
+    """The :class:`~moe_hal.selection.Selection` :func:`grouped_gemm` would use for these arguments.
 
     ``sel.name`` is the backend, ``sel.explain()`` says why each other backend was not used.
     Raises like :func:`grouped_gemm` when the call is invalid or no backend can run it.

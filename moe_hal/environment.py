@@ -22,8 +22,10 @@ KNOWN_ENV_VARS = {
     "MOE_HAL_HWDB": "extra hardware-DB YAML files or directories (os.pathsep separated)",
     "MOE_HAL_PREPARED_MAX_BYTES": "byte budget of the prepared-weight cache",
     "MOE_HAL_CUDA_INTERPRET": "1: run the CUDA backends' Triton kernels in the interpreter on the CPU",
-    "MOE_HAL_ASCEND_EMULATE": "run the Ascend backends on the CPU emulator of torch_npu",
+    "MOE_HAL_ASCEND_EMULATE": "1 or a SoC name (e.g. Ascend950PR_9579): run the Ascend backends on the CPU "
+                              "emulator of torch_npu (only when named)",
     "MOE_HAL_ASCEND_SOC": "SoC the Ascend emulator pretends to be",
+    "MOE_HAL_ASCEND_WEIGHT_FORMAT": "nd (default) or nz: cast bf16/fp16 weights to FRACTAL_NZ once on Ascend",
 }
 #: Non-moe_hal variables that change how moe_hal behaves.
 RELATED_ENV_VARS = ("TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD", "CUDA_VISIBLE_DEVICES",
@@ -61,7 +63,7 @@ def devices() -> list[dict[str, Any]]:
     hardware-DB match. Never imports torch_npu: doing so can break a machine without CANN."""
     import torch
 
-    from .select import device_info
+    from .selection import device_info
 
     devs = [torch.device("cpu")]
     try:
@@ -94,7 +96,7 @@ def plugins() -> list[dict[str, Any]]:
 def backends() -> list[dict[str, Any]]:
     """Every registered backend with, per visible device, whether it can run there and why not."""
     from . import plugins as _plugins
-    from .select import device_info
+    from .selection import device_info
 
     import torch
 

@@ -52,7 +52,7 @@ class Problem:
         self.b_major = b_major
         alignment = getattr(layout, "alignment", None)
         self.signature = (op, self.in_dtype, self.out_dtype_name, self.scale_format, self.scale_blocks,
-                          num_groups, n, k, alignment, b_major, device)
+                          num_groups, n, k, alignment, b_major, device, c is not None)
 
     @property
     def quantized(self) -> bool:

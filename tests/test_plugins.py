@@ -30,13 +30,22 @@ def test_test_plugins_are_installed():
 
 
 def test_import_moe_hal_loads_no_plugin_and_no_vendor_stack():
-    code = ("import sys, moe_hal, moe_hal.plugins as p; "
+    code = ("import sys, moe_hal; print('torch' in sys.modules); "
+            "import moe_hal.plugins as p, moe_hal.api; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch_npu', 'triton', 'cuda', 'moe_hal_cuda', 'moe_hal_ascend', 'moe_hal_fake_vendor', "
             "'moe_hal_broken_vendor'))); print(p.host()._loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
-    assert out[0] == "[]"
-    assert out[1] == "False"
+    assert out[0] == "False", "import moe_hal alone must not even import torch (names load on first access)"
+    assert out[1] == "[]"
+    assert out[2] == "False"
+
+
+def test_public_names_resolve():
+    for name in moe_hal.__all__:
+        assert getattr(moe_hal, name) is not None
+    assert moe_hal.select is moe_hal.api.select  # the function, not the selection module
+    assert callable(moe_hal.device_info)
 
 
 def test_broken_plugins_are_isolated_and_recorded(fresh_plugins, gen):

@@ -47,6 +47,8 @@ class TorchBackend(Backend):
             return ["dequantizes fp8 operands to fp32 (torch has no grouped 1x128/128x128 fp8 kernel)"]
         if p.out_dtype != p.a.dtype:
             return [f"upcasts {p.in_dtype} operands to fp32 (grouped_mm's output dtype must match its input)"]
+        if _adds_c_in_fp32(p):
+            return [f"upcasts {p.in_dtype} operands to fp32 to add c before the one rounding to {p.out_dtype_name}"]
         return []
 
     def path_notes(self, p: Problem) -> list[str]:
@@ -69,7 +71,7 @@ class TorchBackend(Backend):
 
     # -- execution ------------------------------------------------------------------------------
     def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
-        if p.quantized or p.out_dtype is not p.a.dtype:
+        if p.quantized or p.out_dtype is not p.a.dtype or p.c is not None:
             for note in self.dtype_notes(p):
                 warn_once(("torch", note), f"moe_hal torch backend {note}", stacklevel=4)
         if p.k == 0 or p.n == 0 or p.m == 0 or p.num_groups == 0:
@@ -87,8 +89,8 @@ class TorchBackend(Backend):
 
             b = prepared_cache.get(self.name, p.b, "dequantized_fp32", lambda q: q.dequantize(torch.float32))
             return p.a.dequantize(torch.float32), b
-        if p.out_dtype != p.a.dtype:
-            return p.a.to(p.out_dtype), p.b.to(p.out_dtype)
+        if p.out_dtype != p.a.dtype or _adds_c_in_fp32(p):
+            return p.a.float(), p.b.float()
         return p.a, p.b
 
     def _degenerate(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
@@ -153,8 +155,13 @@ class TorchBackend(Backend):
             offs = lay.psum_on(p.device)
         result = F.grouped_mm(_stride_safe(a.t()), _stride_safe(b), offs=offs)
         if p.c is not None:
-            result = result.to(p.out_dtype).add_(p.c)
+            result = result.add_(p.c.to(result.dtype))
         return _deliver(result, out, p.out_dtype)
+
+
+def _adds_c_in_fp32(p: Problem) -> bool:
+    """A 16-bit K-grouped call with ``c``: adding ``c`` to a 16-bit product would round twice."""
+    return p.c is not None and p.out_dtype is not torch.float32 and not p.quantized
 
 
 def _masked_rows(p: Problem) -> torch.Tensor:

@@ -119,7 +119,7 @@ class Target:
     def _unavailable(cls, name: str, spec: Any, reasons: list[Any], device: str | None) -> "Target":
         import torch
 
-        from ..select import device_info
+        from ..selection import device_info
 
         dev = torch.device(device or "cpu")
         return cls(name, None, spec, dev, device_info(dev), "", False, reasons, False)
@@ -138,7 +138,7 @@ def _pick_device(inst: Any, device: str | None):
     import torch
 
     from ..backend import Reason
-    from ..select import device_info
+    from ..selection import device_info
 
     if device is not None:
         candidates = [device]

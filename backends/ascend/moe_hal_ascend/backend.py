@@ -343,7 +343,7 @@ def _converter(plan: Plan) -> Callable[[Any], torch.Tensor]:
 
 
 def _device_features(device: torch.device) -> frozenset[str]:
-    from moe_hal.select import device_info
+    from moe_hal.selection import device_info
 
     return device_info(device).features
 

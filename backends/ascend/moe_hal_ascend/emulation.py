@@ -94,6 +94,6 @@ def _forget_selections() -> None:
     # Selections are cached per problem signature; a different emulated SoC changes the answer.
     import sys
 
-    select = sys.modules.get("moe_hal.select")
+    select = sys.modules.get("moe_hal.selection")
     if select is not None:
         select.clear_cache()

@@ -21,7 +21,7 @@ from ascend_helpers import SOC_910B, SOC_950
 from moe_hal import hwdb
 from moe_hal.backend import DeviceInfo
 from moe_hal.plugins import BUILTIN_PLUGIN
-from moe_hal.select import device_info
+from moe_hal.selection import device_info
 from moe_hal_ascend import disable_emulation, runtime
 from moe_hal_ascend.backend import Ascend950Backend, AscendBackend
 from moe_hal_ascend.plugin import specs

@@ -124,7 +124,7 @@ class CudaBackend(Backend):
 
     def unsupported(self, problem: Problem) -> list[Reason]:
         if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
-            from moe_hal.select import device_info
+            from moe_hal.selection import device_info
 
             features = device_info(problem.device).features
             if "fp8" not in features:
@@ -174,7 +174,7 @@ class CudaBackend(Backend):
         if hit is not None:
             return hit
         from moe_hal import perf
-        from moe_hal.select import device_info
+        from moe_hal.selection import device_info
 
         if self.interpreter_mode() or device.type != "cuda":
             hit = (perf.resolve_hardware(self.MODEL_HW), f"{self.MODEL_HW}, modelled: the interpreter has no speed")

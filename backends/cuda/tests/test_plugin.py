@@ -222,7 +222,7 @@ def test_driverless_cuda_python_gives_a_reason(monkeypatch):
 def test_fp8_needs_the_fp8_feature(monkeypatch):
     monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")
     fake = DeviceInfo("cuda", 0, "some-hopper", frozenset({"wgmma", "tma"}), "faked")
-    select_module = importlib.import_module("moe_hal.select")  # moe_hal.select is also a function
+    select_module = importlib.import_module("moe_hal.selection")
     monkeypatch.setattr(select_module, "device_info", lambda dev: fake)
     be = moe_hal.get_backend("cuda_sm90")
     problem = types.SimpleNamespace(quantized=True, device=torch.device("cuda", 0))
