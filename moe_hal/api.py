@@ -11,6 +11,10 @@ from .errors import BackendUnavailableError, NoBackendError
 from .problem import Operand, Problem
 from .selection import Preference, Selection
 
+# Module-level bindings keep the per-call path to two plain calls.
+_build = Problem.build
+_select_backend = _select.select
+
 
 def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
                  out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
@@ -37,8 +41,8 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
     untouched), :class:`~moe_hal.errors.BackendUnavailableError` when a named backend cannot run
     the call, :class:`~moe_hal.errors.NoBackendError` when no backend can.
     """
-    problem = Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
-    return _select.select(problem, backend).backend.run(problem, out)
+    problem = _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
+    return _select_backend(problem, backend).backend.run(problem, out)
 
 
 def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,

@@ -32,7 +32,7 @@ class Problem:
     """
 
     __slots__ = ("op", "a", "b", "layout", "c", "out_dtype", "device", "num_groups", "m", "n", "k",
-                 "in_dtype", "out_dtype_name", "scale_format", "scale_blocks", "b_major", "signature")
+                 "in_dtype", "out_dtype_name", "quantized", "scale_format", "scale_blocks", "b_major", "signature")
 
     def __init__(self, op, a, b, layout, c, out_dtype, device, num_groups, m, n, k, b_major):
         self.op = op
@@ -46,17 +46,13 @@ class Problem:
         self.m, self.n, self.k = m, n, k
         self.in_dtype = _NAMES[a.dtype]
         self.out_dtype_name = _NAMES[out_dtype]
-        quantized = isinstance(a, QuantizedTensor)
+        quantized = self.quantized = isinstance(a, QuantizedTensor)
         self.scale_format = _combined_scale_format(a, b) if quantized else None
         self.scale_blocks = (a.block, b.block) if quantized else None
         self.b_major = b_major
         alignment = getattr(layout, "alignment", None)
         self.signature = (op, self.in_dtype, self.out_dtype_name, self.scale_format, self.scale_blocks,
                           num_groups, n, k, alignment, b_major, device, c is not None)
-
-    @property
-    def quantized(self) -> bool:
-        return self.scale_format is not None
 
     def out_shape(self) -> tuple[int, ...]:
         if self.op == "contiguous":
@@ -94,9 +90,11 @@ class Problem:
               out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> "Problem":
         """Validate a call and return its :class:`Problem`; raises a :mod:`moe_hal.errors`
         ``ArgumentError`` subclass naming the argument on any inconsistency."""
-        _check_operand(a, "a")
-        _check_operand(b, "b")
         a_q, b_q = isinstance(a, QuantizedTensor), isinstance(b, QuantizedTensor)
+        if not a_q:
+            _check_operand(a, "a")
+        if not b_q:
+            _check_operand(b, "b")
         if a_q != b_q:
             raise DTypeError("b", "a QuantizedTensor like a" if a_q else "a plain tensor like a",
                              "a QuantizedTensor" if b_q else f"a {b.dtype} tensor")
@@ -124,9 +122,12 @@ class Problem:
 
     @classmethod
     def _contiguous(cls, a, b, layout, c, out_dtype, device):
-        _no_c(c, "contiguous")
-        _rank(a, 2, "a", "[num_rows, K]")
-        _rank(b, 3, "b", "[G, N, K]")
+        if c is not None:
+            _no_c(c, "contiguous")
+        if a.dim() != 2:
+            _rank(a, 2, "a", "[num_rows, K]")
+        if b.dim() != 3:
+            _rank(b, 3, "b", "[G, N, K]")
         m, k = a.shape
         g, n, kb = b.shape
         if m != layout.num_rows:
@@ -186,7 +187,7 @@ class Problem:
 
 
 def _check_operand(x, name: str) -> None:
-    if not isinstance(x, (torch.Tensor, QuantizedTensor)):
+    if not isinstance(x, torch.Tensor):
         raise ArgumentError(name, "a torch.Tensor or a moe_hal.QuantizedTensor", type(x).__name__)
 
 
