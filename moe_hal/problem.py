@@ -66,6 +66,31 @@ class Problem:
             return torch.zeros(self.out_shape(), dtype=self.out_dtype, device=self.device)
         return torch.empty(self.out_shape(), dtype=self.out_dtype, device=self.device)
 
+    @property
+    def is_empty(self) -> bool:
+        """True when there is nothing to multiply: M, N, K (T) or G is 0."""
+        return not (self.m and self.n and self.k and self.num_groups)
+
+    def masked_rows(self) -> torch.Tensor:
+        """bool ``[G, max_m, 1]`` on the device: True on the rows ``r < masked_m[g]`` that a masked
+        call may write (no host sync)."""
+        rows = torch.arange(self.m, device=self.device)
+        return (rows[None, :] < self.layout.masked_m[:, None])[..., None]
+
+    def empty_product(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The result of a call with nothing to multiply (see :attr:`is_empty`), written into ``out``
+        when given: zeros, on the writable rows only for masked calls, or ``c`` for K-grouped ones."""
+        out = self.new_out() if out is None else out
+        if self.op == "masked":
+            if out.numel():
+                out.masked_fill_(self.masked_rows(), 0)
+        elif self.op == "k_grouped" and self.c is not None:
+            if out is not self.c:
+                out.copy_(self.c)
+        else:
+            out.zero_()
+        return out
+
     def summary(self) -> str:
         """One line describing the call, e.g. for ``explain()``."""
         dt = self.in_dtype

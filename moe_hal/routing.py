@@ -45,8 +45,28 @@ class _CombinePlan:
     offsets: torch.Tensor   # int64 [T]: first entry of token t in ``slots`` / ``rows``
 
 
+class _Routed:
+    """What :class:`Dispatch` and :class:`MaskedDispatch` share: the slot <-> row maps' sizes and
+    the combine plan, built on first use."""
+
+    row_of_slot: torch.Tensor
+    _kept: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.row_of_slot.shape[0]
+
+    @property
+    def top_k(self) -> int:
+        return self.row_of_slot.shape[1]
+
+    @functools.cached_property
+    def _plan(self) -> _CombinePlan:
+        return _combine_plan(self.row_of_slot.reshape(-1), self.num_tokens, self.top_k, self._kept)
+
+
 @dataclass(frozen=True, eq=False)
-class Dispatch:
+class Dispatch(_Routed):
     """Result of :func:`dispatch`.
 
     ``a``: ``[num_rows, H]`` packed activations, dtype of ``hidden`` (a :class:`QuantizedTensor`
@@ -65,17 +85,6 @@ class Dispatch:
     topk_weights: torch.Tensor | None
     _kept: int
 
-    @property
-    def num_tokens(self) -> int:
-        return self.row_of_slot.shape[0]
-
-    @property
-    def top_k(self) -> int:
-        return self.row_of_slot.shape[1]
-
-    @functools.cached_property
-    def _plan(self) -> _CombinePlan:
-        return _combine_plan(self.row_of_slot.reshape(-1), self.num_tokens, self.top_k, self._kept)
 
     @property
     def token_of_row(self) -> torch.Tensor:
@@ -89,7 +98,7 @@ class Dispatch:
 
 
 @dataclass(frozen=True, eq=False)
-class MaskedDispatch:
+class MaskedDispatch(_Routed):
     """Result of :func:`dispatch_masked`.
 
     ``a``: ``[G, max_m, H]``; rows ``m >= masked_m[g]`` of ``a[g]`` are zero (scale 1.0 when quantized).
@@ -107,17 +116,6 @@ class MaskedDispatch:
     topk_weights: torch.Tensor | None
     _kept: int
 
-    @property
-    def num_tokens(self) -> int:
-        return self.row_of_slot.shape[0]
-
-    @property
-    def top_k(self) -> int:
-        return self.row_of_slot.shape[1]
-
-    @functools.cached_property
-    def _plan(self) -> _CombinePlan:
-        return _combine_plan(self.row_of_slot.reshape(-1), self.num_tokens, self.top_k, self._kept)
 
     @property
     def token_of_row(self) -> torch.Tensor:

@@ -14,6 +14,11 @@ from ..hookspecs import hookimpl
 _ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
 _FLOATS = frozenset({"fp32", "bf16", "fp16"})
 _FP8_OUT = frozenset({"bf16", "fp32"})
+#: Both built-ins take every operation, float dtype and fp8 scale format.
+_EVERYTHING = (
+    Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS),
+    Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}),
+)
 
 REFERENCE = BackendSpec(
     name="reference",
@@ -22,10 +27,7 @@ REFERENCE = BackendSpec(
     tier="reference",
     priority=-1000,
     impl="moe_hal.builtin.reference:ReferenceBackend",
-    signatures=(
-        Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS),
-        Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}),
-    ),
+    signatures=_EVERYTHING,
     deterministic=True,
     description="float64 per-group products; the oracle (slow)",
 )
@@ -37,10 +39,7 @@ TORCH = BackendSpec(
     tier="fallback",
     priority=0,
     impl="moe_hal.builtin.torch_grouped_mm:TorchBackend",
-    signatures=(
-        Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS),
-        Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}),
-    ),
+    signatures=_EVERYTHING,
     deterministic=True,
     description="torch.nn.functional.grouped_mm with padding, stride and dtype fix-ups",
     # Its masked path multiplies all max_m rows (moe_hal.perf reads this hint).

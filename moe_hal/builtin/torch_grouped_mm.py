@@ -74,8 +74,8 @@ class TorchBackend(Backend):
         if p.quantized or p.out_dtype is not p.a.dtype or p.c is not None:
             for note in self.dtype_notes(p):
                 warn_once(("torch", note), f"moe_hal torch backend {note}", stacklevel=4)
-        if p.k == 0 or p.n == 0 or p.m == 0 or p.num_groups == 0:
-            return self._degenerate(p, out)
+        if p.is_empty:
+            return p.empty_product(out)
         a, b = self._operands(p)
         if p.op == "contiguous":
             return self._contiguous(p, a, b, out)
@@ -92,19 +92,6 @@ class TorchBackend(Backend):
         if p.out_dtype != p.a.dtype or _adds_c_in_fp32(p):
             return p.a.float(), p.b.float()
         return p.a, p.b
-
-    def _degenerate(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
-        """Calls with an empty dimension: products are zeros (or ``c``), nothing to multiply."""
-        out = p.new_out() if out is None else out
-        if p.op == "masked":
-            if out.numel():
-                out.masked_fill_(_masked_rows(p), 0)
-        elif p.op == "k_grouped" and p.c is not None:
-            if out is not p.c:
-                out.copy_(p.c)
-        else:
-            out.zero_()
-        return out
 
     def _contiguous(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
@@ -147,7 +134,7 @@ class TorchBackend(Backend):
     def _masked(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         out = p.new_out() if out is None else out
         full = F.grouped_mm(_stride_safe(a), _stride_safe(b.transpose(1, 2)))
-        out.copy_(torch.where(_masked_rows(p), full.to(out.dtype), out))
+        out.copy_(torch.where(p.masked_rows(), full.to(out.dtype), out))
         return out
 
     def _k_grouped(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
@@ -167,12 +154,6 @@ class TorchBackend(Backend):
 def _adds_c_in_fp32(p: Problem) -> bool:
     """A 16-bit K-grouped call with ``c``: adding ``c`` to a 16-bit product would round twice."""
     return p.c is not None and p.out_dtype is not torch.float32 and not p.quantized
-
-
-def _masked_rows(p: Problem) -> torch.Tensor:
-    """bool ``[G, max_m, 1]``: True on the rows ``r < masked_m[g]`` a masked call may write."""
-    rows = torch.arange(p.m, device=p.device)
-    return (rows[None, :] < p.layout.masked_m[:, None])[..., None]
 
 
 def _deliver(result: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

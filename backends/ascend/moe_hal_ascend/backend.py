@@ -204,8 +204,8 @@ class AscendBackend(Backend):
         plan = self.plan(p)
         for note in plan.notes:
             warn_once((self.name, note), f"moe_hal {self.name} backend {note}", stacklevel=4)
-        if p.m == 0 or p.n == 0 or p.k == 0 or p.num_groups == 0:
-            return _degenerate(p, out)
+        if p.is_empty:
+            return p.empty_product(out)
         ops = runtime.ops_for(p.device)
         if p.op == "contiguous":
             return self._contiguous(p, plan, ops, out)
@@ -216,7 +216,7 @@ class AscendBackend(Backend):
     def _contiguous(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
         if lay.num_valid_rows == 0:
-            return _degenerate(p, out)
+            return p.empty_product(out)
         x, per_token_scale = _activation(p.a, plan)
         y = self._gmm_m(p, plan, ops, x, per_token_scale, _aligned_ends(lay, p.device))
         if lay.has_gaps():
@@ -256,7 +256,7 @@ class AscendBackend(Backend):
     def _k_grouped(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
         if lay.num_valid_rows == 0:
-            return _degenerate(p, out)
+            return p.empty_product(out)
         a, _ = _activation(p.a, plan)
         b, _ = _activation(p.b, plan)
         a, b = a.contiguous(), b.contiguous()
@@ -353,21 +353,6 @@ def _deliver(y: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> t
     if out is None:
         return y.to(dtype)
     out.copy_(y)
-    return out
-
-
-def _degenerate(p: Problem, out: torch.Tensor | None) -> torch.Tensor:
-    """Calls with nothing to multiply: every product is zero (plus ``c`` for K-grouped calls)."""
-    out = p.new_out() if out is None else out
-    if p.op == "masked":
-        if out.numel():
-            rows = torch.arange(p.m, device=p.device)[None, :] < p.layout.masked_m[:, None]
-            out.masked_fill_(rows[..., None], 0)
-    elif p.op == "k_grouped" and p.c is not None:
-        if out is not p.c:
-            out.copy_(p.c)
-    else:
-        out.zero_()
     return out
 
 
