@@ -28,17 +28,20 @@ import moe_hal
 from moe_hal import perf
 
 
-def timed(fn, iters: int, repeats: int) -> float:
-    """Median over ``repeats`` of the mean seconds per call over ``iters`` calls (after warm-up)."""
-    for _ in range(max(3, iters // 10)):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(iters):
+def timed(fns: dict, iters: int, repeats: int) -> dict[str, float]:
+    """Median seconds per call of each function: every round times each function once (``iters``
+    calls), in turn, so that drifts of a shared machine hit all of them alike."""
+    for fn in fns.values():
+        for _ in range(max(3, iters // 10)):
             fn()
-        samples.append((time.perf_counter() - t0) / iters)
-    return statistics.median(samples)
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / iters)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, alignment: int, iters: int,
@@ -65,7 +68,8 @@ def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, align
     first = time.perf_counter()
     ours()
     first = time.perf_counter() - first
-    t_ours, t_direct, t_loop = (timed(f, iters, repeats) for f in (ours, direct, loop))
+    t = timed({"ours": ours, "direct": direct, "loop": loop}, iters, repeats)
+    t_ours, t_direct, t_loop = t["ours"], t["direct"], t["loop"]
     flops = 2.0 * sum(counts) * n * k
     return {
         "case": name, "groups": len(counts), "rows": lay.num_rows, "valid_rows": sum(counts), "n": n, "k": k,
@@ -80,7 +84,7 @@ def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, align
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dtype", default="bf16", help="operand dtype of the mid-size case (fp32, bf16, fp16)")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=15, help="timing rounds (median over them)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     dtype = moe_hal.dtypes.parse(args.dtype)

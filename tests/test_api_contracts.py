@@ -230,3 +230,25 @@ def test_default_backend_on_cpu_is_torch(gen):
     sel = moe_hal.select(randn(gen, 4, 8), randn(gen, 2, 3, 8), lay)
     assert sel.name == "torch"
     assert "selected: torch" in sel.explain()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b_order", ["k", "n"])
+def test_large_cpu_calls_loop_over_groups_and_keep_the_contract(dtype, b_order, gen):
+    """Above ~4M multiply-adds the torch backend multiplies group by group on the CPU."""
+    counts = [300, 0, 129, 2, 0]
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=128, num_rows=800)
+    k, n = 256, 64
+    assert sum(counts) * n * k >= 1 << 22
+    a = randn(gen, lay.num_rows, k, dtype=dtype)
+    valid = lay.m_indices() >= 0
+    a[~valid] = float("nan")
+    b = randn(gen, len(counts), n, k, dtype=dtype)
+    if b_order == "n":
+        b = b.transpose(1, 2).contiguous().transpose(1, 2)
+    out = torch.full((lay.num_rows, n), 5.0, dtype=dtype)
+    moe_hal.grouped_gemm(a, b, lay, out=out, backend="torch")
+    assert torch.equal(out[~valid], torch.zeros_like(out[~valid]))
+    starts, _ = expected_layout(counts, 128)
+    assert_matches(out[valid], oracle_contiguous(a, b, starts, counts, lay.num_rows)[valid], k)
+    assert "torch.mm per group" in moe_hal.select(a, b, lay).explain()

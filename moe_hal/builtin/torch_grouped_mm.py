@@ -27,6 +27,8 @@ from ..notices import warn_once
 from ..problem import Problem
 
 _CUDA_MAX_GROUPS = 1023
+#: Above this many multiply-adds a CPU call loops over groups itself (the Python loop is then noise).
+_CPU_LOOP_MIN_MACS = 1 << 22
 #: Elements per 16 bytes: grouped_mm's non-unit strides must be multiples of this.
 _QUANTUM = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}
 
@@ -63,8 +65,9 @@ class TorchBackend(Backend):
         return notes
 
     def describe_path(self, p: Problem) -> str:
-        base = {"contiguous": "F.grouped_mm 2D x 3D; rows of no group are zeroed (and skipped when they "
-                              "outnumber 1/8 of the rows of groups)",
+        base = {"contiguous": "F.grouped_mm 2D x 3D (on the CPU, above 4M multiply-adds, torch.mm per group "
+                              "into the output, which is what grouped_mm does there); rows of no group are "
+                              "zeroed (and skipped when they outnumber 1/8 of the rows of groups)",
                 "masked": "F.grouped_mm 3D x 3D",
                 "k_grouped": "F.grouped_mm 2D x 2D over group ends"}[p.op]
         return "; ".join([base, *self.path_notes(p)])
@@ -95,6 +98,8 @@ class TorchBackend(Backend):
 
     def _contiguous(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
+        if p.device.type == "cpu" and a.dtype == p.out_dtype and lay.num_valid_rows * p.n * p.k >= _CPU_LOOP_MIN_MACS:
+            return self._contiguous_cpu_loop(p, a, b, out)
         bt = b.transpose(1, 2)
         # Dense CPU operands with K a multiple of 16 bytes already meet the stride rules.
         dense = p.device.type == "cpu" and p.k % _QUANTUM[a.dtype] == 0 and a.is_contiguous() and b.is_contiguous()
@@ -106,7 +111,7 @@ class TorchBackend(Backend):
             rows = lay.valid_rows_on(p.device)
             packed = F.grouped_mm(_stride_safe(a.index_select(0, rows)), bt, offs=lay.packed_ends_on(p.device))
             out = p.new_out() if out is None else out
-            out.index_fill_(0, lay.gap_rows_on(p.device), 0)
+            out.zero_()  # cheaper than filling only the rows of no group, which are scattered
             out.index_copy_(0, rows, packed.to(out.dtype))
             return out
         if not dense:
@@ -118,6 +123,22 @@ class TorchBackend(Backend):
         if lay.has_gaps():
             result.index_fill_(0, lay.gap_rows_on(p.device), 0)
         return _deliver(result, out, p.out_dtype)
+
+    def _contiguous_cpu_loop(self, p: Problem, a: torch.Tensor, b: torch.Tensor,
+                             out: torch.Tensor | None) -> torch.Tensor:
+        """On the CPU grouped_mm is itself a loop of mm over the groups; calling mm per group into
+        the output directly skips the padding rows and grouped_mm's buffers."""
+        out = p.new_out() if out is None else out
+        done = 0
+        for g, start, end in p.layout.segments():
+            if start > done:
+                out[done:start].zero_()
+            if end > start:
+                torch.mm(a[start:end], b[g].T, out=out[start:end])
+            done = end
+        if done < p.m:
+            out[done:].zero_()
+        return out
 
     def _contiguous_chunked(self, p: Problem, a: torch.Tensor, bt: torch.Tensor) -> torch.Tensor:
         lay = p.layout
