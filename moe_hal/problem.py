@@ -29,9 +29,10 @@ class Problem:
     and ``scale_blocks`` are set for fp8 operands. ``b_major`` is ``"k"`` when ``b[G, N, K]`` has
     K contiguous, ``"n"`` for a transposed view of ``[G, K, N]``, ``"strided"`` otherwise, and
     ``None`` for K-grouped calls. ``signature`` is the hashable key selections are cached under.
+    ``device_type`` is ``device.type``, kept as a plain string for backends' per-call checks.
     """
 
-    __slots__ = ("op", "a", "b", "layout", "c", "out_dtype", "device", "num_groups", "m", "n", "k",
+    __slots__ = ("op", "a", "b", "layout", "c", "out_dtype", "device", "device_type", "num_groups", "m", "n", "k",
                  "in_dtype", "out_dtype_name", "quantized", "scale_format", "scale_blocks", "b_major", "signature")
 
     def __init__(self, op, a, b, layout, c, out_dtype, device, num_groups, m, n, k, b_major):
@@ -42,6 +43,7 @@ class Problem:
         self.c = c
         self.out_dtype = out_dtype
         self.device = device
+        self.device_type = device.type
         self.num_groups = num_groups
         self.m, self.n, self.k = m, n, k
         self.in_dtype = _NAMES[a.dtype]

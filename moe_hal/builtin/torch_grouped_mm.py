@@ -60,7 +60,7 @@ class TorchBackend(Backend):
             notes.append("multiplies all max_m rows, then writes rows < masked_m[g] with torch.where")
         if p.op == "k_grouped" and p.layout.has_gaps():
             notes.append("gathers the rows that belong to groups (the layout has gaps)")
-        if p.op == "contiguous" and p.device.type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS:
+        if p.op == "contiguous" and p.device_type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS:
             notes.append(f"splits the call into chunks of {_CUDA_MAX_GROUPS} groups (CUDA kernel limit)")
         return notes
 
@@ -98,14 +98,14 @@ class TorchBackend(Backend):
 
     def _contiguous(self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
-        if p.device.type == "cpu" and a.dtype == p.out_dtype and lay.num_valid_rows * p.n * p.k >= _CPU_LOOP_MIN_MACS:
+        if p.device_type == "cpu" and a.dtype == p.out_dtype and lay.num_valid_rows * p.n * p.k >= _CPU_LOOP_MIN_MACS:
             return self._contiguous_cpu_loop(p, a, b, out)
         bt = b.transpose(1, 2)
         # Dense CPU operands with K a multiple of 16 bytes already meet the stride rules.
-        dense = p.device.type == "cpu" and p.k % _QUANTUM[a.dtype] == 0 and a.is_contiguous() and b.is_contiguous()
+        dense = p.device_type == "cpu" and p.k % _QUANTUM[a.dtype] == 0 and a.is_contiguous() and b.is_contiguous()
         if not dense:
             bt = _stride_safe(bt)
-        chunked = p.device.type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS
+        chunked = p.device_type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS
         if lay.has_gaps() and not chunked and (lay.num_rows - lay.num_valid_rows) * 8 > lay.num_valid_rows:
             # Padding is a large share of the rows: multiply only the rows of groups, then scatter.
             rows = lay.valid_rows_on(p.device)
