@@ -21,7 +21,7 @@ SMALL = ["--tokens", "96", "--n", "48", "--k", "160", "--repeat", "1", "--confor
 ])
 def test_main_job_verifies_against_the_reference(extra, tmp_path, capsys):
     out = tmp_path / "run.json"
-    assert main(["run", *SMALL, *extra, "--json", str(out)]) == 0
+    assert main(["run", *SMALL, *extra, "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["verified"] and r["calc_diff"] <= r["calc_diff_max"]
     assert "selected:" in r["explain"]
@@ -33,7 +33,7 @@ def test_main_job_verifies_against_the_reference(extra, tmp_path, capsys):
 
 def test_main_job_defaults_use_the_seed_skew_and_print_a_conformance_verdict(tmp_path):
     out = tmp_path / "run.json"
-    assert main(["run", "--tokens", "128", "--n", "32", "--k", "64", "--repeat", "0", "--json", str(out)]) == 0
+    assert main(["run", "--tokens", "128", "--n", "32", "--k", "64", "--repeat", "0", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["experts"] == 32 and r["dist"] == "seed" and r["backend"] == "torch"
     assert r["counts"].count(0) >= 7  # the seed histogram has 7 empty experts
@@ -59,3 +59,9 @@ def test_info_text(capsys):
     assert main(["info"]) == 0
     text = capsys.readouterr().out
     assert "devices" in text and "backends" in text and "torch" in text
+
+
+def test_main_job_json_goes_to_stdout(capsys):
+    assert main(["run", *SMALL, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["verified"] and r["backend"] == "torch"

@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--conformance", default="smoke", metavar="TIER",
                    help="also run this conformance tier on the selected backend and print its verdict "
                         "(smoke, full; 'none' to skip; default smoke)")
-    p.add_argument("--json", metavar="FILE", help="also write the results as JSON ('-' for stdout)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
     p.set_defaults(func=run)
 
 
@@ -189,14 +190,14 @@ def run(args: argparse.Namespace) -> int:
                                  "summary": conformance.summary(report)}
         ok = ok and report["verdict"] in ("conformant", "conformant with waivers")
         result["verified"] = ok
-    _print(result)
+    text = json.dumps(result, indent=2)
     if args.json:
-        text = json.dumps(result, indent=2)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
+        print(text)
+    else:
+        _print(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
     return 0 if ok else 1
 
 
