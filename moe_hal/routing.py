@@ -85,7 +85,6 @@ class Dispatch(_Routed):
     topk_weights: torch.Tensor | None
     _kept: int
 
-
     @property
     def token_of_row(self) -> torch.Tensor:
         """int64 ``[num_rows]``: source token of each row, -1 on padding rows."""
@@ -115,7 +114,6 @@ class MaskedDispatch(_Routed):
     slot_of_row: torch.Tensor
     topk_weights: torch.Tensor | None
     _kept: int
-
 
     @property
     def token_of_row(self) -> torch.Tensor:
