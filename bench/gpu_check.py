@@ -52,6 +52,7 @@ import torch  # noqa: E402
 
 import moe_hal  # noqa: E402
 from moe_hal import perf  # noqa: E402
+from moe_hal.conformance.tolerances import calc_diff  # noqa: E402
 from moe_hal.quant import quantize_fp8  # noqa: E402
 
 SCHEMA = "moe_hal_cuda.gpu_check/1"
@@ -199,13 +200,6 @@ def time_calls(check: Check, calls: list[Callable[[], Any]]) -> dict[str, float]
             calls[i % n]()
             samples.append((time.perf_counter() - t0) * 1e3)
     return {"median_ms": statistics.median(samples), "min_ms": min(samples), "reps": check.reps, "copies": n}
-
-
-def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
-    """DeepGEMM's ``1 - 2 sum(xy) / sum(x^2 + y^2)`` in float64."""
-    x, y = x.double(), y.double()
-    denom = (x * x + y * y).sum()
-    return 0.0 if float(denom) == 0 else float(1 - 2 * (x * y).sum() / denom)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -79,13 +79,6 @@ def route(tokens: int, experts: int, topk: int, dist: str, seed: int):
     return topk_ids, topk_weights
 
 
-def calc_diff(x, y) -> float:
-    """DeepGEMM's similarity metric ``1 - 2<x,y> / (|x|^2 + |y|^2)`` in float64."""
-    x, y = x.double(), y.double()
-    denom = float((x * x + y * y).sum())
-    return 0.0 if denom == 0 else 1.0 - 2.0 * float((x * y).sum()) / denom
-
-
 def build(args):
     """The problem: operands, layout and the routing that produced them."""
     import torch
@@ -125,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     import moe_hal
     from moe_hal import routing
+    from moe_hal.conformance.tolerances import calc_diff
 
     t0 = time.perf_counter()
     prob = build(args)

@@ -141,13 +141,6 @@ class Case:
                                       group_list_type=0, split_item=3)[0]
 
 
-def calc_diff(x, y) -> float:
-    """DeepGEMM's similarity metric: 1 - 2<x,y> / (|x|^2 + |y|^2), in float64."""
-    x, y = x.double(), y.double()
-    denom = (x * x + y * y).sum()
-    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -164,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import moe_hal
     from moe_hal import environment
+    from moe_hal.conformance.tolerances import calc_diff
     from moe_hal_ascend import runtime
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
