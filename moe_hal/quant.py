@@ -97,16 +97,6 @@ class QuantizedTensor:
         return (self.data.to(work) * self.expanded_scale().to(work)).to(dtype)
 
 
-def is_quantized(x: object) -> bool:
-    """True for a :class:`QuantizedTensor`."""
-    return isinstance(x, QuantizedTensor)
-
-
-def operand_dtype_name(x: torch.Tensor | QuantizedTensor) -> str:
-    """Canonical dtype name of an operand (``fp8_e4m3`` for quantized ones)."""
-    return dtypes.name_of(x.dtype)
-
-
 # -- quantization ------------------------------------------------------------------------------
 
 #: Floor applied to a block's amax before dividing by 448 (DeepGEMM's value): an all-zero block gets
@@ -381,5 +371,5 @@ def unpack_ue8m0x2(packed: torch.Tensor, sk: int) -> torch.Tensor:
 
 
 __all__ = ["AMAX_FLOOR", "QuantizedTensor", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize", "from_tma_aligned",
-           "is_quantized", "operand_dtype_name", "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
+           "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
            "tma_aligned_size", "unpack_ue8m0", "unpack_ue8m0x2"]

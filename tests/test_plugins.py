@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 import moe_hal
 from moe_hal import errors, hookspecs, plugins
