@@ -10,7 +10,7 @@ project studied (torch inductor's ``triton_mm_grouped`` template prunes BLOCK_M 
 per group; vLLM's ``fused_moe`` defaults use BLOCK_K = 128 for block-fp8 and 4 warps / 3-4 stages;
 reference/torch_and_cuda_peers.md §1.8, §2.3) and the shared-memory budget of one SM (227 KiB on
 SM90/SM100: stages x (BM + BN) x BK x bytes per element must fit). They have **not** been tuned
-on hardware: ``bench/gpu_check.py`` times every entry on the device and reports the best fixed
+on hardware: ``backends/cuda/scripts/gpu_check.py`` times every entry on the device and reports the best fixed
 tile against the advisor's choice.
 
 ``BLOCK_K`` of an fp8 entry divides 128, the scale block along K, so that one K step never
@@ -110,7 +110,7 @@ class PathPreference:
 
 def path_table() -> dict[tuple[str, str, str], PathPreference]:
     """The packaged ``path_table.json``: cases where a peer library was measured faster than our
-    Triton kernels. ``bench/gpu_check.py`` writes the entries for its device; until a GPU run is
+    Triton kernels. ``backends/cuda/scripts/gpu_check.py`` writes the entries for its device; until a GPU run is
     committed the table is empty and every case runs Triton."""
     text = resources.files("moe_hal_cuda").joinpath("path_table.json").read_text(encoding="utf-8")
     data = json.loads(text)

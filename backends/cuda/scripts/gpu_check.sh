@@ -3,22 +3,22 @@
 #
 #   1. make the local packages importable without network (editable install, else a copied site dir);
 #   2. bench/calibrate.py        -> $OUT/measured_overlay.yaml   (hardware calibration, <= 75 s)
-#   3. bench/gpu_check.py        -> $OUT/gpu_check.json          (correctness, timings, targets, <= 250 s)
+#   3. backends/cuda/scripts/gpu_check.py        -> $OUT/gpu_check.json          (correctness, timings, targets, <= 250 s)
 #      with the calibration overlay loaded (MOE_HAL_HWDB), so the model uses this card's ceilings;
 #   4. bench/model_validation.py -> $OUT/model_validation.json   (perf-model validation, DeepSeek-V3 cases, <= 110 s)
 #   plus $OUT/gpu_check.log with everything printed.
 #
 # It installs nothing from the network. Python packages the image lacks (jsonschema and its
 # dependencies, on the nvidia-h200 image) are taken from wheels in .whl/ when that folder is
-# carried with the call (see docs/cuda-backend.md). Call it from the repository root:
+# carried with the call (see backends/cuda/docs/cuda-backend.md). Call it from the repository root:
 #
-#   run(command="bash bench/gpu_check.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash backends/cuda/scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
 #
 # Without $OUT (outside the device tool) results go to bench/results/gpu_check_local/.
 # GPU_CHECK_SMOKE=1 runs the same flow on a machine without a GPU: gpu_check.py --cpu-smoke (Triton
 # interpreter, tiny shapes), calibration of the CPU into $OUT only, a quick model validation.
 set -u -o pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."  # the repository root: the check also runs the core's bench/ tools
 OUT=${OUT:-bench/results/gpu_check_local}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -90,7 +90,7 @@ fi
 log "gpu_check.py (budget 220 s, hard limit 250 s; the JSON is rewritten after every case)"
 CHECK_ARGS=()
 [ "$SMOKE" = 1 ] && CHECK_ARGS=(--cpu-smoke)
-timeout 250 $PY bench/gpu_check.py --out "$OUT/gpu_check.json" --budget 220 "${CHECK_ARGS[@]}" 2>&1 | tee -a "$LOG"
+timeout 250 $PY backends/cuda/scripts/gpu_check.py --out "$OUT/gpu_check.json" --budget 220 "${CHECK_ARGS[@]}" 2>&1 | tee -a "$LOG"
 log "gpu_check.py ended with status ${PIPESTATUS[0]}"
 
 # -- 4. perf-model validation (owned by the perf work; optional) -----------------------------------

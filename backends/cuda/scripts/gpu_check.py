@@ -1,7 +1,7 @@
 """One-call GPU check of the cuda_sm90 / cuda_sm100 backends: correctness, timings, targets.
 
-    python bench/gpu_check.py --out $OUT/gpu_check.json          # on a GPU (bench/gpu_check.sh runs it)
-    python bench/gpu_check.py --cpu-smoke --out /tmp/smoke.json   # tiny shapes, Triton interpreter, no GPU
+    python backends/cuda/scripts/gpu_check.py --out $OUT/gpu_check.json          # on a GPU (backends/cuda/scripts/gpu_check.sh runs it)
+    python backends/cuda/scripts/gpu_check.py --cpu-smoke --out /tmp/smoke.json   # tiny shapes, Triton interpreter, no GPU
 
 Sections, each recorded in the JSON report (and skipped, with the reason, when the time budget
 ``--budget`` runs out):
@@ -659,7 +659,7 @@ def path_table_suggestion(check: Check) -> None:
     if ratios and statistics.median(ratios) < 1.0:
         entries.append({"arch": "sm90", "op": "contiguous", "dtype": "bf16", "path": "torch",
                         "speedup": round(1 / statistics.median(ratios), 3)})
-    check.report["path_table_suggestion"] = {"source": "bench/gpu_check.py on " + check.report["device"].get("name", "?"),
+    check.report["path_table_suggestion"] = {"source": "backends/cuda/scripts/gpu_check.py on " + check.report["device"].get("name", "?"),
                                              "entries": entries}
 
 
