@@ -18,30 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 
 import moe_hal
-from moe_hal import perf
-
-
-def timed(fns: dict, iters: int, repeats: int) -> dict[str, float]:
-    """Median seconds per call of each function: every round times each function once (``iters``
-    calls), in turn, so that drifts of a shared machine hit all of them alike."""
-    for fn in fns.values():
-        for _ in range(max(3, iters // 10)):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            samples[name].append((time.perf_counter() - t0) / iters)
-    return {name: statistics.median(v) for name, v in samples.items()}
+from moe_hal import timing, workloads
 
 
 def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, alignment: int, iters: int,
@@ -68,7 +51,7 @@ def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, align
     first = time.perf_counter()
     ours()
     first = time.perf_counter() - first
-    t = timed({"ours": ours, "direct": direct, "loop": loop}, iters, repeats)
+    t = timing.host_seconds_per_call({"ours": ours, "direct": direct, "loop": loop}, iters=iters, repeats=repeats)
     t_ours, t_direct, t_loop = t["ours"], t["direct"], t["loop"]
     flops = 2.0 * sum(counts) * n * k
     return {
@@ -94,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         case("tiny", [2, 5, 3, 9, 4, 6, 2, 7], n=16, k=16, dtype=torch.float32, alignment=1, iters=2000,
              repeats=args.repeats),
         # The seed's 32-expert skew scaled to 4096 rows, DeepSeek-V3-like shapes scaled to the CPU.
-        case("mid", perf.scale_counts(perf.SEED_COUNTS, 4096), n=512, k=1024, dtype=dtype, alignment=128,
+        case("mid", workloads.scale_counts(workloads.SEED_COUNTS, 4096), n=512, k=1024, dtype=dtype, alignment=128,
              iters=5, repeats=args.repeats),
     ]
     from rich.console import Console

@@ -36,46 +36,13 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 import torch
 
-from moe_hal import dtypes
+from moe_hal import dtypes, timing, workloads
 from moe_hal.quant import pack_ue8m0, quantize_fp8
 from moe_hal.routing import combine, dispatch
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def interleaved_seconds(fns: dict[str, Callable[[], object]], device: torch.device, warmup: int,
-                        repeat: int) -> dict[str, list[float]]:
-    """Wall time of each call, ``repeat`` rounds that run every function once in turn, so that all
-    of them see the same machine load (a shared or busy host drifts between rounds)."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    synchronize(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def make_routing(tokens: int, experts: int, topk: int, device: torch.device, seed: int):
-    """Uniformly random distinct top-k experts per token and softmax-like weights."""
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.rand(tokens, experts, generator=gen).topk(topk, dim=1).indices
-    weights = torch.rand(tokens, topk, generator=gen)
-    weights = weights / weights.sum(1, keepdim=True)
-    return ids.to(device), weights.to(device)
 
 
 def baseline_dispatch(hidden: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,7 +71,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     tokens, hidden_size, k = args.tokens, args.hidden, args.topk
     hidden = torch.randn(tokens, hidden_size, device=device).to(dtype)
-    ids, weights = make_routing(tokens, args.experts, k, device, args.seed)
+    ids, weights = (t.to(device) for t in workloads.route_tokens(tokens, args.experts, k, "uniform", args.seed))
 
     d = dispatch(hidden, ids, args.experts, alignment=args.alignment, topk_weights=weights)
     valid, rows = d.layout.num_valid_rows, d.layout.num_rows
@@ -136,7 +103,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quantize_fp8 128x128 (weights)": (lambda: quantize_fp8(weight, block=(128, 128)),
                                            weight.numel() * (esize + 1), None),
     }
-    times = interleaved_seconds({name: fn for name, (fn, _, _) in cases.items()}, device, args.warmup, args.repeat)
+    times = timing.interleaved_wall_seconds({name: fn for name, (fn, _, _) in cases.items()}, device,
+                                            warmup=args.warmup, repeat=args.repeat)
     times["dispatch + combine"] = [a + b for a, b in zip(times["dispatch"], times["combine"])]
     times["peer dispatch + combine"] = [a + b for a, b in zip(times["dispatch peer (sort + index_select)"],
                                                               times["combine peer (index_add_)"])]

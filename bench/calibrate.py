@@ -33,14 +33,13 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 import yaml
 
-from moe_hal import hwdb
+from moe_hal import hwdb, timing
 
 MEASURED_DIR = Path(__file__).resolve().parent.parent / "hwdb" / "measured"
 MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -55,25 +54,9 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "npu":
-        torch.npu.synchronize(device)
-
-
 def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
     """Median wall time of one call of ``fn``, each call timed alone after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timing.wall_seconds(fn, device, warmup=warmup, repeat=repeat))
 
 
 def matmul_call(dtype: str, n: int, device: torch.device) -> Callable[[], object]:

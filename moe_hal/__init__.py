@@ -10,7 +10,8 @@ torch.Size([12, 32])
 The public names below load on first access (PEP 562), so ``import moe_hal`` itself imports
 neither torch nor any plugin, and never a vendor stack (torch_npu, triton, cuda-python); plugins
 are discovered on the first call that needs them. Submodules: ``layouts``, ``quant``,
-``routing``, ``hwdb``, ``perf``, ``prepared``, ``conformance``, ``errors``, ``plugins``.
+``routing``, ``hwdb``, ``perf``, ``workloads``, ``timing``, ``prepared``, ``conformance``, ``errors``,
+``plugins``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ _EXPORTS = {
     "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
 }
 _SUBMODULES = frozenset({
-    "api", "backend", "builtin", "conformance", "dtypes", "environment", "errors", "hookspecs", "hwdb",
-    "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection",
+    "api", "backend", "builtin", "checks", "conformance", "dtypes", "environment", "errors", "hookspecs", "hwdb",
+    "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection", "timing",
+    "workloads",
 })
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])

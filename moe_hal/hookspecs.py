@@ -16,11 +16,14 @@ tier and name.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
 
 from .backend import BackendSpec
+
+if TYPE_CHECKING:
+    from .hwdb import Match
 
 PROJECT = "moe_hal"
 #: Entry-point group under which backend distributions register their plugin module.
@@ -49,3 +52,18 @@ def moe_hal_hardware_db(register: Callable[[str | os.PathLike], None]) -> None:
 def moe_hal_conformance_manifest(backend_name: str) -> str | os.PathLike | None:
     """Return the path of this plugin's expected-failure manifest for ``backend_name`` (a YAML
     file whose every entry has a reason), or None when the plugin has none for that backend."""
+
+
+@hookspec
+def moe_hal_probe_device(device_type: str, index: int | None) -> Match | None:
+    """Recognise the device ``device_type:index`` (``index`` None: the current device) and return
+    a :class:`moe_hal.hwdb.Match`, or None when this plugin does not handle ``device_type``.
+
+    Called by :func:`moe_hal.hwdb.match` (selection, ``moe-hal hw match``) for every device type
+    but ``cpu``, one plugin at a time until one answers; unlike the other hooks it may import the
+    vendor stack (torch.cuda, torch_npu) since it runs only when such a device is asked about. It
+    must not raise for a device it cannot read: return a ``Match`` with ``entry=None`` whose
+    ``reason`` says why. Recognition rules live in the hardware DB: the built-in ``cuda`` and
+    ``npu`` rules are applied by :func:`moe_hal.hwdb.match_cuda` / :func:`~moe_hal.hwdb.match_npu`;
+    a plugin adding a device type reads its own ``recognition.<device_type>`` block from
+    :func:`moe_hal.hwdb.all` and reports through :func:`moe_hal.hwdb.decide`."""

@@ -38,7 +38,8 @@ BUILTIN_PLUGIN = "moe_hal"
 @dataclass(frozen=True)
 class PluginFailure:
     """Why a plugin (or one of its hooks) failed. ``phase``: ``load``, ``validate``,
-    ``register_backends``, ``hardware_db``, ``conflict`` or ``not_installed``."""
+    ``register_backends``, ``hardware_db``, ``conformance_manifest``, ``probe_device``, ``conflict``
+    or ``not_installed``."""
 
     plugin: str
     phase: str
@@ -93,8 +94,8 @@ class PluginHost:
 
     # -- discovery ---------------------------------------------------------------------------
     def ensure_loaded(self) -> "PluginHost":
-        """Discover plugins once. Re-entrant: the hardware DB asks for plugins while discovery
-        registers their overlays, and then sees the ones registered so far."""
+        """Discover plugins once. Re-entrant: a plugin's hook that calls back into the host while
+        discovery runs (e.g. ``hwdb.match`` from a probe) sees what is registered so far."""
         if self._loaded:
             return self
         with self._lock:
@@ -242,6 +243,22 @@ class PluginHost:
                     self.hw_overlays.append((path, impl.plugin_name))
             except Exception as exc:  # noqa: BLE001
                 self._fail(record, "hardware_db", exc)
+
+    def probe_device(self, device_type: str, index: int | None) -> Any:
+        """The first :class:`moe_hal.hwdb.Match` a plugin's ``moe_hal_probe_device`` returns for
+        this device, or None when no plugin handles ``device_type``. A probe that raises fails
+        only its plugin (phase ``probe_device``) and the next plugin is asked."""
+        self.ensure_loaded()
+        for impl in self.pm.hook.moe_hal_probe_device.get_hookimpls():
+            _trace(f"calling moe_hal_probe_device of {impl.plugin_name}")
+            try:
+                found = impl.function(device_type=device_type, index=index)
+            except Exception as exc:  # noqa: BLE001 - one plugin's probe must not hide the others
+                self._fail(self.plugins[impl.plugin_name], "probe_device", exc)
+                continue
+            if found is not None:
+                return found
+        return None
 
     def conformance_manifests(self, backend_name: str) -> list[tuple[str, str]]:
         """``(path, plugin)`` expected-failure manifests plugins ship for ``backend_name``."""

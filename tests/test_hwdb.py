@@ -1,4 +1,4 @@
-"""Tests of the hardware database (moe_hal/hwdb.py, hwdb/*.yaml, hwdb/schema.json).
+"""Tests of the hardware database (moe_hal/hwdb/, hwdb/*.yaml, hwdb/schema.json).
 
 Expected figures are computed here by hand from the cited sources (e.g. NVIDIA's sparse figure / 2),
 never read back from the code under test.
@@ -12,13 +12,13 @@ import os
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+import moe_hal
 from moe_hal import hwdb, plugins
 from moe_hal.errors import ArgumentError, HardwareDBError
 
@@ -344,64 +344,6 @@ def test_match_other_device_types_never_raise():
         assert m.entry is None and m.seen == "cuda:0" and m.reason
 
 
-def test_match_reads_torch_cuda_properties(monkeypatch):
-    calls = []
-
-    def fake_properties(index):
-        calls.append(index)
-        return types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132)
-
-    monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert hwdb.match(torch.device("cuda", 1)).id == "nvidia-h200-sxm"
-    assert hwdb.match("cuda").id == "nvidia-h200-sxm"
-    assert calls == [1, 3]
-
-
-def test_match_falls_back_to_cuda_python(monkeypatch):
-    # A torch build without CUDA on a machine with a driver: the driver API answers instead.
-    def no_cuda(index):
-        raise AssertionError("Torch not compiled with CUDA enabled")
-
-    ok = "CUDA_SUCCESS"
-    attrs = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
-                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
-                                  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms")
-    values = {"major": 10, "minor": 0, "sms": 148}
-    driver = types.SimpleNamespace(
-        CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok), CUdevice_attribute=attrs,
-        cuInit=lambda flags: (ok,), cuDeviceGet=lambda i: (ok, f"dev{i}"),
-        cuDeviceGetName=lambda size, dev: (ok, b"NVIDIA B200" + bytes(size - 11)),
-        cuDeviceGetAttribute=lambda attr, dev: (ok, values[attr]))
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.driver = driver
-    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
-    monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda)
-    m = hwdb.match("cuda:0")
-    assert m.id == "nvidia-b200" and m.seen == "NVIDIA B200 (cc 10.0, 148 SMs)"
-
-    driver.cuInit = lambda flags: ("CUDA_ERROR_NO_DEVICE",)
-    m = hwdb.match("cuda:0")
-    assert m.entry is None and "Torch not compiled with CUDA" in m.reason  # torch's reason is kept
-
-
-def test_match_reads_torch_npu_lazily(monkeypatch):
-    fake_npu = types.SimpleNamespace(get_device_name=lambda i: "Ascend910_9382", current_device=lambda: 0)
-    fake_torch_npu = types.ModuleType("torch_npu")
-    fake_torch_npu.npu = types.SimpleNamespace(get_soc_version=lambda: 253)
-    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu)
-    monkeypatch.setattr(torch, "npu", fake_npu, raising=False)
-    m = hwdb.match("npu:0")  # torch.device("npu") needs the real torch_npu
-    assert m.id == "huawei-ascend-910c" and m.seen == "Ascend910_9382 (soc_version 253)"
-
-
-def test_match_npu_without_torch_npu_is_a_clear_result(monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu raises ImportError
-    m = hwdb.match("npu:0")
-    assert m.entry is None and m.seen == "npu:0" and "torch_npu" in m.reason
-
-
 def test_ambiguous_match_names_both_entries(tmp_path, monkeypatch):
     clone = minimal_entry("acme-h200-clone", cuda={"name_pattern": r"\bH200\b", "compute_capability": "9.0"})
     load_with(monkeypatch, write(tmp_path, "clone.yaml", clone))
@@ -640,9 +582,57 @@ def test_missing_overlay_path(tmp_path, monkeypatch):
 
 
 def test_import_reads_nothing():
-    code = ("import moe_hal.hwdb as h, sys; "
-            "assert h._cache['db'] is None and h._schema_validator is None; "
-            "assert 'torch_npu' not in sys.modules and 'cuda' not in sys.modules; print('ok')")
+    code = ("import moe_hal.hwdb as h, moe_hal.hwdb.loading as loading, sys; "
+            "assert loading._cache['db'] is None and loading._schema_validator is None; "
+            "assert 'torch_npu' not in sys.modules and 'cuda' not in sys.modules; "
+            "assert 'moe_hal.plugins' not in sys.modules; print('ok')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_look_ups_and_estimates_never_load_plugins():
+    # The database is pure data: reading it (and the performance model reading it) must neither
+    # discover plugins nor print their warnings, even with broken plugins installed.
+    code = ("import sys, moe_hal.hwdb as h, moe_hal.perf as perf; "
+            "h.all(); h.get('nvidia-h200-sxm'); h.match_cpu('Intel Xeon', 8); "
+            "perf.estimate([64, 0, 128], n=256, k=512, hw='nvidia-h200-sxm'); "
+            "assert 'moe_hal.plugins' not in sys.modules and 'pluggy' not in sys.modules, 'plugins loaded'; "
+            "print('ok')")
+    env = {k: v for k, v in os.environ.items() if k not in ("MOE_HAL_PLUGINS", "MOE_HAL_HWDB")}
+    result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
+                            timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok" and result.stderr == ""
+
+
+def test_a_plugin_alone_adds_a_device_type(tmp_path, monkeypatch):
+    # A vendor with a new device type ships its entry (a recognition block of its own kind) and
+    # a probe; the core knows nothing of it.
+    entry = minimal_entry("acme-tpu-1", acme_tpu={"part_number": "ATPU-1"})
+    entry["compute"]["unit_kind"] = "core"
+    overlay = write(tmp_path, "acme.yaml", entry)
+
+    class AcmePlugin:
+        @staticmethod
+        @moe_hal.hookimpl
+        def moe_hal_hardware_db(register):
+            register(overlay)
+
+        @staticmethod
+        @moe_hal.hookimpl
+        def moe_hal_probe_device(device_type, index):
+            if device_type != "acme_tpu":
+                return None
+            seen = "ATPU-1"  # what the vendor's runtime would report for device `index`
+            candidates = [e for e in hwdb.all()
+                          if e.raw["recognition"].get("acme_tpu", {}).get("part_number") == seen]
+            return hwdb.decide(candidates, seen, [], "ACME TPU")
+
+    host = plugins.host().ensure_loaded()
+    host.pm.register(AcmePlugin, name="acme")
+    host.plugins["acme"] = plugins.PluginRecord("acme", "test")
+    host._register_hw_overlays()
+    m = hwdb.match("acme_tpu:0")
+    assert m.id == "acme-tpu-1" and m.seen == "ATPU-1"
+    assert hwdb.match("other_tpu:0").entry is None

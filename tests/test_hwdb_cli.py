@@ -96,7 +96,7 @@ def test_match_json_named_devices(capsys):
     cpu, mps = json.loads(out)
     assert cpu["id"] == "cpu-generic"
     assert mps == {"device": "mps", "id": None, "seen": "mps",
-                   "reason": "the hardware DB has no entries for device type 'mps'"}
+                   "reason": "the hardware DB has no entries for device type 'mps': no installed plugin probes it"}
 
 
 def test_match_table(capsys):

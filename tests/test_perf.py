@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_hal import perf
+from moe_hal.perf.model import _round_robin_makespan
 from moe_hal.errors import ArgumentError, DTypeError
 
 SEED = [4, 1026, 1799, 166, 694, 753, 0, 16, 0, 240, 1119, 19, 6, 0, 46, 659, 10, 0, 112, 808, 181, 0, 28, 22,
@@ -253,7 +254,7 @@ def test_round_robin_against_brute_force_many_runs():
         runs = [(rng.randint(0, 30), rng.random()) for _ in range(rng.randint(1, 6))]
         costs = [c for count, c in runs for _ in range(count)]
         expected = brute_force_round_robin(costs, cores) if costs else 0.0
-        assert perf._round_robin_makespan(runs, cores) == pytest.approx(expected)
+        assert _round_robin_makespan(runs, cores) == pytest.approx(expected)
 
 
 def test_advise_ranks_the_seed_tiles():

@@ -185,6 +185,9 @@ def test_plugin_hardware_db_overlay_reaches_the_database(fresh_plugins):
     entry = hwdb.get("example-fake-accelerator")
     assert "fake_feature" in entry.features
     assert hwdb.match_cuda("Example Fake Accelerator", 99, 0).id == "example-fake-accelerator"
+    # a device type of the plugin's own, probed by its moe_hal_probe_device hook
+    assert hwdb.match("fake_accel:1").id == "example-fake-accelerator"
+    assert hwdb.match("fake_accel:1").seen == "Fake Accelerator #1"
 
 
 def test_malformed_plugin_overlay_fails_only_that_plugin(fresh_plugins, monkeypatch, tmp_path):

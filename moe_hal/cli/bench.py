@@ -7,9 +7,10 @@ directly, and a per-expert ``torch.mm`` loop. With ``--model`` it adds the plain
 model's prediction (:mod:`moe_hal.perf`) for the backend's best tile, the error of each against
 the measured time, and the median and worst absolute error. It reports; it never asserts.
 
-Timing: on CUDA, events around each call after an L2 flush (a 512 MiB memset that also lets the
-host queue the call before the GPU reaches it), median over the repetitions after warm-up; on
-other devices ``time.perf_counter`` around call + synchronize, median.
+Timing (:class:`moe_hal.timing.Timer`): on an accelerator, device events around each call after an
+L2 flush (a 512 MiB memset that also lets the host queue the call before the device reaches it),
+median over the repetitions after warm-up; on the CPU ``time.perf_counter`` around call +
+synchronize, median.
 
 Calibration measurements keep the fastest repetition (what the device can do); case timings the
 median. Hardware figures: the device's hardware-DB entry, measured values first (``perf.Hardware.
@@ -30,10 +31,11 @@ import argparse
 import datetime
 import json
 import statistics
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from ..timing import Timer
 
 # Expert GEMM shapes of the sweep (weights [G, N, K]):
 # DeepSeek-V3: hidden 7168, moe_intermediate 2048, 256 routed experts, top-8
@@ -102,21 +104,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # ---------------------------------------------------------------------------------------------
 def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
     """The cases of the quick (CPU-sized) or full (GPU-sized) sweep."""
-    from .. import perf
+    from .. import workloads
 
     def counts(dist: str, tokens: int, experts: int, topk: int = 8) -> list[int]:
-        return perf.synthetic_counts(dist, tokens, experts, topk, seed)
+        return workloads.synthetic_counts(dist, tokens, experts, topk, seed)
 
     cases: list[Case] = []
     if not full:
         for dist in ("uniform", "zipf:1.2"):
             cases.append(Case(f"small-{dist}", "synthetic", "contiguous", dtype, 256, 512,
                               counts(dist, 128, 8, 2), dist=dist))
-        cases.append(Case("small-seed", "issue #211 histogram", "contiguous", dtype, 128, 256, list(perf.SEED_COUNTS),
+        cases.append(Case("small-seed", "issue #211 histogram", "contiguous", dtype, 128, 256, list(workloads.SEED_COUNTS),
                           dist="seed"))
         for m in (4, 16):
             cases.append(Case(f"small-decode-m{m}", "synthetic", "masked", dtype, 256, 512,
-                              _masked_counts(m, 8, 32, seed), max_m=32, dist=f"uniform mean {m}"))
+                              workloads.masked_decode_counts(m, 8, 32, seed), max_m=32, dist=f"uniform mean {m}"))
         cases.append(Case("small-wgrad", "synthetic", "k_grouped", dtype, 256, None, counts("zipf:1.2", 256, 8, 2),
                           m=128, dist="zipf:1.2"))
         if fp8:
@@ -127,7 +129,7 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
     def add(shape: str, dist: str, tokens: int, topk: int = 8, dt: str = dtype) -> None:
         source, n, k, experts = SHAPES[shape]
         if dist == "seed":
-            c = perf.synthetic_counts("seed", tokens, 32, topk) if tokens else list(perf.SEED_COUNTS)
+            c = workloads.synthetic_counts("seed", tokens, 32, topk) if tokens else list(workloads.SEED_COUNTS)
         else:
             c = counts(dist, tokens, experts, topk)
         suffix = "" if dt == dtype else f"-{dt}"
@@ -149,7 +151,7 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
         source, n, k, experts = SHAPES[shape]
         suffix = "" if dt == dtype else f"-{dt}"
         cases.append(Case(f"{shape}-decode-m{m}{suffix}", source + " decode", "masked", dt, n, k,
-                          _masked_counts(m, experts, max_m, seed), max_m=max_m, dist=f"uniform mean {m}"))
+                          workloads.masked_decode_counts(m, experts, max_m, seed), max_m=max_m, dist=f"uniform mean {m}"))
 
     for m in (4, 16, 64):
         decode("dsv3-gateup", m, 128)
@@ -170,15 +172,6 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
         decode("dsv3-gateup", 16, 128, dt="fp8")
         decode("dsv3-down", 32, 128, dt="fp8")
     return cases
-
-
-def _masked_counts(mean: int, groups: int, max_m: int, seed: int) -> list[int]:
-    """Valid rows per group for a decode step: tokens routed uniformly, ``mean`` per group on
-    average, capped at ``max_m``."""
-    from .. import perf
-
-    topk = min(8, groups)
-    return [min(c, max_m) for c in perf.synthetic_counts("uniform", mean * groups // topk, groups, topk, seed)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,72 +257,6 @@ def prepare(case: Case, device: Any, backend: str | None, peers: bool, seed: int
             return loop_out
     prep.calls["torch.mm loop"] = loop
     return prep
-
-
-# ---------------------------------------------------------------------------------------------
-# timing
-# ---------------------------------------------------------------------------------------------
-FLUSH_BYTES = 512 << 20
-
-
-class Timer:
-    """Median time of a call on one device (CUDA events with an L2 flush, else perf_counter)."""
-
-    def __init__(self, device: Any, warmup: int, reps: int):
-        import torch
-
-        self.device = device
-        self.warmup = max(0, warmup)
-        self.reps = max(1, reps)
-        self.cuda = device.type == "cuda"
-        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device=device) if self.cuda else None
-        module = getattr(torch, device.type, None)
-        self._sync = getattr(module, "synchronize", None) if device.type != "cpu" else None
-
-    @property
-    def method(self) -> str:
-        if self.cuda:
-            return (f"CUDA events around each call after a {FLUSH_BYTES >> 20} MiB L2 flush; median of "
-                    f"{self.reps} after {self.warmup} warm-up calls")
-        return f"time.perf_counter around call + synchronize; median of up to {self.reps} after {self.warmup} warm-up"
-
-    def sync(self) -> None:
-        if self._sync is not None:
-            self._sync()
-
-    def __call__(self, fn: Callable[[], Any], budget_s: float = 2.0) -> dict[str, float]:
-        """``{"median": s, "min": s, "host": s, "reps": n}``; ``host`` is the median time the
-        host spent issuing one call (on CUDA, a call is host-bound when it nears ``median``)."""
-        import torch
-
-        for _ in range(max(1, self.warmup)):  # the first call may compile kernels: never timed
-            fn()
-        self.sync()
-        t0 = time.perf_counter()
-        fn()
-        self.sync()
-        one = time.perf_counter() - t0
-        reps = self.reps if one * self.reps <= budget_s else min(self.reps, max(3, int(budget_s / max(one, 1e-9))))
-        times, host = [], []
-        if self.cuda:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-            for start, end in events:
-                self.flush.zero_()
-                start.record()
-                h0 = time.perf_counter()
-                fn()
-                host.append(time.perf_counter() - h0)
-                end.record()
-            torch.cuda.synchronize()
-            times = [start.elapsed_time(end) / 1e3 for start, end in events]
-        else:
-            for _ in range(reps):
-                h0 = time.perf_counter()
-                fn()
-                host.append(time.perf_counter() - h0)
-                self.sync()
-                times.append(time.perf_counter() - h0)
-        return {"median": statistics.median(times), "min": min(times), "host": statistics.median(host), "reps": reps}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,35 +48,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def route(tokens: int, experts: int, topk: int, dist: str, seed: int):
-    """Router output: ``topk_ids`` int64 ``[T, topk]`` (distinct experts per token) and
-    ``topk_weights`` fp32 ``[T, topk]`` (each row sums to 1), with expert popularity following
-    ``dist``. Gumbel top-k samples ``topk`` distinct experts per token without replacement."""
-    import torch
-
-    from .. import perf
+    """Router output (:func:`moe_hal.workloads.route_tokens`), errors naming the CLI options."""
+    from .. import workloads
     from ..errors import ArgumentError
 
-    g = torch.Generator().manual_seed(seed)
-    if dist == "seed":
-        if experts != len(perf.SEED_COUNTS):
-            raise ArgumentError("--experts", f"{len(perf.SEED_COUNTS)} for --dist seed", experts)
-        log_w = torch.tensor(perf.SEED_COUNTS, dtype=torch.float64).log()
-    elif dist == "uniform":
-        log_w = torch.zeros(experts, dtype=torch.float64)
-    elif dist.startswith("zipf:"):
-        try:
-            alpha = float(dist.split(":", 1)[1])
-        except ValueError:
-            raise ArgumentError("--dist", "zipf:A with a number A, e.g. zipf:1.2", dist) from None
-        log_w = -alpha * (torch.randperm(experts, generator=g) + 1).double().log()
-    else:
-        raise ArgumentError("--dist", "seed, uniform or zipf:A", dist)
-    if topk > int(torch.isfinite(log_w).sum()):
-        raise ArgumentError("--topk", f"at most the {int(torch.isfinite(log_w).sum())} experts that can be chosen", topk)
-    gumbel = -torch.empty(tokens, experts, dtype=torch.float64).exponential_(generator=g).log()
-    topk_ids = (log_w + gumbel).topk(topk, dim=1).indices
-    topk_weights = torch.rand(tokens, topk, generator=g).softmax(dim=1)
-    return topk_ids, topk_weights
+    try:
+        return workloads.route_tokens(tokens, experts, topk, dist, seed)
+    except ArgumentError as exc:
+        raise ArgumentError(f"--{exc.argument}", exc.expected, exc.actual, exc.detail) from None
 
 
 def build(args):

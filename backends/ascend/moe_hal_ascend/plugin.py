@@ -87,3 +87,12 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
 def moe_hal_register_backends(register) -> None:
     for spec in specs():
         register(spec)
+
+
+@hookimpl
+def moe_hal_probe_device(device_type, index):
+    if device_type != "npu":
+        return None
+    from .probe import probe  # reads the device through torch only when one is asked about
+
+    return probe(index)

@@ -27,7 +27,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from typing import Any, Callable
 
 #: (name, op, G, N, K, tokens, alignment): DeepSeek-V3-sized expert GEMMs on 32 local experts
@@ -48,40 +47,18 @@ DRY_RUN_CASES = [
 ]
 
 
-def skewed_counts(tokens: int, groups: int, generator) -> list[int]:
-    """Expert loads from a Zipf-like router (a few hot experts, some nearly empty), summing to ``tokens``."""
-    import torch
-
-    weights = 1.0 / torch.arange(1, groups + 1, dtype=torch.float64) ** 1.2
-    weights = weights[torch.randperm(groups, generator=generator)]
-    counts = torch.multinomial(weights, tokens, replacement=True, generator=generator).bincount(minlength=groups)
-    return counts.tolist()
-
-
-def timed(fn: Callable[[], Any], sync: Callable[[], None], repeats: int, warmup: int) -> float:
-    """Median wall time of ``fn`` in milliseconds, the device synchronised around each call."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 class Case:
     """Operands of one benchmark case on ``device``, with the loop peer and the bare op."""
 
-    def __init__(self, spec, device, dtype, generator):
+    def __init__(self, spec, device, dtype, generator, seed):
         import torch
 
         import moe_hal
+        from moe_hal import workloads
 
         self.name, self.op, groups, n, k, tokens, alignment = spec
-        self.counts = counts = skewed_counts(tokens, groups, generator)
+        # A Zipf-like router: a few hot experts, some nearly empty.
+        self.counts = counts = workloads.synthetic_counts("zipf:1.2", tokens, groups, 1, seed=seed)
         self.info = {"case": self.name, "op": self.op, "G": groups, "N": n, "K": k, "tokens": tokens,
                      "alignment": alignment, "counts": counts}
         randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731
@@ -156,24 +133,29 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import moe_hal
-    from moe_hal import environment
+    from moe_hal import environment, timing
     from moe_hal.conformance.tolerances import calc_diff
     from moe_hal_ascend import runtime
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.dry_run:
-        device, specs, sync = torch.device("cpu"), DRY_RUN_CASES, (lambda: None)
+        device, specs = torch.device("cpu"), DRY_RUN_CASES
         args.repeats, args.warmup = 2, 1
         backend = args.backend or "ascend"          # on the CPU the Ascend backends run only when named
     else:
         runtime.torch_npu()                          # raises with the reason when torch_npu is unusable
-        device, specs, sync = torch.device("npu:0"), CASES, torch.npu.synchronize
+        device, specs = torch.device("npu:0"), CASES
         backend = args.backend
     ops = runtime.ops_for(device)
     generator = torch.Generator().manual_seed(20261202)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        """Median wall milliseconds of ``fn``, the device synchronised after each call."""
+        return statistics.median(timing.wall_seconds(fn, device, warmup=args.warmup, repeat=args.repeats)) * 1e3
+
     results = []
-    for spec in specs:
-        case = Case(spec, device, dtype, generator)
+    for index, spec in enumerate(specs):
+        case = Case(spec, device, dtype, generator, seed=index)
         entry: dict[str, Any] = dict(case.info)
         try:
             sel = moe_hal.select(case.a, case.b, case.layout, backend=backend)
@@ -184,10 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             entry["max_abs_diff_vs_loop"] = (y.double() - peer.double()).abs().max().item()
             entry["ok"] = entry["calc_diff_vs_loop"] < 1e-5
             if entry["ok"]:
-                ms = {"moe_hal": timed(run, sync, args.repeats, args.warmup),
-                      "loop": timed(case.loop, sync, args.repeats, args.warmup)}
+                ms = {"moe_hal": timed(run), "loop": timed(case.loop)}
                 if case.gmm_op(ops) is not None:
-                    ms["gmm_op"] = timed(lambda: case.gmm_op(ops), sync, args.repeats, args.warmup)
+                    ms["gmm_op"] = timed(lambda: case.gmm_op(ops))
                 entry["ms"] = ms
                 entry["ratio_loop_over_moe_hal"] = ms["loop"] / ms["moe_hal"]
                 if "gmm_op" in ms:

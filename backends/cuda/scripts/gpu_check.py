@@ -51,7 +51,7 @@ from typing import Any, Callable  # noqa: E402
 import torch  # noqa: E402
 
 import moe_hal  # noqa: E402
-from moe_hal import perf  # noqa: E402
+from moe_hal import perf, timing, workloads  # noqa: E402
 from moe_hal.conformance.tolerances import calc_diff  # noqa: E402
 from moe_hal.quant import quantize_fp8  # noqa: E402
 
@@ -179,27 +179,10 @@ def copies_for(check: Check, bytes_per_set: float) -> int:
 
 
 def time_calls(check: Check, calls: list[Callable[[], Any]]) -> dict[str, float]:
-    """Median and min milliseconds of ``calls`` run round-robin (one call per rotating input set)."""
-    n = len(calls)
-    for i in range(check.warmup):
-        calls[i % n]()
-    check.sync()
-    samples = []
-    if check.cuda:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(check.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(check.reps)]
-        for i in range(check.reps):
-            starts[i].record()
-            calls[i % n]()
-            ends[i].record()
-        torch.cuda.synchronize(check.device)
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-    else:
-        for i in range(check.reps):
-            t0 = time.perf_counter()
-            calls[i % n]()
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "reps": check.reps, "copies": n}
+    """Median and min milliseconds of ``calls`` run round-robin (one call per rotating input set),
+    timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush: the input sets rotate)."""
+    t = timing.time_calls(calls, check.device, warmup=check.warmup, reps=check.reps)
+    return {"median_ms": t.median * 1e3, "min_ms": t.min * 1e3, "reps": t.reps, "copies": t.copies}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,7 +221,7 @@ def correctness(check: Check) -> None:
     big_n, big_k = (24, 200) if s else (4096, 7168)
     rows = 96 if s else 4096
     experts = 5 if s else 16
-    counts = perf.synthetic_counts("zipf:1.2", rows, experts, seed=1)
+    counts = workloads.synthetic_counts("zipf:1.2", rows, experts, seed=1)
     counts[1] = 0                                   # an empty group, whatever the draw
     contiguous_cases = [("dsv3", counts, 8 if s else 128, big_n, big_k),
                         ("edges", [0, 37, 0, 5], 1, 24, 40)]
@@ -441,9 +424,9 @@ def _selection(check: Check) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 def contiguous_cases(check: Check) -> list[tuple[str, list[int]]]:
     if check.smoke:
-        return [("seed-64", perf.synthetic_counts("seed", 64, 32))]
-    cases = [(f"seed-{t // 1024}k", perf.synthetic_counts("seed", t, 32)) for t in (8192, 32768, 65536)]
-    cases += [(f"zipf{a}-32k", perf.synthetic_counts(f"zipf:{a}", 32768, 32, seed=7)) for a in ("1.0", "1.5")]
+        return [("seed-64", workloads.synthetic_counts("seed", 64, 32))]
+    cases = [(f"seed-{t // 1024}k", workloads.synthetic_counts("seed", t, 32)) for t in (8192, 32768, 65536)]
+    cases += [(f"zipf{a}-32k", workloads.synthetic_counts(f"zipf:{a}", 32768, 32, seed=7)) for a in ("1.0", "1.5")]
     return cases
 
 

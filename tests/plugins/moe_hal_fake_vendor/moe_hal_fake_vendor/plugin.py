@@ -35,3 +35,15 @@ def moe_hal_conformance_manifest(backend_name):
     if backend_name == "fake_vendor":
         return Path(__file__).with_name("expected_failures.yaml")
     return None
+
+
+@moe_hal.hookimpl
+def moe_hal_probe_device(device_type, index):
+    # A device type of this test vendor's own: recognised by the rule its overlay entry carries.
+    if device_type != "fake_accel":
+        return None
+    from moe_hal import hwdb
+
+    seen = f"Fake Accelerator #{0 if index is None else index}"
+    candidates = [e for e in hwdb.all() if "fake_accel" in e.raw["recognition"]]
+    return hwdb.decide(candidates, seen, [], "fake accelerator")

@@ -1,0 +1,301 @@
+"""Loading and validating the hardware database: YAML files, the schema, overlays and the cache.
+
+One YAML file per accelerator lives in the top-level ``hwdb/`` directory (installed as the data
+package ``moe_hal.data.hwdb``) and is validated against ``hwdb/schema.json`` with ``jsonschema``.
+An *overlay* file (``overlay_of: <id>``) adds measured values to an existing entry;
+``hwdb/measured/`` holds the ones ``bench/calibrate.py`` wrote. Extra files and directories come
+from ``MOE_HAL_HWDB`` (``os.pathsep``-separated) and from plugins through :func:`add_overlay`,
+which the plugin host calls when it discovers them. This module never discovers plugins itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import importlib.resources
+import json
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ArgumentError, HardwareDBError
+from .entry import HardwareEntry
+
+#: Environment variable naming extra YAML files or directories, separated by ``os.pathsep``.
+ENV_VAR = "MOE_HAL_HWDB"
+
+
+@dataclass(frozen=True)
+class _Document:
+    """A parsed, schema-valid YAML file."""
+
+    data: dict[str, Any]
+    path: str
+
+
+_schema_validator = None
+
+
+def _validator():
+    """The compiled schema validator (built on first use: jsonschema is slow to import)."""
+    global _schema_validator
+    if _schema_validator is None:
+        import jsonschema
+
+        text = importlib.resources.files("moe_hal.data.hwdb").joinpath("schema.json").read_text("utf-8")
+        schema = json.loads(text)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        _schema_validator = jsonschema.Draft202012Validator(schema)
+    return _schema_validator
+
+
+def _dates_to_text(node: Any) -> Any:
+    """YAML turns unquoted ``2026-10-28`` into a date; the schema wants the ISO text."""
+    if isinstance(node, dict):
+        return {k: _dates_to_text(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_dates_to_text(v) for v in node]
+    if isinstance(node, (datetime.date, datetime.datetime)):
+        return node.isoformat()
+    return node
+
+
+def _error_location(error) -> tuple[str, str]:
+    """(dotted field path, message) for a jsonschema error, naming the offending key itself for
+    missing-key and unknown-key errors."""
+    parts = [str(p) for p in error.absolute_path]
+    message = error.message
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        if missing:
+            parts.append(missing[0])
+            message = f"required field {missing[0]!r} is missing"
+    elif error.validator in ("additionalProperties", "unevaluatedProperties"):
+        unexpected = re.findall(r"'([^']+)'", message.split("(", 1)[-1])
+        if unexpected:
+            parts.append(unexpected[0])
+            message = f"unknown key {unexpected[0]!r}"
+    return ".".join(parts), message
+
+
+def _pick_error(errors: list) -> Any:
+    # A failing subschema drops its annotations, so a missing or invalid field also produces
+    # spurious "unevaluated properties" errors beside the real one: report the real one first,
+    # and the deepest (most specific) among those.
+    return min(errors, key=lambda e: (e.validator == "unevaluatedProperties", -len(e.absolute_path)))
+
+
+# Parsed files by (path, text): YAML parsing dominates load time, and a reload after changing
+# MOE_HAL_HWDB should not re-parse the files that did not change.
+_parsed: dict[tuple[str, str], _Document] = {}
+
+
+def _parse(text: str, path: str) -> _Document:
+    key = (path, text)
+    if key not in _parsed:
+        _parsed[key] = _parse_uncached(text, path)
+    return _parsed[key]
+
+
+def _parse_uncached(text: str, path: str) -> _Document:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise HardwareDBError(path, "", f"malformed YAML{where}: {problem}") from None
+    if not isinstance(data, dict):
+        raise HardwareDBError(path, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    data = _dates_to_text(data)
+    errors = list(_validator().iter_errors(data))
+    if errors:
+        field, message = _error_location(_pick_error(errors))
+        raise HardwareDBError(path, field, message)
+    _check_patterns(data, path)
+    return _Document(data, path)
+
+
+def _check_patterns(data: dict[str, Any], path: str) -> None:
+    """Checks the schema cannot express: regexes compile, SM-count matching has a count."""
+    recognition = data.get("recognition", {})
+    for kind, key in (("cuda", "name_pattern"), ("cuda", "name_exclude"),
+                      ("npu", "soc_name_pattern"), ("cpu", "model_pattern")):
+        pattern = recognition.get(kind, {}).get(key)
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise HardwareDBError(path, f"recognition.{kind}.{key}", f"invalid regular expression: {exc}") from None
+    if recognition.get("cuda", {}).get("require_sm_count") and data["compute"]["units"]["value"] is None:
+        raise HardwareDBError(path, "recognition.cuda.require_sm_count",
+                              "needs a known compute.units value to compare with")
+
+
+def _yaml_files_in(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.iterdir() if p.is_file() and p.suffix in (".yaml", ".yml"))
+
+
+def _read_builtin() -> list[_Document]:
+    root = importlib.resources.files("moe_hal.data.hwdb")
+    docs = []
+    for folder in (root, root.joinpath("measured")):
+        if not folder.is_dir():
+            continue
+        for item in sorted(folder.iterdir(), key=lambda t: t.name):
+            if item.is_file() and item.name.endswith((".yaml", ".yml")):
+                docs.append(_parse(item.read_text("utf-8"), str(item)))
+    return docs
+
+
+def _read_overlay(location: Path, origin: str) -> list[_Document]:
+    label = f"{location} [{origin}]"
+    if location.is_dir():
+        files = _yaml_files_in(location)
+    elif location.is_file():
+        files = [location]
+    else:
+        raise HardwareDBError(label, "", "no such file or directory")
+    docs = []
+    for file in files:
+        try:
+            text = file.read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HardwareDBError(f"{file} [{origin}]", "", f"cannot read: {exc}") from None
+        docs.append(_parse(text, f"{file} [{origin}]"))
+    return docs
+
+
+class _Database:
+    """All entries by id, with overlays applied; built once per configuration."""
+
+    def __init__(self, docs: list[_Document]):
+        entries: dict[str, _Document] = {}
+        names: dict[str, tuple[str, str]] = {}  # id or alias -> (entry id, file)
+        for doc in docs:
+            if "overlay_of" in doc.data:
+                continue
+            entry_id = doc.data["id"]
+            if entry_id in entries:
+                raise HardwareDBError(doc.path, "id", f"duplicate id {entry_id!r}: already defined in {entries[entry_id].path}")
+            entries[entry_id] = doc
+            for i, name in enumerate([entry_id, *doc.data.get("aliases", ())]):
+                if name in names and names[name][0] != entry_id:
+                    owner, owner_file = names[name]
+                    field = "id" if i == 0 else f"aliases.{i - 1}"
+                    raise HardwareDBError(doc.path, field, f"name {name!r} is already used by {owner!r} in {owner_file}")
+                names[name] = (entry_id, doc.path)
+
+        measured: dict[str, dict[str, Any]] = {k: copy.deepcopy(d.data.get("measured", {})) for k, d in entries.items()}
+        measured_paths: dict[str, list[str]] = {k: [] for k in entries}
+        for doc in docs:
+            target = doc.data.get("overlay_of")
+            if target is None:
+                continue
+            if target not in entries:
+                raise HardwareDBError(doc.path, "overlay_of", f"no entry with id {target!r}; known ids: {', '.join(sorted(entries))}")
+            merged = measured[target]
+            for key, value in doc.data["measured"].items():
+                if key == "matmul":
+                    merged.setdefault("matmul", {}).update(copy.deepcopy(value))
+                else:
+                    merged[key] = copy.deepcopy(value)
+            measured_paths[target].append(doc.path)
+
+        self.by_id: dict[str, HardwareEntry] = {}
+        for entry_id, doc in entries.items():
+            raw = copy.deepcopy(doc.data)
+            if measured[entry_id]:
+                raw["measured"] = measured[entry_id]
+            self.by_id[entry_id] = HardwareEntry(raw, doc.path, tuple(measured_paths[entry_id]))
+        self.by_name = {name: self.by_id[entry_id] for name, (entry_id, _) in names.items()}
+
+
+_lock = threading.RLock()
+_plugin_overlays: list[tuple[Path, str]] = []
+_cache: dict[str, Any] = {"key": None, "db": None}
+
+
+def _env_overlays() -> list[tuple[Path, str]]:
+    value = os.environ.get(ENV_VAR, "")
+    return [(Path(p).expanduser(), ENV_VAR) for p in value.split(os.pathsep) if p.strip()]
+
+
+def _build(overlays: list[tuple[Path, str]]) -> _Database:
+    docs = _read_builtin()
+    for location, origin in overlays:
+        docs.extend(_read_overlay(location, origin))
+    return _Database(docs)
+
+
+def _db() -> _Database:
+    # Pure data: the built-in files, the overlays registered so far (the plugin host registers the
+    # plugins' ones when it discovers them) and MOE_HAL_HWDB. Nothing here discovers plugins.
+    with _lock:
+        # Plugins first, then the user's MOE_HAL_HWDB, so the user's measured values win.
+        overlays = [*_plugin_overlays, *_env_overlays()]
+        key = tuple(overlays)
+        if _cache["db"] is None or _cache["key"] != key:
+            _cache["db"] = _build(overlays)
+            _cache["key"] = key
+        return _cache["db"]
+
+
+def reload(*, forget_overlays: bool = False) -> None:
+    """Drop the cached database so the next call re-reads every file (a file whose text did not
+    change is not parsed again). With ``forget_overlays``, also forget the overlays registered
+    through :func:`add_overlay` (for tests)."""
+    with _lock:
+        _cache["db"] = None
+        _cache["key"] = None
+        if forget_overlays:
+            _plugin_overlays.clear()
+
+
+def validate(path: str | os.PathLike) -> None:
+    """Check one YAML file (or every ``*.yaml`` of a directory) against the schema and against
+    the database it would join: the same checks as loading it through ``MOE_HAL_HWDB``, without
+    registering it. Raises :class:`~moe_hal.errors.HardwareDBError` naming the file and field."""
+    _build([*_plugin_overlays, *_env_overlays(), (Path(path).expanduser(), "validate")])
+
+
+def add_overlay(path: str | os.PathLike, origin: str) -> None:
+    """Add a YAML file or a directory of them (from a plugin named ``origin``) to the database.
+
+    The whole database is rebuilt and validated at once, so a malformed file or a duplicate id
+    raises :class:`~moe_hal.errors.HardwareDBError` here (naming the file, the field and
+    ``origin``) and the overlay is not kept.
+    """
+    entry = (Path(path).expanduser(), f"plugin {origin}")
+    with _lock:
+        _plugin_overlays.append(entry)
+        try:
+            _db()
+        except Exception:
+            _plugin_overlays.remove(entry)
+            _cache["db"] = None
+            raise
+
+
+def all() -> list[HardwareEntry]:  # noqa: A001 - public name hwdb.all() mirrors dict-like access
+    """Every entry, overlays included, sorted by id. Entries that plugins contribute are included
+    once the plugins have been discovered (see :func:`moe_hal.hwdb.match`)."""
+    db = _db()
+    return [db.by_id[k] for k in sorted(db.by_id)]
+
+
+def get(id_or_alias: str) -> HardwareEntry:
+    """The entry with this id or alias (case-insensitive).
+
+    Raises :class:`~moe_hal.errors.ArgumentError` naming the known ids when there is none.
+    """
+    db = _db()
+    found = db.by_name.get(str(id_or_alias).strip().lower())
+    if found is None:
+        raise ArgumentError("hw", f"a hardware-DB id or alias, one of: {', '.join(sorted(db.by_id))}", repr(id_or_alias))
+    return found

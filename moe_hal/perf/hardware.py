@@ -1,0 +1,139 @@
+"""The device the performance model runs on: :class:`Hardware` (the few numbers it needs) and
+its construction from a hardware-DB entry or id."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from ..checks import is_number, is_positive_number
+from ..errors import ArgumentError, DTypeError
+from .operands import BYTES_PER_ELEMENT, dtype_name, operand_bytes
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The few numbers the model needs from a device.
+
+    ``num_cores``: SMs (NVIDIA) or AI cores (Ascend): tiles that run at once. ``peak_flops``:
+    dense FLOP/s per model dtype. ``mem_bandwidth``: bytes/s. ``mma_min_m``: smallest M an MMA
+    instruction computes (a tile with BM below it costs ``mma_min_m`` rows; None = no floor).
+    ``bw_per_core``: bytes/s one core can stream (caps bandwidth when fewer tiles than cores
+    run; None = no cap). ``t_fixed``: seconds of launch + prologue added to every prediction.
+    ``l2_bandwidth``: aggregate bytes/s from L2 into the cores. When set, a tile takes at least
+    the time to load its ``(BM * e_a + BN * e_b) * K`` operand bytes at ``l2_bandwidth / S``, which
+    is what makes short tiles slower in compute-bound calls (None = not modelled).
+    ``sources``: where each number came from (free text per key, for reports).
+    """
+
+    name: str
+    num_cores: int
+    peak_flops: Mapping[str, float]
+    mem_bandwidth: float
+    mma_min_m: int | None = None
+    l2_bytes: int | None = None
+    bw_per_core: float | None = None
+    l2_bandwidth: float | None = None
+    t_fixed: float = 0.0
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
+            raise ArgumentError("Hardware.num_cores", "a positive int", self.num_cores)
+        peaks: dict[str, float] = {}
+        for key, value in dict(self.peak_flops).items():
+            if not is_positive_number(value):
+                raise ArgumentError(f"Hardware.peak_flops[{key!r}]", "a positive FLOP/s value", value)
+            peaks[dtype_name(key)] = float(value)
+        if not peaks:
+            raise ArgumentError("Hardware.peak_flops", "at least one dtype with a peak", self.peak_flops)
+        object.__setattr__(self, "peak_flops", MappingProxyType(peaks))
+        object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
+        if not is_positive_number(self.mem_bandwidth):
+            raise ArgumentError("Hardware.mem_bandwidth", "a positive bytes/s value", self.mem_bandwidth)
+        if self.mma_min_m is not None and (isinstance(self.mma_min_m, bool)
+                                           or not isinstance(self.mma_min_m, int) or self.mma_min_m < 1):
+            raise ArgumentError("Hardware.mma_min_m", "None or a positive int", self.mma_min_m)
+        if self.bw_per_core is not None and not is_positive_number(self.bw_per_core):
+            raise ArgumentError("Hardware.bw_per_core", "None or a positive bytes/s value", self.bw_per_core)
+        if self.l2_bandwidth is not None and not is_positive_number(self.l2_bandwidth):
+            raise ArgumentError("Hardware.l2_bandwidth", "None or a positive bytes/s value", self.l2_bandwidth)
+        if not is_number(self.t_fixed) or self.t_fixed < 0:
+            raise ArgumentError("Hardware.t_fixed", "a non-negative number of seconds", self.t_fixed)
+
+    def peak(self, dtype: str) -> float:
+        """Dense FLOP/s for ``dtype``; :class:`~moe_hal.errors.DTypeError` when the device has none."""
+        name = dtype_name(dtype)
+        if name not in self.peak_flops:
+            raise DTypeError("dtype", f"a dtype with a known peak on {self.name}: {sorted(self.peak_flops)}", dtype)
+        return self.peak_flops[name]
+
+    def replace(self, **changes: Any) -> "Hardware":
+        """A copy with some fields changed (e.g. calibrated ``peak_flops`` or ``t_fixed``)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_entry(cls, entry: Any, measured: bool = True) -> "Hardware":
+        """Adapter from a :mod:`moe_hal.hwdb` entry.
+
+        With ``measured`` (default) the entry's measured matmul rates and read bandwidth are
+        used where present, spec figures otherwise. Without a measured read bandwidth, a
+        measured copy bandwidth (``measured.copy_bandwidth``, read + write bytes counted) is
+        preferred over the datasheet: sustained streaming reaches it, not the datasheet figure.
+        An entry without a core count (``cpu-generic``) gets this machine's ``os.cpu_count()``.
+        ``sources`` records which figure each number came from.
+        """
+        sources: dict[str, str] = {}
+        peaks: dict[str, float] = {}
+        for name in BYTES_PER_ELEMENT:
+            value = entry.peak_flops(name, measured=measured)
+            if value:
+                peaks[name] = float(value)
+                spec = entry.peak_flops(name, measured=False)
+                sources[f"peak.{name}"] = "spec" if value == spec else "measured"
+        if not peaks:
+            raise ArgumentError("hw", "a hardware-DB entry with a dense peak for some dtype", entry.id,
+                                "the entry gives none; measure them (bench/calibrate.py) or pass a perf.Hardware")
+        bandwidth = entry.mem_bandwidth(measured=measured)
+        spec_bw = entry.mem_bandwidth(measured=False)
+        sources["bandwidth"] = "spec" if bandwidth == spec_bw else "measured read"
+        if measured and bandwidth == spec_bw:
+            copy = entry.quantity("measured.copy_bandwidth")
+            if copy is not None:
+                bandwidth, sources["bandwidth"] = copy.si, "measured copy (read+write)"
+        if not bandwidth:
+            raise ArgumentError("hw", "a hardware-DB entry with a memory bandwidth", entry.id,
+                                "the entry gives none; measure it (bench/calibrate.py) or pass a perf.Hardware")
+        cores = entry.num_cores
+        if not cores:
+            cores = os.cpu_count() or 1
+            sources["num_cores"] = "os.cpu_count() (the entry gives none)"
+        mma_min_m = entry.mma_min_m
+        l2 = entry.l2_bytes
+        return cls(name=str(entry.id), num_cores=int(cores), peak_flops=peaks, mem_bandwidth=float(bandwidth),
+                   mma_min_m=int(mma_min_m) if mma_min_m else None, l2_bytes=int(l2) if l2 else None,
+                   sources=sources)
+
+
+def resolve_hardware(hw: Any, measured: bool = True) -> Hardware:
+    """A :class:`Hardware` from an id or alias of the hardware DB, a hardware-DB entry, or a
+    :class:`Hardware` (returned as is)."""
+    if isinstance(hw, Hardware):
+        return hw
+    if isinstance(hw, str):
+        # the DB loader reads YAML; only needed when a name is given
+        from .. import hwdb
+
+        return Hardware.from_entry(hwdb.get(hw), measured=measured)
+    if all(hasattr(hw, a) for a in ("peak_flops", "mem_bandwidth", "num_cores", "quantity", "id")):
+        return Hardware.from_entry(hw, measured=measured)
+    raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", type(hw).__name__)
+
+
+def ridge_m(hw: Any, dtype: str) -> float:
+    """Ridge height ``M* = peak * e_b / (2 * BW)`` in rows: a group whose padded height stays at
+    or below it is bound by streaming its weights, so its tile padding costs no time."""
+    h = resolve_hardware(hw)
+    return h.peak(dtype) * operand_bytes(dtype)[1] / (2 * h.mem_bandwidth)

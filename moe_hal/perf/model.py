@@ -1,0 +1,274 @@
+"""The model itself: one grouped-GEMM call with one tile, as an :class:`Estimate` (see the
+formulas in :mod:`moe_hal.perf`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..backend import OPS
+from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive_number, positive_int
+from ..errors import ArgumentError
+from .hardware import Hardware, resolve_hardware
+from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What the model says about one grouped-GEMM call with one tile. Times in seconds.
+
+    For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
+    group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
+    """
+
+    op: str
+    hw: str
+    dtype: str
+    out_dtype: str
+    n: int
+    k: int | None
+    m: int | None
+    block_m: int
+    block_n: int
+    counts: tuple[int, ...]
+    active_groups: int
+    rows: int
+    padded_rows: int
+    useful_flops: float
+    padded_flops: float
+    occupancy_m: float
+    occupancy_n: float
+    tiles: int
+    waves: int
+    wave_efficiency: float
+    bytes_min: float
+    bytes_kernel: float
+    t_compute: float
+    t_memory: float
+    t_roofline: float
+    t_padded: float
+    t_predicted: float
+    t_serial: float
+    t_fixed: float
+    bound: str
+    group_bounds: tuple[str, ...]
+    ridge_m: float
+    peak_flops: float
+    mem_bandwidth: float
+    num_cores: int
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.counts)
+
+    @property
+    def tile(self) -> tuple[int, int]:
+        return (self.block_m, self.block_n)
+
+    @property
+    def occupancy(self) -> float:
+        """Fraction of the padded FLOPs that are useful: ``occ_M * occ_N``."""
+        return self.occupancy_m * self.occupancy_n
+
+    def efficiency(self, t_measured: float) -> float:
+        """Fraction of the speed of light reached by a measured time: ``t_roofline / t_measured``."""
+        if not is_positive_number(t_measured):
+            raise ArgumentError("t_measured", "a positive time in seconds", t_measured)
+        return self.t_roofline / t_measured
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field plus ``tile`` and ``num_groups``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["counts"] = list(self.counts)
+        out["group_bounds"] = list(self.group_bounds)
+        out["tile"] = list(self.tile)
+        out["num_groups"] = self.num_groups
+        return out
+
+
+def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None, dtype: str = "bf16",
+             block_m: int = 128, block_n: int = 128, *, out_dtype: str | None = None,
+             op: str = "contiguous", m: int | None = None, max_m: int | None = None,
+             streams_all_experts: bool = False, reads_padding_rows: bool = False,
+             accumulate: bool = False, t_fixed: float | None = None, overlap_p: float | None = None,
+             measured: bool = True) -> Estimate:
+    """Model one grouped GEMM with one ``block_m x block_n`` tile.
+
+    ``counts``: rows per group ``M_g`` (``op="contiguous"``), valid rows ``masked_m[g]``
+    (``op="masked"``, each <= ``max_m`` when given) or tokens per group ``K_g``
+    (``op="k_grouped"``, with ``m`` the output rows per group and ``k`` left None).
+    ``n``/``k``: the weights are ``[G, N, K]``. ``hw``: hardware-DB id or alias, hwdb entry, or
+    :class:`Hardware`; ``measured`` picks measured DB values over datasheet ones.
+    ``dtype``: operand dtype; ``out_dtype`` defaults to :func:`default_out_dtype`.
+    ``streams_all_experts``: the kernel reads every expert's weights, empty ones included.
+    ``reads_padding_rows``: the kernel loads the padding rows of A. ``accumulate``: K-grouped
+    output is added to ``c`` (one more read of the output). ``t_fixed``: launch + prologue
+    seconds (default: the hardware's). ``overlap_p``: None combines compute and memory time
+    with ``max``; a number ``p`` uses ``(T_comp^p + T_mem^p)^(1/p)`` (p=1: no overlap).
+    """
+    call = Call.build(counts, n, k, hw, dtype, out_dtype=out_dtype, op=op, m=m, max_m=max_m,
+                       streams_all_experts=streams_all_experts, reads_padding_rows=reads_padding_rows,
+                       accumulate=accumulate, t_fixed=t_fixed, overlap_p=overlap_p, measured=measured)
+    return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
+
+
+@dataclass(frozen=True)
+class Call:
+    """A validated call, shared by the tiles :func:`~moe_hal.perf.advise` ranks. ``hist`` maps each distinct
+    count to how many groups have it (every term is the same for groups of equal count)."""
+
+    hw: Hardware
+    values: tuple[int, ...]
+    hist: Mapping[int, int]
+    op: str
+    n: int
+    k: int | None
+    m: int | None
+    dtype: str
+    out_dtype: str
+    streams_all_experts: bool
+    reads_padding_rows: bool
+    accumulate: bool
+    t_fixed: float
+    overlap_p: float | None
+
+    @classmethod
+    def build(cls, counts: Any, n: Any, k: Any, hw: Any, dtype: Any, *, out_dtype: Any = None,
+              op: str = "contiguous", m: Any = None, max_m: Any = None, streams_all_experts: bool = False,
+              reads_padding_rows: bool = False, accumulate: bool = False, t_fixed: Any = None,
+              overlap_p: Any = None, measured: bool = True) -> "Call":
+        if op not in OPS:
+            raise ArgumentError("op", f"one of {OPS}", op)
+        if hw is None:
+            raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", None)
+        h = resolve_hardware(hw, measured=measured)
+        values = group_counts(counts)
+        n = positive_int(n, "n")
+        dt = dtype_name(dtype)
+        out_dt = dtype_name(out_dtype) if out_dtype is not None else default_out_dtype(dt, op)
+        h.peak(dt)
+        if t_fixed is None:
+            t_fixed = h.t_fixed
+        elif not is_number(t_fixed) or t_fixed < 0:
+            raise ArgumentError("t_fixed", "None or a non-negative number of seconds", t_fixed)
+        if overlap_p is not None and (not is_number(overlap_p) or overlap_p < 1):
+            raise ArgumentError("overlap_p", "None or a number >= 1", overlap_p)
+        if op == "k_grouped":
+            if k is not None:
+                raise ArgumentError("k", "None for op='k_grouped' (counts hold the per-group K)", k)
+            m = positive_int(m, "m")
+        else:
+            k = positive_int(k, "k")
+            if m is not None:
+                raise ArgumentError("m", f"None for op={op!r} (counts hold the rows per group)", m)
+            if max_m is not None:
+                max_m = checked_int(max_m, "max_m", 0)
+                if max(values) > max_m:
+                    g = next(i for i, c in enumerate(values) if c > max_m)
+                    raise ArgumentError(f"counts[{g}]", f"<= max_m ({max_m})", values[g])
+        hist: dict[int, int] = {}
+        for c in values:
+            hist[c] = hist.get(c, 0) + 1
+        return cls(h, values, hist, op, n, k, m, dt, out_dt, bool(streams_all_experts), bool(reads_padding_rows),
+                   bool(accumulate), float(t_fixed), overlap_p)
+
+    def estimate(self, block_m: int, block_n: int) -> Estimate:
+        h, hist, n = self.hw, self.hist, self.n
+        S = h.num_cores
+        bw = h.mem_bandwidth
+        peak = h.peak(self.dtype)
+        e_a, e_b = operand_bytes(self.dtype)
+        e_c = BYTES_PER_ELEMENT[self.out_dtype]
+        m_floor = h.mma_min_m or 1
+        n_blocks = ceil_div(n, block_n)
+        n_pad = n_blocks * block_n
+        groups = len(self.values)
+        active = groups - hist.get(0, 0)
+        per_core = peak / S
+        l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
+
+        def tile_time(depth: int) -> float:
+            """Seconds one core spends on one tile with reduction depth ``depth``."""
+            t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
+            if l2_per_core is not None:
+                t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
+            return t
+
+        # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
+        terms: dict[int, tuple[float, float]] = {}
+        if self.op == "k_grouped":
+            m = self.m
+            m_blocks = ceil_div(m, block_m)
+            tiles_per_group = m_blocks * n_blocks
+            total_k = sum(c * r for c, r in hist.items())
+            rows, padded_rows = m * active, m_blocks * block_m * active
+            tiles = tiles_per_group * active
+            useful = 2.0 * m * n * total_k
+            padded = 2.0 * m_blocks * block_m * n_pad * total_k
+            occ_m = m / (m_blocks * block_m)
+            cost = {kg: tile_time(kg) for kg in hist}
+            t_comp = _round_robin_makespan(((tiles_per_group, cost[kg]) for kg in self.values if kg), S)
+            out_bytes = groups * m * n * e_c * (2 if self.accumulate else 1)
+            bytes_min = total_k * (m + n) * e_a + out_bytes
+            bytes_kernel = bytes_min
+            for kg in hist:
+                terms[kg] = (tiles_per_group * cost[kg] / S, (kg * (m + n) * e_a + m * n * e_c) / bw)
+        else:
+            k = self.k
+            rows = padded_rows = blocks = 0
+            for c, r in hist.items():
+                mb = ceil_div(c, block_m)
+                rows += c * r
+                padded_rows += mb * block_m * r
+                blocks += mb * r
+            tiles = blocks * n_blocks
+            useful = 2.0 * rows * n * k
+            padded = 2.0 * padded_rows * n_pad * k
+            occ_m = rows / padded_rows if padded_rows else 1.0
+            t_tile = tile_time(k)
+            t_comp = ceil_div(tiles, S) * t_tile
+            bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
+            bytes_kernel = bytes_min
+            if self.streams_all_experts:
+                bytes_kernel += (groups - active) * n * k * e_b
+            if self.reads_padding_rows:
+                bytes_kernel += (padded_rows - rows) * k * e_a
+            for c in hist:
+                terms[c] = (ceil_div(c, block_m) * n_blocks * t_tile / S,
+                            (n * k * e_b + c * k * e_a + c * n * e_c) / bw)
+
+        waves = ceil_div(tiles, S)
+        wave_eff = tiles / (waves * S) if waves else 1.0
+        bw_eff = bw
+        if h.bw_per_core is not None and tiles:
+            bw_eff = min(bw, min(tiles, S) * h.bw_per_core)
+        t_mem = bytes_kernel / bw_eff
+        p = self.overlap_p
+        t_body = max(t_comp, t_mem) if p is None else (t_comp ** p + t_mem ** p) ** (1.0 / p)
+        bound_of = {c: "empty" if c == 0 else ("compute" if tc > tm else "memory") for c, (tc, tm) in terms.items()}
+        t_serial = sum(max(tc, tm) * hist[c] for c, (tc, tm) in terms.items() if c)
+        return Estimate(
+            op=self.op, hw=h.name, dtype=self.dtype, out_dtype=self.out_dtype, n=n, k=self.k, m=self.m,
+            block_m=block_m, block_n=block_n, counts=self.values, active_groups=active,
+            rows=rows, padded_rows=padded_rows, useful_flops=useful, padded_flops=padded,
+            occupancy_m=occ_m, occupancy_n=n / n_pad, tiles=tiles, waves=waves, wave_efficiency=wave_eff,
+            bytes_min=bytes_min, bytes_kernel=bytes_kernel, t_compute=t_comp, t_memory=t_mem,
+            t_roofline=max(useful / peak, bytes_min / bw), t_padded=max(padded / peak, bytes_min / bw),
+            t_predicted=t_body + self.t_fixed, t_serial=t_serial + self.t_fixed, t_fixed=self.t_fixed,
+            bound="compute" if t_comp >= t_mem else "memory",
+            group_bounds=tuple(bound_of[c] for c in self.values),
+            ridge_m=peak * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=bw, num_cores=S)
+
+
+def _round_robin_makespan(runs: Iterable[tuple[int, float]], cores: int) -> float:
+    """Finish time of a static round-robin schedule: tiles are numbered in ``runs`` order
+    (``(count, seconds per tile)`` each) and core ``s`` runs tiles ``s, s + cores, ...``."""
+    load = [0.0] * cores
+    base = 0.0  # time every core has received from whole rounds
+    start = 0
+    for count, cost in runs:
+        base += (count // cores) * cost
+        for i in range(count % cores):
+            load[(start + (count // cores) * cores + i) % cores] += cost
+        start = (start + count) % cores
+    return base + max(load)

@@ -1,0 +1,184 @@
+"""Timing device work: the one measurement module of ``moe-hal bench``, the ``bench/`` scripts and
+the plugins' scripts.
+
+Device-neutral: an accelerator is synchronised through ``torch.<device type>.synchronize`` and
+timed with that module's ``Event`` (CUDA events, NPU events) where it has one; the CPU with
+``time.perf_counter``. Every function reports seconds; callers round and convert. Nothing here
+asserts a speed: benchmarks report, tests never time.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+#: Bytes the default L2 flush writes before each timed call (more than any current L2).
+FLUSH_BYTES = 512 << 20
+
+
+def _device_module(device: Any) -> Any:
+    """``torch.cuda``, ``torch.npu``, ... for an accelerator; None for the CPU or an unknown type."""
+    import torch
+
+    kind = torch.device(device).type
+    return None if kind == "cpu" else getattr(torch, kind, None)
+
+
+def synchronize(device: Any) -> None:
+    """Wait until the work queued on ``device`` is done (nothing to wait for on the CPU)."""
+    import torch
+
+    sync = getattr(_device_module(device), "synchronize", None)
+    if sync is not None:
+        sync(torch.device(device))
+
+
+def has_events(device: Any) -> bool:
+    """Whether ``device`` has timing events (``torch.<type>.Event``); the CPU has none."""
+    return getattr(_device_module(device), "Event", None) is not None
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call over ``reps`` timed calls: ``median`` and ``min`` of the device time,
+    ``host`` the median time the host spent issuing one call (a call is host-bound when it nears
+    ``median``); ``copies`` the input sets the calls rotated over."""
+
+    median: float
+    min: float
+    host: float
+    reps: int
+    copies: int = 1
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def time_calls(calls: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, *, warmup: int, reps: int,
+               flush_bytes: int = 0, budget_s: float | None = None, events: bool = True) -> Timing:
+    """Time a call: ``calls`` is one callable, or several run round-robin (one per rotating input
+    set, so no set is still in cache when it comes back).
+
+    ``warmup`` untimed calls first (at least one: the first call may compile kernels). With
+    ``budget_s``, one more call is timed alone and ``reps`` is cut (to no fewer than 3) so the
+    timed calls fit the budget. With ``events`` and a device that has them, each call is timed by
+    device events, after writing ``flush_bytes`` bytes to evict the L2 (0: no flush; the write
+    also lets the host queue the call before the device reaches it); otherwise by
+    ``time.perf_counter`` around call + synchronize.
+    """
+    import torch
+
+    fns = [calls] if callable(calls) else list(calls)
+    n = len(fns)
+    for i in range(max(1, warmup)):
+        fns[i % n]()
+    synchronize(device)
+    reps = max(1, reps)
+    if budget_s is not None:
+        t0 = time.perf_counter()
+        fns[0]()
+        synchronize(device)
+        one = time.perf_counter() - t0
+        if one * reps > budget_s:
+            reps = min(reps, max(3, int(budget_s / max(one, 1e-9))))
+    times: list[float] = []
+    host: list[float] = []
+    if events and has_events(device):
+        module = _device_module(device)
+        flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if flush_bytes else None
+        marks = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(reps)]
+        for i, (start, end) in enumerate(marks):
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            h0 = time.perf_counter()
+            fns[i % n]()
+            host.append(time.perf_counter() - h0)
+            end.record()
+        synchronize(device)
+        times = [start.elapsed_time(end) / 1e3 for start, end in marks]
+    else:
+        for i in range(reps):
+            h0 = time.perf_counter()
+            fns[i % n]()
+            host.append(time.perf_counter() - h0)
+            synchronize(device)
+            times.append(time.perf_counter() - h0)
+    return Timing(statistics.median(times), min(times), statistics.median(host), reps, n)
+
+
+def describe(device: Any, *, warmup: int, reps: int, flush_bytes: int = 0, events: bool = True) -> str:
+    """One sentence saying how :func:`time_calls` times on ``device`` with these settings."""
+    if events and has_events(device):
+        flush = f" after a {flush_bytes >> 20} MiB L2 flush" if flush_bytes else ""
+        return f"device events around each call{flush}; median of {reps} after {warmup} warm-up calls"
+    return f"time.perf_counter around call + synchronize; median of up to {reps} after {warmup} warm-up calls"
+
+
+def wall_seconds(fn: Callable[[], Any], device: Any, *, warmup: int, repeat: int) -> list[float]:
+    """Wall time of each of ``repeat`` calls of ``fn``, each timed alone (call + synchronize)
+    after ``warmup`` untimed calls."""
+    return interleaved_wall_seconds({"fn": fn}, device, warmup=warmup, repeat=repeat)["fn"]
+
+
+def interleaved_wall_seconds(fns: Mapping[str, Callable[[], Any]], device: Any, *, warmup: int,
+                             repeat: int) -> dict[str, list[float]]:
+    """Wall time of each call of each function: ``repeat`` rounds that run every function once in
+    turn, so that all of them see the same machine load (a shared host drifts between rounds)."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    synchronize(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def host_seconds_per_call(fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int) -> dict[str, float]:
+    """Median host seconds per call of each function, without synchronising: every round times
+    ``iters`` back-to-back calls of each function in turn (what a launch-overhead benchmark
+    measures). ``max(3, iters // 10)`` warm-up calls each first."""
+    for fn in fns.values():
+        for _ in range(max(3, iters // 10)):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / iters)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+class Timer:
+    """:func:`time_calls` with fixed settings for one device, as ``moe-hal bench`` times every
+    call: device events after an L2 flush of :data:`FLUSH_BYTES` where the device has events,
+    else wall time; the median over ``reps`` after ``warmup`` calls."""
+
+    def __init__(self, device: Any, warmup: int, reps: int, flush_bytes: int = FLUSH_BYTES):
+        self.device = device
+        self.warmup = max(0, warmup)
+        self.reps = max(1, reps)
+        self.flush_bytes = flush_bytes
+
+    @property
+    def method(self) -> str:
+        """How calls are timed, in words (for reports)."""
+        return describe(self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes)
+
+    def sync(self) -> None:
+        synchronize(self.device)
+
+    def __call__(self, fn: Callable[[], Any], budget_s: float = 2.0) -> dict[str, float]:
+        """``{"median": s, "min": s, "host": s, "reps": n}`` of ``fn`` (see :class:`Timing`)."""
+        t = time_calls(fn, self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes,
+                       budget_s=budget_s)
+        return {"median": t.median, "min": t.min, "host": t.host, "reps": t.reps}
