@@ -7,7 +7,7 @@ import torch
 from . import plugins
 from . import selection as _select
 from .backend import Backend, BackendSpec
-from .errors import BackendUnavailableError, NoBackendError
+from .errors import BackendRunError, BackendUnavailableError, MoeHalError, NoBackendError
 from .problem import Operand, Problem
 from .selection import Preference, Selection
 
@@ -39,10 +39,43 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
 
     Raises a :mod:`moe_hal.errors` ``ArgumentError`` subclass for invalid input (``out`` is then
     untouched), :class:`~moe_hal.errors.BackendUnavailableError` when a named backend cannot run
-    the call, :class:`~moe_hal.errors.NoBackendError` when no backend can.
+    the call, :class:`~moe_hal.errors.NoBackendError` when no backend can, and
+    :class:`~moe_hal.errors.BackendRunError` naming the backend when it fails while running
+    (the original exception chained; ``out`` may then be partially written) or returns a result
+    that breaks the output contract.
     """
     problem = _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
-    return _select_backend(problem, backend).backend.run(problem, out)
+    return run_checked(_select_backend(problem, backend).backend, problem, out)
+
+
+def run_checked(backend: Backend, problem: Problem, out: torch.Tensor | None) -> torch.Tensor:
+    """``backend.run(problem, out)`` with its result checked at constant cost: ``out`` itself when
+    given, else a tensor of the problem's output shape, dtype and device. Errors the library
+    defines pass through; any other exception from the backend becomes a
+    :class:`~moe_hal.errors.BackendRunError` naming it, with the original chained."""
+    try:
+        result = backend.run(problem, out)
+    except MoeHalError:
+        raise
+    except Exception as exc:
+        raise BackendRunError(backend.name, f"failed while running {problem.summary()}: "
+                              f"{type(exc).__name__}: {exc} (out may be partially written)") from exc
+    if out is not None:
+        if result is not out:
+            raise BackendRunError(backend.name, f"returned {_describe(result)} instead of the out tensor it "
+                                  "was given")
+        return result
+    if not isinstance(result, torch.Tensor) or result.shape != problem.out_shape() \
+            or result.dtype != problem.out_dtype or result.device != problem.device:
+        raise BackendRunError(backend.name, f"returned {_describe(result)}; expected a tensor of shape "
+                              f"{problem.out_shape()}, dtype {problem.out_dtype}, on {problem.device}")
+    return result
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}, dtype {x.dtype}, on {x.device}"
+    return f"a {type(x).__name__}"
 
 
 def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,

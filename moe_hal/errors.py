@@ -57,8 +57,24 @@ class CapacityError(ArgumentError):
     """More tokens were routed to an expert than its capacity allows (masked dispatch)."""
 
 
+class EnvironmentVariableError(ArgumentError):
+    """A ``MOE_HAL_*`` environment variable holds a value moe_hal cannot parse; ``argument`` is
+    the variable's name."""
+
+
 class BackendError(MoeHalError, RuntimeError):
-    """Base of backend-selection errors."""
+    """Base of backend errors (selection, and a backend failing while it runs a call)."""
+
+
+class BackendRunError(BackendError):
+    """The selected backend ``backend`` raised while running a call (the original exception is
+    chained as ``__cause__``) or returned a result that breaks the output contract (not ``out``
+    when ``out`` was given; wrong type, shape, dtype or device). When it raised, a caller's ``out``
+    may be partially written."""
+
+    def __init__(self, backend: str, message: str):
+        self.backend = backend
+        super().__init__(f"backend {backend!r} {message}")
 
 
 class BackendUnavailableError(BackendError):

@@ -14,6 +14,7 @@ group's end and the next start, and rows past ``align(psum[-1], alignment)``, be
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Sequence
 
 import torch
@@ -36,20 +37,31 @@ def _check_alignment(alignment: object, argument: str = "alignment") -> int:
     return alignment
 
 
+#: Largest row index or offset the int32 psum / m_indices forms can hold.
+INT32_MAX = 2 ** 31 - 1
+
+
 def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
-    """Host list of ints from a sequence or an integer tensor (a device tensor is copied: one sync)."""
+    """Host list of ints from a sequence of ints or an integer tensor (a device tensor is copied:
+    one sync). Strings, bools and floats are refused, not coerced; values must fit int32."""
     if isinstance(values, torch.Tensor):
         if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
             raise DTypeError(argument, "an integer tensor", values.dtype)
         if values.dim() != 1:
             raise ShapeError(argument, "a 1-D tensor", tuple(values.shape))
-        return [int(v) for v in values.tolist()]
-    try:
-        out = [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor", type(values).__name__) from None
-    if any(isinstance(v, float) and not float(v).is_integer() for v in values):
-        raise LayoutError(argument, "integers", list(values))
+        out = [int(v) for v in values.tolist()]
+    else:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+            raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor", type(values).__name__)
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not hasattr(v, "__index__"):
+                raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor",
+                                  f"{type(v).__name__} {v!r} at index {i}")
+            out.append(operator.index(v))
+    for i, v in enumerate(out):
+        if abs(v) > INT32_MAX:
+            raise LayoutError(f"{argument}[{i}]", f"a value that fits int32 (|v| <= {INT32_MAX})", v)
     return out
 
 
@@ -91,7 +103,7 @@ class SegmentLayout:
             start = align(end, alignment)
             starts.append(start)
             end = start + c
-        return cls(values, starts, alignment, cls._check_num_rows(end, alignment, num_rows))
+        return cls(values, starts, alignment, cls._check_num_rows(end, alignment, num_rows, "counts"))
 
     @classmethod
     def from_psum(cls, psum: IntsLike, alignment: int = 1, num_rows: int | None = None):
@@ -109,15 +121,18 @@ class SegmentLayout:
             starts.append(start)
             counts.append(e - start)
             prev_end = e
-        return cls(counts, starts, alignment, cls._check_num_rows(prev_end, alignment, num_rows))
+        return cls(counts, starts, alignment, cls._check_num_rows(prev_end, alignment, num_rows, "psum"))
 
     @staticmethod
-    def _check_num_rows(end: int, alignment: int, num_rows: int | None) -> int:
+    def _check_num_rows(end: int, alignment: int, num_rows: int | None, argument: str) -> int:
         needed = align(end, alignment)
+        if needed > INT32_MAX:
+            raise LayoutError(argument, f"groups whose aligned rows fit int32 (<= {INT32_MAX} in all)", needed)
         if num_rows is None:
             return needed
-        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or num_rows < needed:
-            raise LayoutError("num_rows", f"an int >= {needed} (the aligned end of the last group)", num_rows)
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not needed <= num_rows <= INT32_MAX:
+            raise LayoutError("num_rows", f"an int in [{needed}, {INT32_MAX}] (from the aligned end of the "
+                              "last group to the int32 limit)", num_rows)
         return num_rows
 
     # -- views ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pluggy
 
-from . import hookspecs
+from . import environment, hookspecs
 from .backend import API_VERSION, Backend, BackendSpec, Reason
 from .errors import PluginError, PluginWarning
 
@@ -139,7 +139,7 @@ class PluginHost:
         self._collect_backends()
         self._register_hw_overlays()
         failures = [f for r in self.plugins.values() for f in r.failures]
-        if failures and os.environ.get("MOE_HAL_STRICT_PLUGINS", "") not in ("", "0"):
+        if failures and environment.flag("MOE_HAL_STRICT_PLUGINS"):
             raise PluginError(failures)
         for f in failures:
             warnings.warn(f"{f} (it is skipped; `moe-hal info` shows the traceback)", PluginWarning,
@@ -321,7 +321,7 @@ def _check_hook_names(module: Any) -> None:
 
 def _trace(message: str) -> None:
     """Print plugin activity to stderr when ``MOE_HAL_TRACE_PLUGINS=1``."""
-    if os.environ.get("MOE_HAL_TRACE_PLUGINS", "") not in ("", "0"):
+    if environment.flag("MOE_HAL_TRACE_PLUGINS"):
         sys.stderr.write(f"moe_hal plugins: {message}\n")
 
 

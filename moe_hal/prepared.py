@@ -35,8 +35,6 @@ PathWarning.
 from __future__ import annotations
 
 import functools
-import os
-import re
 import threading
 import weakref
 from collections import OrderedDict
@@ -45,23 +43,19 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 
-from .errors import ArgumentError, DTypeError
+from . import environment
+from .errors import ArgumentError, DTypeError, EnvironmentVariableError
 from .notices import warn_once
 from .quant import QuantizedTensor
 
 ENV_MAX_BYTES = "MOE_HAL_PREPARED_MAX_BYTES"
 Source = torch.Tensor | QuantizedTensor
 
-_UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
-          "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
-
-
 def parse_bytes(text: str, argument: str = ENV_MAX_BYTES) -> int:
-    """``"8000000000"``, ``"8e9"``, ``"512MiB"``, ``"8GB"``, ``"8G"`` -> bytes (case-insensitive)."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]i?)?b?\s*", text.lower())
-    if not match:
-        raise ArgumentError(argument, "a byte count such as 8000000000, 512MiB or 8GB", repr(text))
-    return int(float(match.group(1)) * _UNITS[match.group(2) or ""])
+    """``"8000000000"``, ``"8e9"``, ``"512MiB"``, ``"8GB"``, ``"8G"`` -> bytes (case-insensitive);
+    the environment's parser (:func:`moe_hal.environment.parse_bytes`)."""
+    error = EnvironmentVariableError if argument == ENV_MAX_BYTES else ArgumentError
+    return environment.parse_bytes(text, argument, error)
 
 
 @dataclass(eq=False)
@@ -237,8 +231,7 @@ class PreparedCache:
         """The budget in bytes (None: unlimited): :meth:`set_max_bytes`, else the environment."""
         if self._max_bytes_set:
             return self._max_bytes
-        text = os.environ.get(ENV_MAX_BYTES, "").strip()
-        return parse_bytes(text) if text else None
+        return environment.size(ENV_MAX_BYTES)
 
     def stats(self) -> dict[str, Any]:
         """``{"entries", "bytes", "max_bytes", "hits", "misses", "invalidations", "evictions",

@@ -131,6 +131,9 @@ class Problem:
             if b.dtype != a.dtype:
                 raise DTypeError("b", f"{a.dtype} (the dtype of a)", b.dtype)
         device = a.device
+        if device.type == "meta":
+            raise DeviceError("a", "a tensor with data (meta tensors cannot be multiplied; trace with "
+                              "fake tensors instead)", "a tensor on the meta device")
         if b.device != device:
             raise DeviceError("b", f"device {device} (that of a)", b.device)
 

@@ -8,6 +8,7 @@ layout their hardware needs (see the scale-layout functions in this module).
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -50,9 +51,7 @@ class QuantizedTensor:
             raise DTypeError("QuantizedTensor.scale", "torch.float32", got)
         if self.data.dim() < 2:
             raise ShapeError("QuantizedTensor.data", "a tensor of rank >= 2", tuple(self.data.shape))
-        block = tuple(int(x) for x in self.block)
-        if len(block) != 2 or min(block) < 1:
-            raise ShapeError("QuantizedTensor.block", "two positive ints (rows, cols)", self.block)
+        block = _check_block(self.block, "QuantizedTensor.block")
         object.__setattr__(self, "block", block)
         if self.scale_format not in SCALE_FORMATS:
             raise ShapeError("QuantizedTensor.scale_format", f"one of {SCALE_FORMATS}", self.scale_format)
@@ -111,13 +110,13 @@ _QUANTIZABLE = (torch.float32, torch.bfloat16, torch.float16)
 _CPU_CHUNK_ELEMENTS = 1 << 22
 
 
-def _check_block(block: object) -> tuple[int, int]:
-    try:
-        rows, cols = (int(b) for b in block)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise ShapeError("block", "two positive ints (rows, cols)", block) from None
-    if rows < 1 or cols < 1 or any(isinstance(b, bool) for b in block):  # type: ignore[union-attr]
-        raise ShapeError("block", "two positive ints (rows, cols)", block)
+def _check_block(block: object, argument: str = "block") -> tuple[int, int]:
+    """``block`` as ``(rows, cols)``: exactly two positive ints (no bools, floats or strings)."""
+    valid = (isinstance(block, (tuple, list)) and len(block) == 2
+             and all(hasattr(b, "__index__") and not isinstance(b, bool) for b in block))
+    if not valid or min(operator.index(b) for b in block) < 1:  # type: ignore[union-attr]
+        raise ShapeError(argument, "two positive ints (rows, cols)", repr(block))
+    rows, cols = (operator.index(b) for b in block)  # type: ignore[union-attr]
     return rows, cols
 
 

@@ -56,6 +56,8 @@ class TorchBackend(Backend):
     def path_notes(self, p: Problem) -> list[str]:
         """Every deviation from a plain ``F.grouped_mm`` call this problem takes."""
         notes = self.dtype_notes(p)
+        if p.b_major == "strided":
+            notes.append("copies b (neither K- nor N-major) into a row-major buffer")
         if p.op == "masked":
             notes.append("multiplies all max_m rows, then writes rows < masked_m[g] with torch.where")
         if p.op == "k_grouped" and p.layout.has_gaps():
@@ -102,7 +104,7 @@ class TorchBackend(Backend):
             return self._contiguous_cpu_loop(p, a, b, out)
         bt = b.transpose(1, 2)
         # Dense CPU operands with K a multiple of 16 bytes already meet the stride rules.
-        dense = p.device_type == "cpu" and p.k % _QUANTUM[a.dtype] == 0 and a.is_contiguous() and b.is_contiguous()
+        dense = p.device_type == "cpu" and p.k % _QUANTUM[a.dtype] == 0 and _row_major(a) and _row_major(b)
         if not dense:
             bt = _stride_safe(bt)
         chunked = p.device_type == "cuda" and p.num_groups > _CUDA_MAX_GROUPS
@@ -175,6 +177,17 @@ class TorchBackend(Backend):
 def _adds_c_in_fp32(p: Problem) -> bool:
     """A 16-bit K-grouped call with ``c``: adding ``c`` to a 16-bit product would round twice."""
     return p.c is not None and p.out_dtype is not torch.float32 and not p.quantized
+
+
+def _row_major(t: torch.Tensor) -> bool:
+    """True when ``t``'s strides are exactly the row-major ones, size-1 dimensions included
+    (``is_contiguous()`` ignores those, but grouped_mm checks every stride)."""
+    expected = 1
+    for size, stride in zip(reversed(t.shape), reversed(t.stride())):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _deliver(result: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -34,14 +34,13 @@ Other strides, fp32 upcasts, dequantized fp8, the 950's ``[G, K, N]`` fp8 layout
 
 from __future__ import annotations
 
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from moe_hal import dtypes
+from moe_hal import dtypes, environment
 from moe_hal.backend import Backend, DeviceInfo, Reason
 from moe_hal.errors import DeviceError
 from moe_hal.notices import warn_once
@@ -305,7 +304,7 @@ class AscendBackend(Backend):
         return w.transpose(1, 2), None
 
     def _use_nz(self, p: Problem, plan: Plan) -> bool:
-        if os.environ.get(ENV_WEIGHT_FORMAT, "nd").strip().lower() != "nz":
+        if environment.choice(ENV_WEIGHT_FORMAT, ("nd", "nz"), "nd") != "nz":
             return False
         features = soc.emulated().features if p.device.type == "cpu" else _device_features(p.device)
         return ("nz_format" in features and plan.op_dtype in (torch.bfloat16, torch.float16)

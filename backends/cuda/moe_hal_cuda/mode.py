@@ -8,7 +8,8 @@ first imported (seen with triton 3.9: setting the variable after ``import triton
 helpers compiled-only, and a kernel calling them fails in the interpreter). So
 :func:`configure_triton` must run before anything imports ``triton``; :mod:`moe_hal_cuda.backend`
 and :mod:`moe_hal_cuda.kernels` call it first thing, and :func:`interpreter_broken` tells when
-someone imported triton too early. This module imports nothing but ``os`` and ``sys``.
+someone imported triton too early. This module imports nothing but ``os``, ``sys`` and
+:mod:`moe_hal.environment` (standard library only).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import os
 import sys
 
+from moe_hal import environment
+
 ENV_VAR = "MOE_HAL_CUDA_INTERPRET"
 
 
 def interpreter_requested() -> bool:
-    """True when ``MOE_HAL_CUDA_INTERPRET`` is set to anything but empty or ``0``."""
-    return os.environ.get(ENV_VAR, "").strip() not in ("", "0")
+    """True when ``MOE_HAL_CUDA_INTERPRET`` is a true boolean (``1``, ``true``, ``yes``, ``on``);
+    a value that is no boolean raises :class:`moe_hal.errors.EnvironmentVariableError`."""
+    return environment.flag(ENV_VAR)
 
 
 def configure_triton() -> bool:
