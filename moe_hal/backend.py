@@ -9,8 +9,11 @@ matrix, :meth:`Backend.unsupported`; every answer is a list of structured :class
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .errors import ArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -21,6 +24,18 @@ if TYPE_CHECKING:  # pragma: no cover
 API_VERSION = "1.0"
 TIERS = ("optimized", "fallback", "reference")
 OPS = ("contiguous", "masked", "k_grouped")
+#: Memory orders of ``b[G, N, K]`` a signature may accept (see :attr:`Signature.b_majors`).
+B_MAJORS = ("k", "n", "strided")
+_IMPL = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+_API_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_collection(x: Any) -> bool:
+    return isinstance(x, (tuple, list, set, frozenset))
 
 
 @dataclass(frozen=True)
@@ -68,7 +83,8 @@ class Signature:
     scale formats (``fp32``, ``ue8m0``). ``scale_blocks``: for fp8, accepted ``(a_block, b_block)``
     pairs (empty: any). ``k_multiple``/``n_multiple``: K and N must be multiples of these. ``max_groups``:
     largest G, or None. ``b_majors``: accepted memory orders of ``b[G, N, K]`` (``"k"``: K
-    contiguous, the nn.Linear layout; ``"n"``: a transposed view of ``[G, K, N]``).
+    contiguous, the nn.Linear layout; ``"n"``: a transposed view of ``[G, K, N]``; ``"strided"``:
+    neither). Every field is checked when the signature is built (:class:`ArgumentError`).
     """
 
     ops: frozenset[str]
@@ -82,11 +98,26 @@ class Signature:
     b_majors: frozenset[str] = frozenset({"k", "n"})
 
     def __post_init__(self) -> None:
-        for name in ("ops", "dtypes", "out_dtypes", "scale_formats", "scale_blocks", "b_majors"):
-            object.__setattr__(self, name, frozenset(getattr(self, name)))
+        for name in ("ops", "dtypes", "out_dtypes", "scale_formats", "b_majors"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not _is_collection(value) or not all(isinstance(v, str) for v in value):
+                raise ArgumentError(f"Signature.{name}", "a set of strings", repr(value))
+            object.__setattr__(self, name, frozenset(value))
+        if isinstance(self.scale_blocks, str) or not _is_collection(self.scale_blocks):
+            raise ArgumentError("Signature.scale_blocks", "a set of ((rows, cols), (rows, cols)) pairs",
+                                repr(self.scale_blocks))
+        object.__setattr__(self, "scale_blocks", frozenset(self.scale_blocks))
         unknown = self.ops - set(OPS)
         if unknown:
-            raise ValueError(f"Signature.ops: unknown operations {sorted(unknown)}; expected a subset of {OPS}")
+            raise ArgumentError("Signature.ops", f"a subset of {OPS}", sorted(unknown))
+        unknown = self.b_majors - set(B_MAJORS)
+        if unknown:
+            raise ArgumentError("Signature.b_majors", f"a subset of {B_MAJORS}", sorted(unknown))
+        for name in ("k_multiple", "n_multiple"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise ArgumentError(f"Signature.{name}", "a positive int", repr(getattr(self, name)))
+        if self.max_groups is not None and (not _is_int(self.max_groups) or self.max_groups < 0):
+            raise ArgumentError("Signature.max_groups", "None or a non-negative int", repr(self.max_groups))
 
     def mismatches(self, problem: "Problem") -> list[Reason]:
         """Every field of this signature that does not admit ``problem``."""
@@ -150,15 +181,44 @@ class BackendSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        """Check every field's type and value, so a careless declaration fails where it is made
+        (inside the plugin's hook, which the host isolates) instead of in every later call."""
+        def bad(name: str, expected: str) -> ArgumentError:
+            return ArgumentError(f"BackendSpec.{name}", expected, repr(getattr(self, name)))
+
+        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum() \
+                or not self.name.isascii() or self.name != self.name.lower():
+            raise bad("name", "a lower-case identifier")
+        if not isinstance(self.vendor, str):
+            raise bad("vendor", "a string")
+        for name in ("device_types", "requires"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not _is_collection(value) or not all(isinstance(v, str) and v for v in value):
+                raise bad(name, "a collection of non-empty strings")
+        if not self.device_types:
+            raise bad("device_types", "at least one torch device type (or '*')")
         object.__setattr__(self, "requires", frozenset(self.requires))
         object.__setattr__(self, "device_types", tuple(self.device_types))
+        if not isinstance(self.tier, str) or self.tier not in TIERS:
+            raise bad("tier", f"one of {TIERS}")
+        if not _is_int(self.priority):
+            raise bad("priority", "an int (larger wins)")
+        if not isinstance(self.impl, str) or not _IMPL.fullmatch(self.impl):
+            raise bad("impl", "'package.module:Class'")
+        if isinstance(self.signatures, Signature) or not _is_collection(self.signatures) \
+                or not all(isinstance(s, Signature) for s in self.signatures):
+            raise bad("signatures", "a sequence of moe_hal.Signature")
         object.__setattr__(self, "signatures", tuple(self.signatures))
-        if self.tier not in TIERS:
-            raise ValueError(f"BackendSpec.tier: expected one of {TIERS}, got {self.tier!r}")
-        if not self.name or not self.name.replace("_", "").isalnum() or self.name != self.name.lower():
-            raise ValueError(f"BackendSpec.name: expected a lower-case identifier, got {self.name!r}")
-        if ":" not in self.impl:
-            raise ValueError(f"BackendSpec.impl: expected 'module:Class', got {self.impl!r}")
+        if not isinstance(self.api_version, str) or not _API_VERSION.fullmatch(self.api_version):
+            raise bad("api_version", f"a version string 'MAJOR.MINOR' such as {API_VERSION!r}")
+        for name in ("deterministic", "graph_capturable"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "a bool")
+        for name in ("description", "plugin", "distribution", "version"):
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, "a string")
+        if not isinstance(self.extra, dict):
+            raise bad("extra", "a dict")
 
     def signature_reasons(self, problem: "Problem") -> list[Reason]:
         """Reasons from the closest signature (empty when one admits the call)."""

@@ -165,10 +165,10 @@ def plugins() -> list[dict[str, Any]]:
 
 def backends() -> list[dict[str, Any]]:
     """Every registered backend with, per visible device, whether it can run there and why not."""
-    from . import plugins as _plugins
-    from .selection import device_info
-
     import torch
+
+    from . import plugins as _plugins
+    from .selection import ProbeFailed, device_info, device_reasons, probe
 
     host = _plugins.host().ensure_loaded()
     devs = [torch.device(d["device"]) for d in devices()]
@@ -189,16 +189,14 @@ def backends() -> list[dict[str, Any]]:
             elif inst is not None:
                 info = device_info(dev)
                 try:
-                    reasons += inst.is_available() + inst.check_device(info)
+                    reasons += device_reasons(inst, info, host)
                     if not reasons:
-                        mode = inst.execution_mode(info)
-                        auto = inst.auto_select_reason(info)
+                        mode = probe(host, inst, "execution_mode", info)
+                        auto = probe(host, inst, "auto_select_reason", info)
                         if auto is not None:
                             mode += f" (only when named: {auto.message})"
-                except Exception as exc:  # noqa: BLE001
-                    from .backend import Reason
-
-                    reasons.append(Reason("probe_failed", f"{type(exc).__name__}: {exc}"))
+                except ProbeFailed as failed:
+                    reasons.append(failed.reason)
             entry["devices"][str(dev)] = {"available": not reasons, "mode": mode,
                                           "reasons": [r.as_dict() for r in reasons]}
         out.append(entry)
@@ -207,5 +205,6 @@ def backends() -> list[dict[str, Any]]:
 
 def snapshot() -> dict[str, Any]:
     """Everything above in one JSON-serialisable mapping."""
-    return {"versions": versions(), "devices": devices(), "plugins": plugins(), "backends": backends(),
+    backend_rows = backends()  # first: probing backends may record plugin failures
+    return {"versions": versions(), "devices": devices(), "plugins": plugins(), "backends": backend_rows,
             "env": env_vars()}

@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import pluggy
@@ -38,8 +38,9 @@ BUILTIN_PLUGIN = "moe_hal"
 @dataclass(frozen=True)
 class PluginFailure:
     """Why a plugin (or one of its hooks) failed. ``phase``: ``load``, ``validate``,
-    ``register_backends``, ``hardware_db``, ``conformance_manifest``, ``probe_device``, ``conflict``
-    or ``not_installed``."""
+    ``register_backends``, ``hardware_db``, ``conformance_manifest``, ``probe_device``, ``conflict``,
+    ``not_installed``, or ``probe <backend>.<method>`` when a backend's probe raised or returned a
+    value of the wrong type."""
 
     plugin: str
     phase: str
@@ -197,15 +198,16 @@ class PluginHost:
 
             try:
                 impl.function(register=register)
+                stamped_specs = []
                 for spec in registered:
                     if record.name != BUILTIN_PLUGIN and spec.name in RESERVED_BACKEND_NAMES:
                         raise ValueError(f"backend name {spec.name!r} is reserved for the built-in backend")
+                    stamped_specs.append(_stamp(spec, record))  # rebuilding it checks every field again
             except Exception as exc:  # noqa: BLE001
                 self._fail(record, "register_backends", exc)
                 self.pm.unregister(name=impl.plugin_name)
                 continue
-            for spec in registered:
-                stamped = _stamp(spec, record)
+            for spec, stamped in zip(registered, stamped_specs):
                 owners.setdefault(spec.name, []).append(record.name)
                 self.specs.setdefault(spec.name, stamped)
                 record.backends.append(spec.name)
@@ -298,14 +300,28 @@ class PluginHost:
             self._instances[name] = inst
             return inst, None
 
+    def probe_failed(self, spec: BackendSpec, what: str, exc: BaseException) -> None:
+        """Record that probe ``what`` of backend ``spec.name`` raised or returned a bad value
+        (once per backend and probe), so ``moe-hal info`` shows it; selection skips the backend."""
+        record = self.plugins.get(spec.plugin)
+        if record is None:
+            return
+        phase = f"probe {spec.name}.{what}"
+        with self._lock:
+            if any(f.phase == phase for f in record.failures):
+                return
+            self._fail(record, phase, exc)
+        warnings.warn(f"{record.failures[-1]} (the backend is skipped; `moe-hal info` shows the traceback)",
+                      PluginWarning, stacklevel=4)
+
     def failures(self) -> list[PluginFailure]:
         self.ensure_loaded()
         return [f for r in self.plugins.values() for f in r.failures]
 
 
 def _stamp(spec: BackendSpec, record: PluginRecord) -> BackendSpec:
-    from dataclasses import replace
-
+    """``spec`` stamped with its plugin; built anew through ``BackendSpec.__post_init__``, so a
+    spec whose fields were changed after construction is checked too."""
     return replace(spec, plugin=record.name, distribution=record.distribution, version=record.version)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -135,6 +135,7 @@ def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
     _devices.clear()
+    _availability.clear()
 
 
 def select(problem: Problem, backend: Preference = None) -> Selection:
@@ -206,20 +207,10 @@ def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, dis
         if inst is None:
             cand.reasons.append(err)
             continue
-        cand.reasons.extend(_guarded(inst, "is_available", inst.is_available))
-        cand.reasons.extend(_guarded(inst, "check_device", inst.check_device, device))
-        if cand.reasons:
-            continue
-        cand.mode = _guarded_value(inst.execution_mode, device, default=Backend.NATIVE)
-        cand.reasons.extend(spec.signature_reasons(problem))
-        if not cand.reasons:
-            cand.reasons.extend(_guarded(inst, "unsupported", inst.unsupported, problem))
-        if not cand.reasons and name not in named:
-            reason = _guarded_value(inst.auto_select_reason, device, default=None)
-            if reason is not None:
-                cand.reasons.append(reason)
-        if not cand.reasons:
-            cand.path = _guarded_value(inst.describe_path, problem, default="")
+        try:
+            _probe_candidate(cand, inst, problem, device, host, named)
+        except ProbeFailed as failed:
+            cand.reasons.append(failed.reason)
     for record in host.plugins.values():
         for failure in record.failures:
             if failure.phase in ("load", "validate", "register_backends", "conflict"):
@@ -229,19 +220,93 @@ def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, dis
     return out
 
 
-def _guarded(inst: Backend, what: str, fn, *args) -> list[Reason]:
+def _probe_candidate(cand: Candidate, inst: Backend, problem: Problem, device: DeviceInfo,
+                     host: plugins.PluginHost, named: set[str]) -> None:
+    cand.reasons.extend(device_reasons(inst, device, host))
+    if cand.reasons:
+        return
+    cand.mode = probe(host, inst, "execution_mode", device)
+    cand.reasons.extend(cand.spec.signature_reasons(problem))
+    if not cand.reasons:
+        cand.reasons.extend(probe(host, inst, "unsupported", problem))
+    if not cand.reasons and cand.name not in named:
+        reason = probe(host, inst, "auto_select_reason", device)
+        if reason is not None:
+            cand.reasons.append(reason)
+    if not cand.reasons:
+        cand.path = probe(host, inst, "describe_path", problem)
+
+
+# -- probes ------------------------------------------------------------------------------------------
+class ProbeFailed(Exception):
+    """A backend probe raised or returned a value of the wrong type; ``reason`` says which."""
+
+    def __init__(self, reason: Reason):
+        super().__init__(str(reason))
+        self.reason = reason
+
+
+def _reason_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(r, Reason) for r in value)
+
+
+_REASON_LIST = (_reason_list, "a list of moe_hal.Reason")
+#: probe -> (check of its return value, what it must return).
+_PROBES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "is_available": _REASON_LIST,
+    "check_device": _REASON_LIST,
+    "unsupported": _REASON_LIST,
+    "execution_mode": (lambda v: v in (Backend.NATIVE, Backend.INTERPRETED, Backend.EMULATED),
+                       f"one of {Backend.NATIVE!r}, {Backend.INTERPRETED!r}, {Backend.EMULATED!r}"),
+    "auto_select_reason": (lambda v: v is None or isinstance(v, Reason), "None or a moe_hal.Reason"),
+    "describe_path": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def probe(host: plugins.PluginHost, inst: Backend, what: str, *args: Any) -> Any:
+    """``inst.<what>(*args)`` inside the isolation guard, its return value checked (a reason list
+    comes back as a new list).
+
+    A probe that raises or returns a value of the wrong type never breaks a call: the failure is
+    recorded on the backend's plugin (``moe-hal info`` shows it, naming the probe) and
+    :class:`ProbeFailed` carries a ``probe_failed`` reason, which makes the backend ineligible."""
+    valid, expected = _PROBES[what]
     try:
-        reasons = fn(*args)
+        value = getattr(inst, what)(*args)
     except Exception as exc:  # noqa: BLE001 - a probe must never break selection
-        return [Reason("probe_failed", f"{inst.name}.{what}() raised {type(exc).__name__}: {exc}")]
-    return list(reasons or [])
+        host.probe_failed(inst.spec, what, exc)
+        raise ProbeFailed(Reason("probe_failed", f"{inst.name}.{what}() raised {type(exc).__name__}: {exc}")) from None
+    if not valid(value):
+        message = f"{inst.name}.{what}() returned {_shown(value)}; expected {expected}"
+        host.probe_failed(inst.spec, what, TypeError(message))
+        raise ProbeFailed(Reason("probe_failed", message, expected, _shown(value)))
+    return list(value) if valid is _reason_list else value
 
 
-def _guarded_value(fn, arg, default):
-    try:
-        return fn(arg)
-    except Exception:  # noqa: BLE001
-        return default
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}{'...' if len(text) > 80 else ''}"
+
+
+_availability: dict[str, list[Reason]] = {}
+
+
+def device_reasons(inst: Backend, device: DeviceInfo, host: plugins.PluginHost) -> list[Reason]:
+    """Why ``inst`` cannot run on ``device`` at all: the device check first (so a backend for
+    another device type is never asked whether its software stack loads, which may be slow), then
+    :meth:`~Backend.is_available`, asked once per backend until :func:`clear_cache`. Raises
+    :class:`ProbeFailed` like :func:`probe`."""
+    reasons = probe(host, inst, "check_device", device)
+    if any(r.code == "device_type_unsupported" for r in reasons):
+        return reasons
+    available = _availability.get(inst.name)
+    if available is None:
+        try:
+            available = probe(host, inst, "is_available")
+        except ProbeFailed as failed:
+            available = [failed.reason]
+        _availability[inst.name] = available
+    return available + reasons
 
 
 def _rank(c: Candidate) -> tuple:
