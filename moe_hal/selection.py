@@ -222,7 +222,7 @@ def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, dis
 
 def _probe_candidate(cand: Candidate, inst: Backend, problem: Problem, device: DeviceInfo,
                      host: plugins.PluginHost, named: set[str]) -> None:
-    cand.reasons.extend(device_reasons(inst, device, host))
+    cand.reasons.extend(device_reasons(inst, device, host, always_probe=cand.name in named))
     if cand.reasons:
         return
     cand.mode = probe(host, inst, "execution_mode", device)
@@ -291,13 +291,15 @@ def _shown(value: Any) -> str:
 _availability: dict[str, list[Reason]] = {}
 
 
-def device_reasons(inst: Backend, device: DeviceInfo, host: plugins.PluginHost) -> list[Reason]:
+def device_reasons(inst: Backend, device: DeviceInfo, host: plugins.PluginHost,
+                   always_probe: bool = False) -> list[Reason]:
     """Why ``inst`` cannot run on ``device`` at all: the device check first (so a backend for
-    another device type is never asked whether its software stack loads, which may be slow), then
+    another device type is not asked whether its software stack loads, which may be slow, unless
+    ``always_probe``: the caller named it and wants every reason), then
     :meth:`~Backend.is_available`, asked once per backend until :func:`clear_cache`. Raises
     :class:`ProbeFailed` like :func:`probe`."""
     reasons = probe(host, inst, "check_device", device)
-    if any(r.code == "device_type_unsupported" for r in reasons):
+    if not always_probe and any(r.code == "device_type_unsupported" for r in reasons):
         return reasons
     available = _availability.get(inst.name)
     if available is None:
