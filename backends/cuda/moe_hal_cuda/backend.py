@@ -219,6 +219,10 @@ class CudaBackend(Backend):
 
     # -- execution -------------------------------------------------------------------------------------
     def run(self, problem: Problem, out: torch.Tensor | None) -> torch.Tensor:
+        with mode.exclusive_in_interpreter():
+            return self._run(problem, out)
+
+    def _run(self, problem: Problem, out: torch.Tensor | None) -> torch.Tensor:
         p = problem
         out = p.new_out() if out is None else out
         plan = self.plan(p)

@@ -14,8 +14,10 @@ someone imported triton too early. This module imports nothing but ``os``, ``sys
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
 
 from moe_hal import environment
 
@@ -54,3 +56,14 @@ def interpreter_broken() -> str | None:
         return ("triton was imported before TRITON_INTERPRET=1 was set, so triton.language's helpers are not "
                 "interpreted; set MOE_HAL_CUDA_INTERPRET=1 before anything imports triton")
     return None
+
+
+_interpreter_lock = threading.RLock()
+
+
+def exclusive_in_interpreter() -> contextlib.AbstractContextManager:
+    """A context in which to launch kernels: in interpreter mode it holds a process-wide lock,
+    because the Triton interpreter runs a launch by patching ``triton.language`` module globals and
+    a global grid index (triton 3.9 ``runtime/interpreter.py``), so two threads launching at once
+    corrupt each other (``InterpreterError``) — first use included. Natively it holds nothing."""
+    return _interpreter_lock if configure_triton() else contextlib.nullcontext()
