@@ -15,6 +15,7 @@ group's end and the next start, and rows past ``align(psum[-1], alignment)``, be
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping, Set as AbstractSet
 from typing import Iterable, Sequence
 
 import torch
@@ -51,7 +52,7 @@ def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
             raise ShapeError(argument, "a 1-D tensor", tuple(values.shape))
         out = [int(v) for v in values.tolist()]
     else:
-        if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        if isinstance(values, (str, bytes, Mapping, AbstractSet)) or not isinstance(values, Iterable):
             raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor", type(values).__name__)
         out = []
         for i, v in enumerate(values):
