@@ -67,18 +67,25 @@ def match_cuda(name: str, major: int, minor: int, sm_count: int | None = None) -
 
 def match_npu(soc_name: str, soc_version: int | None = None) -> Match:
     """Recognise an Ascend NPU from its SoC name (``torch.npu.get_device_name``) and, when given,
-    ``torch_npu.npu.get_soc_version()``. Pure: faked values can be passed."""
+    ``torch_npu.npu.get_soc_version()``. Pure: faked values can be passed. A name no pattern
+    knows (a new spelling of a known SKU) is matched by the version when one entry alone lists it."""
     seen = soc_name + (f" (soc_version {soc_version})" if soc_version is not None else "")
-    candidates, rejected = [], []
+    candidates, rejected, by_version = [], [], []
     for entry in all():
         rule = entry.raw["recognition"].get("npu")
-        if rule is None or not re.fullmatch(rule["soc_name_pattern"], soc_name.strip()):
+        if rule is None:
             continue
         versions = rule.get("soc_versions")
+        if not re.fullmatch(rule["soc_name_pattern"], soc_name.strip()):
+            if soc_version is not None and versions and soc_version in versions:
+                by_version.append(entry)
+            continue
         if soc_version is not None and versions and soc_version not in versions:
             rejected.append(f"{entry.id} matches the SoC name but expects soc_version in {versions}, not {soc_version}")
             continue
         candidates.append(entry)
+    if not candidates and not rejected and len(by_version) == 1:
+        return Match(by_version[0], seen + " [recognised by soc_version]", None)
     return decide(candidates, seen, rejected, "NPU")
 
 

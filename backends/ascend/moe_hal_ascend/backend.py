@@ -34,6 +34,7 @@ Other strides, fp32 upcasts, dequantized fp8, the 950's ``[G, K, N]`` fp8 layout
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -79,9 +80,12 @@ class AscendBackend(Backend):
 
     # -- availability and devices ----------------------------------------------------------------
     def is_available(self) -> list[Reason]:
+        # Cheap on purpose: selection asks this for every call, CPU and CUDA ones included, and
+        # importing torch_npu applies its global patches. The import waits for an npu device
+        # (check_device).
         if emulation.config().enabled:
             return []
-        return runtime.availability()
+        return runtime.installed()
 
     def check_device(self, device: DeviceInfo) -> list[Reason]:
         if device.type == "cpu":
@@ -93,7 +97,7 @@ class AscendBackend(Backend):
             return self._soc_reasons(prof.hw_id, prof.features, f"emulated SoC {cfg.soc}", prof.reason)
         if device.type != "npu":
             return [Reason("device_type_unsupported", "Ascend backends run on NPUs", {"npu"}, device.type)]
-        return self._soc_reasons(device.hw_id, device.features, device.seen, None)
+        return runtime.availability() or self._soc_reasons(device.hw_id, device.features, device.seen, None)
 
     def _soc_reasons(self, hw_id: str | None, features: frozenset[str], seen: str, why: str | None) -> list[Reason]:
         required = set(self.spec.requires)
@@ -132,21 +136,24 @@ class AscendBackend(Backend):
         if p.quantized:
             if self.native_fp8 and p.op != "k_grouped" and p.scale_blocks == GB_SCALE_BLOCKS:
                 return Plan("fp8_gb", torch.float8_e4m3fn)
-            # ue8m0 scales are powers of two: fp8 * scale is exact in bf16, so the bf16 op loses
-            # nothing. fp32 scales are not exact in bf16, and rounding both operands would exceed
-            # the fp8 accuracy class on short reductions: those go through the fp32 op.
-            exact_in_bf16 = p.scale_format == "ue8m0" and p.out_dtype == torch.bfloat16 and not _sums_c(p)
-            op_dtype = torch.bfloat16 if exact_in_bf16 else torch.float32
             why = ("this backend serves SoCs without fp8 hardware, Atlas A2/A3; on a 950 ascend_950 runs fp8 "
                    "natively" if not self.native_fp8 else
                    "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only")
-            exact = ("exact: ue8m0 scales are powers of two" if exact_in_bf16 else
-                     "an fp32 output" if p.out_dtype == torch.float32 else
-                     "c + a^T b rounded once" if _sums_c(p) else
-                     "fp32 block scales are not exact in bf16, so the fp32 op keeps the fp8 accuracy")
-            return Plan("dequantize", op_dtype, (
-                f"dequantizes fp8 operands to {dtypes.name_of(op_dtype)} ({exact}) before npu_grouped_matmul "
-                f"({why}); weights once, through the prepared-weight cache",))
+            decode = ("fp8 bytes decoded through a 256-entry table on a uint8 view (exact; no fp8 cast, which "
+                      "aclnnCast lacks on A2/A3)")
+            if p.op == "k_grouped":
+                return Plan("dequantize", torch.float32, (
+                    f"dequantizes both fp8 operands to fp32 on every call ({decode}) and multiplies in fp32 ({why})",))
+            if p.out_dtype == torch.bfloat16:
+                return Plan("dequantize", torch.bfloat16, (
+                    f"dequantizes fp8 to bf16 ({decode}) before a bf16 npu_grouped_matmul ({why}); weights once, "
+                    "held as bf16 (2 bytes per parameter): exact for ue8m0 scales, otherwise each weight rounded "
+                    "once to bf16 (relative error <= 2^-9, within the fp8_bf16 conformance class)",))
+            return Plan("dequantize", torch.float32, (
+                f"dequantizes fp8 to fp32 ({decode}) before an fp32 npu_grouped_matmul ({why}): an fp32 output "
+                "keeps the fp8_fp32 accuracy class; weights held as bf16 (2 bytes per parameter) when every "
+                "dequantized weight is exact in bf16 (always for ue8m0 scales) and widened to fp32 per call, "
+                "otherwise held as fp32 (4 bytes per parameter)",))
         if p.out_dtype != p.a.dtype:
             return Plan("upcast_fp32", torch.float32, (
                 f"upcasts {p.in_dtype} operands to fp32 (npu_grouped_matmul writes the input dtype for "
@@ -178,6 +185,11 @@ class AscendBackend(Backend):
                          "transposed view; empty groups zeroed; c, when given, added in fp32 after the op")
             return "; ".join(parts + list(plan.notes))
         parts.append(self._weight_text(p, plan))
+        if plan.compute == "dequantize":
+            params = p.num_groups * p.n * p.k
+            parts.append(f"weight memory: {params} fp8 parameters held as {_mib(params * 2)} MiB of bf16"
+                         + ("" if plan.op_dtype == torch.bfloat16 else
+                            f" (or {_mib(params * 4)} MiB of fp32 if some dequantized weight is not exact in bf16)"))
         return "; ".join(parts + list(plan.notes))
 
     def _weight_text(self, p: Problem, plan: Plan) -> str:
@@ -206,11 +218,13 @@ class AscendBackend(Backend):
         if p.is_empty:
             return p.empty_product(out)
         ops = runtime.ops_for(p.device)
-        if p.op == "contiguous":
-            return self._contiguous(p, plan, ops, out)
-        if p.op == "masked":
-            return self._masked(p, plan, ops, out)
-        return self._k_grouped(p, plan, ops, out)
+        guard = ops.soc_guard() if p.device.type == "cpu" else contextlib.nullcontext()
+        with guard:
+            if p.op == "contiguous":
+                return self._contiguous(p, plan, ops, out)
+            if p.op == "masked":
+                return self._masked(p, plan, ops, out)
+            return self._k_grouped(p, plan, ops, out)
 
     def _contiguous(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
@@ -232,7 +246,7 @@ class AscendBackend(Backend):
         packed = torch.arange(rows, device=p.device)
         group = torch.searchsorted(ends, packed, right=True).clamp_(max=groups - 1)
         source = (group * max_m + packed - (ends - valid_m)[group]).clamp_(0, rows - 1)
-        x = x.reshape(rows, p.k).index_select(0, source)
+        x = _gather_rows(x.reshape(rows, p.k), source)
         if per_token_scale is not None:
             per_token_scale = per_token_scale.reshape(rows, -1).index_select(0, source)
         y = self._gmm_m(p, plan, ops, x, per_token_scale, ends)
@@ -248,9 +262,9 @@ class AscendBackend(Backend):
         weight, weight_scale = self._m_weight(p, plan, ops)
         kwargs: dict[str, Any] = dict(group_list=group_list, group_type=0, group_list_type=0, split_item=3)
         if plan.compute == "fp8_gb":
-            kwargs.update(scale=[weight_scale], per_token_scale=[per_token_scale.contiguous()],
+            kwargs.update(scale=[weight_scale], per_token_scale=[_row_major(per_token_scale)],
                           output_dtype=p.out_dtype)
-        return ops.npu_grouped_matmul([x.contiguous()], [weight], **kwargs)[0]
+        return ops.npu_grouped_matmul([_row_major(x)], [weight], **kwargs)[0]
 
     def _k_grouped(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
         lay = p.layout
@@ -258,13 +272,15 @@ class AscendBackend(Backend):
             return p.empty_product(out)
         a, _ = _activation(p.a, plan)
         b, _ = _activation(p.b, plan)
-        a, b = a.contiguous(), b.contiguous()
         if lay.has_gaps():
             rows = lay.valid_rows_on(p.device)
             a, b = a.index_select(0, rows), b.index_select(0, rows)
             ends = _cached(lay, "packed_ends_i64", p.device, lambda: lay.packed_ends_on("cpu").to(torch.int64))
         else:
             ends = _cached(lay, "ends_i64", p.device, lambda: lay.psum.to(torch.int64))
+        # CANN reads transposition from strides, size-1 dims included: a column-major a with T = 1
+        # or M = 1 is "contiguous" to torch yet reaches the op with strides it reads wrongly.
+        a, b = _row_major(a), _row_major(b)
         y = ops.npu_grouped_matmul([a.t()], [b], group_list=ends, group_type=2, group_list_type=0, split_item=3)[0]
         empty = [g for g, count in enumerate(lay.counts_list) if count == 0]
         if empty:
@@ -281,11 +297,16 @@ class AscendBackend(Backend):
 
         b = p.b
         if plan.compute == "fp8_gb":
-            data = prepared_cache.get(self.name, b, "npu_fp8_weight_kn", lambda q: q.data.transpose(1, 2).contiguous())
-            scale = prepared_cache.get(self.name, b, "npu_fp8_scale_kn", lambda q: q.scale.transpose(1, 2).contiguous())
+            # The weight [G, K, N] row-major reads as "not transposed"; the G-B checker wants the same of
+            # its scale, by strides (size-1 dims included), so both are laid out row-major exactly.
+            data = prepared_cache.get(self.name, b, "npu_fp8_weight_kn",
+                                      lambda q: _row_major(q.data.view(torch.uint8).transpose(1, 2)).view(q.data.dtype))
+            scale = prepared_cache.get(self.name, b, "npu_fp8_scale_kn", lambda q: _row_major(q.scale.transpose(1, 2)))
             return data, scale
         if plan.compute == "native":
             w = b
+        elif plan.compute == "dequantize":
+            w = self._dequantized_weight(b, plan)
         else:
             name = dtypes.name_of(plan.op_dtype)
             w = prepared_cache.get(self.name, b, f"npu_weight_{name}", _converter(plan))
@@ -303,12 +324,27 @@ class AscendBackend(Backend):
         w = prepared_cache.get(self.name, b, "npu_weight_k_inner", lambda t: t.contiguous())
         return w.transpose(1, 2), None
 
+    def _dequantized_weight(self, b: QuantizedTensor, plan: Plan) -> torch.Tensor:
+        """fp8 weights dequantized once and held as bf16 where that is exact or the output is bf16
+        (else fp32), returned in the op's dtype (a bf16 copy is widened per call for an fp32 op)."""
+        from moe_hal.prepared import prepared_cache
+
+        bf16 = prepared_cache.get(self.name, b, "npu_weight_bf16", lambda q: decode_fp8(q, torch.bfloat16))
+        if plan.op_dtype == torch.bfloat16:
+            return bf16
+        exact = prepared_cache.get(self.name, b, "npu_weight_bf16_is_exact",
+                                   lambda q: bool(torch.equal(bf16.float(), decode_fp8(q, torch.float32))))
+        if exact:
+            return bf16.float()
+        return prepared_cache.get(self.name, b, "npu_weight_fp32", lambda q: decode_fp8(q, torch.float32))
+
     def _use_nz(self, p: Problem, plan: Plan) -> bool:
         if environment.choice(ENV_WEIGHT_FORMAT, ("nd", "nz"), "nd") != "nz":
             return False
         features = soc.emulated().features if p.device.type == "cpu" else _device_features(p.device)
+        aligned = "ascend_a5" not in features or (p.k * 2 % 32 == 0 and p.n * 2 % 32 == 0)
         return ("nz_format" in features and plan.op_dtype in (torch.bfloat16, torch.float16)
-                and p.k > 1 and p.n > 1)
+                and p.k > 1 and p.n > 1 and aligned)
 
 
 class Ascend950Backend(AscendBackend):
@@ -329,16 +365,52 @@ def _activation(x: torch.Tensor | QuantizedTensor, plan: Plan) -> tuple[torch.Te
     if plan.compute == "fp8_gb":
         return x.data, x.scale
     if plan.compute == "dequantize":
-        return x.dequantize(plan.op_dtype), None
+        return decode_fp8(x, plan.op_dtype), None
     if plan.compute == "upcast_fp32":
         return x.to(torch.float32), None
     return x, None
 
 
 def _converter(plan: Plan) -> Callable[[Any], torch.Tensor]:
-    if plan.compute == "dequantize":
-        return lambda q: q.dequantize(plan.op_dtype)
     return lambda t: t.to(plan.op_dtype, memory_format=torch.contiguous_format)
+
+
+#: fp32 value of every fp8 e4m3 byte (built on the host once; it is 1 KiB).
+_E4M3_TABLE = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+_tables: dict[torch.device, torch.Tensor] = {}
+
+
+def decode_fp8(q: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
+    """``q.data * scale`` per block in ``dtype`` without an fp8 cast on the device: the bytes index
+    a 256-entry fp32 table (exact), then the block scales multiply in fp32 and the result rounds once."""
+    table = _tables.get(q.data.device)
+    if table is None:
+        table = _tables[q.data.device] = _E4M3_TABLE.to(q.data.device)
+    values = table[q.data.view(torch.uint8).to(torch.int32)]
+    return (values * q.expanded_scale().float()).to(dtype)
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with exactly row-major strides (size-1 dims included), copied only when they differ:
+    ``contiguous()`` ignores size-1 dims, CANN's transposition test does not."""
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= size
+    if tuple(reversed(expected)) == t.stride():
+        return t
+    return t.new_empty(t.shape).copy_(t)
+
+
+def _gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x.index_select(0, index)``; fp8 rows are gathered as uint8 (aclnnIndexSelect has no FLOAT8)."""
+    if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return x.view(torch.uint8).index_select(0, index).view(x.dtype)
+    return x.index_select(0, index)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f}"
 
 
 def _device_features(device: torch.device) -> frozenset[str]:

@@ -1,78 +1,255 @@
-"""A CPU emulator of the torch_npu operators the Ascend backends call.
+"""A CPU emulator of the torch_npu operators the Ascend backends call, as strict as CANN's host checks.
 
 It exposes the same names and keyword signatures as ``torch_npu`` — :func:`npu_grouped_matmul`
 (the Tensor ``group_list`` overload), :func:`npu_format_cast`, :func:`get_npu_format` — so the
 backends call ``ops.npu_grouped_matmul(...)`` without knowing which one they hold
-(:func:`moe_hal_ascend.runtime.ops_for`). It takes CPU tensors and follows the documented
-semantics of the real operator (reference/ascend.md §1 and §6; sources: torch_npu's meta
-registrations and docs, the aclnnGroupedMatmulV5 kernel doc):
+(:func:`moe_hal_ascend.runtime.ops_for`).
+
+Every call is first reduced to what the host sees — shapes, strides, dtypes, storage formats and
+the scalar arguments, never device values (:class:`GmmCall`) — and checked by
+:func:`check_call` against the rules of :mod:`moe_hal_ascend.cann_rules`, each taken from CANN's
+host code or docs; a rejection is an :class:`AclnnError` naming the rule and its source. The
+same check runs on recorded calls (:mod:`moe_hal_ascend.replay`), so a reviewer without an NPU
+can audit exactly what would be sent. Only then are the values computed:
 
 * ``group_list_type`` 0 (cumulative ends), 1 (per-group counts), 2 (``[E, 2]`` rows of
-  ``(group index, count)``, consumed in list order, non-zero groups first); ranges are laid
-  back-to-back from row 0; zero-size groups are legal and write nothing.
-* ``group_type`` -1 (independent matmuls over lists), 0 (groups along M), 2 (groups along K: ``x``
-  a transposed ``[K, M]`` view, ``weight`` ``[K, N]``, ``y`` ``[G, M, N]``); 1 is rejected.
-* ``split_item`` 0/1 (one output per group) and 2/3 (one concatenated output).
-* Transposed weights are recognised by strides as the meta kernel does
-  (``stride[-2] == 1 and stride[-1] == shape[-2]``).
-* **Rows of ``y`` outside every group are never written.** The real kernel leaves whatever the
-  allocator returned there; the emulator fills them with NaN, so a caller that forgets to fix
-  them up fails loudly. For ``group_type`` 2 the output of an empty K group is undocumented; the
-  emulator leaves it NaN as well (a caller must not rely on zeros there).
-* Arithmetic: fp16/bf16 operands are multiplied exactly, accumulated in fp32 and rounded once to
-  the output dtype; fp32 operands are accumulated in fp32 (no HF32: ``allow_hf32`` defaults to
-  False). fp8 e4m3 operands (SoCs with the ``fp8`` feature) use the G-B block-scaled mode: fp32
-  scales, ``per_token_scale [M, ceil(K/128)]`` and ``scale [E, ceil(K/128), ceil(N/128)]``; each
-  128-wide K block is multiplied in fp32 and scaled before it is accumulated in fp32.
-* Validation mirrors the kernel's: int64 ``group_list`` of one entry per expert, at most 1024
-  groups, inner dimensions below 65536, covered rows within ``x``, the dtype matrix of the
-  emulated SoC (from its hardware-DB features, :mod:`moe_hal_ascend.soc`), ``output_dtype`` rules,
-  ``act_type`` only with int8. Errors are :class:`AclnnError` (a ``RuntimeError`` like torch_npu's)
-  carrying the aclnn error code, ``161002`` (ACLNN_ERR_PARAM_INVALID) for parameter errors.
+  ``(group index, count)``, consumed in list order); ranges are laid back to back from row 0.
+* ``group_type`` 0 (groups along M) and 2 (along K: ``x`` a transposed ``[K, M]`` view, ``weight``
+  ``[K, N]``, ``y [G, M, N]``); -1 (independent matmuls over lists) for 2-D tensors.
+* **Rows of ``y`` outside every group are never written**: the emulator fills them with NaN, so a
+  caller that forgets them fails loudly. The group list's values are device data the host never
+  checks; values the kernel cannot make sense of (decreasing ends, negative counts, more rows than
+  ``x`` has, unknown group indices) leave the *whole* output NaN — undefined, never an error.
+* Arithmetic: fp16/bf16 products are exact in fp32, accumulated in fp32 and rounded once; fp32
+  operands accumulate in fp32 (no HF32). fp8 e4m3 (the 950's G-B mode): each 128-wide K block in
+  fp32, scaled by ``per_token_scale [M, ceil(K/128)]`` and ``scale [E, ceil(K/128), ceil(N/128)]``.
 
-Arguments of the real operator the backends never pass (bias, offsets, antiquantization, int8 and
-int4 operands, fused activations, the Python-list ``group_list`` overload) raise
-``NotImplementedError`` naming the argument: the emulator never pretends to compute what it does
-not model.
+:func:`soc_guard` extends the same strictness to the plain tensor operations a backend runs on
+the device around the grouped matmul: FLOAT8 casts on SoCs without fp8 (aclnnCast) and FLOAT8
+gathers anywhere (aclnnIndexSelect) are refused.
+
+Arguments the backends never pass (bias, offsets, antiquantization, int8/int4 operands, fused
+activations, the Python-list ``group_list`` overload) raise ``NotImplementedError`` naming the
+argument: the emulator never pretends to compute what it does not model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from dataclasses import dataclass
-from typing import Any, Sequence
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import cann_rules
 from . import soc as _soc
 
 ACL_FORMAT_ND = 2
 ACL_FORMAT_FRACTAL_NZ = 29
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
-#: Largest number of groups with a single weight tensor.
+#: Largest group list of the Tensor overload (MAX_GROUP_LIST_SIZE_TENSOR).
 MAX_GROUPS = 1024
-#: Inner (last, in memory) dimensions must be below this ("InnerLimit").
-INNER_DIM_LIMIT = 65536
+#: Inner (last, in memory) axes must stay at or below this (MAX_INNER_AXIS).
+MAX_INNER_AXIS = 65535
 #: G-B block size along K and N (gsM = 1).
 GB_BLOCK = 128
 
-_FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-_FP8_OUT = (torch.bfloat16, torch.float16, torch.float32)
+_FLOATS = ("float16", "bfloat16", "float32")
+_FP8 = ("float8_e4m3fn", "float8_e5m2")
+_FP8_OUT = ("bfloat16", "float16", "float32")
 _FORMAT_ATTR = "_moe_hal_emulated_npu_format"
 _API = "aclnnGroupedMatmulV5"
 
 
 class AclnnError(RuntimeError):
-    """A parameter error of the emulated operator, shaped like torch_npu's: the aclnn API, the
-    error code and the kernel's complaint."""
+    """A host-side rejection of the emulated operator, shaped like torch_npu's: the aclnn API, the
+    error code, the complaint, and the :mod:`~moe_hal_ascend.cann_rules` rule with its source."""
 
-    def __init__(self, detail: str, code: int = ACLNN_ERR_PARAM_INVALID, api: str = _API):
+    def __init__(self, rule: str, detail: str, code: int = ACLNN_ERR_PARAM_INVALID, api: str = _API):
+        self.rule = rule
         self.code = code
         self.detail = detail
         name = {ACLNN_ERR_PARAM_INVALID: "ACLNN_ERR_PARAM_INVALID",
                 ACLNN_ERR_PARAM_NULLPTR: "ACLNN_ERR_PARAM_NULLPTR"}.get(code, "ACLNN_ERR")
-        super().__init__(f"call {api} failed, error code {code} ({name}): {detail}")
+        super().__init__(f"call {api} failed, error code {code} ({name}): {detail} -- {cann_rules.source_of(rule)}")
+
+
+# -- what the host sees ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor as the aclnn host code sees it: view shape, view strides, dtype, storage format."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    npu_format: int = ACL_FORMAT_ND
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."), get_npu_format(t))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TensorSpec":
+        return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d.get("npu_format", ACL_FORMAT_ND))
+
+    @property
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class GmmCall:
+    """Everything the host knows about one ``npu_grouped_matmul`` call (recorded and replayed)."""
+
+    soc: str
+    x: tuple[TensorSpec, ...]
+    weight: tuple[TensorSpec, ...]
+    scale: tuple[TensorSpec, ...] | None
+    per_token_scale: tuple[TensorSpec, ...] | None
+    group_list: TensorSpec | None
+    split_item: int
+    group_type: int | None
+    group_list_type: int
+    act_type: int
+    tuning_config: tuple[int, ...] | None
+    output_dtype: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GmmCall":
+        def specs(value):
+            return None if value is None else tuple(TensorSpec.from_dict(s) for s in value)
+
+        return cls(d["soc"], specs(d["x"]), specs(d["weight"]), specs(d["scale"]), specs(d["per_token_scale"]),
+                   None if d["group_list"] is None else TensorSpec.from_dict(d["group_list"]), d["split_item"],
+                   d["group_type"], d["group_list_type"], d["act_type"],
+                   None if d["tuning_config"] is None else tuple(d["tuning_config"]), d["output_dtype"])
+
+
+def is_transposed(t: TensorSpec) -> bool:
+    """CANN's IsTransposeLastTwoDims: ``stride[-2] == 1``, ``stride[-1] == shape[-2]`` and every
+    batch stride equal to the product of the dims after it — size-1 dims included."""
+    if t.dim < 2 or t.stride[-2] != 1 or t.stride[-1] != t.shape[-2]:
+        return False
+    expected = t.shape[-1] * t.shape[-2]
+    for d in range(t.dim - 3, -1, -1):
+        if t.stride[d] != expected:
+            return False
+        expected *= t.shape[d]
+    return True
+
+
+def _last_two_are_one(t: TensorSpec) -> bool:
+    return t.dim >= 2 and t.shape[-1] == 1 and t.shape[-2] == 1
+
+
+def _special_transposed(t: TensorSpec) -> bool:
+    """CANN's CheckSpecialTranspose: transposed by the rule, unless the last two dims hold one element."""
+    return is_transposed(t) and t.shape[-1] * (t.shape[-2] if t.dim > 1 else 1) != 1
+
+
+# -- the recorder --------------------------------------------------------------------------------------
+_recordings: list[list[dict]] = []
+_record_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict]]:
+    """Record every :func:`npu_grouped_matmul` call made inside the block (``GmmCall.to_dict()``
+    plus ``accepted`` and, when refused, ``rule``) into the yielded list."""
+    calls: list[dict] = []
+    with _record_lock:
+        _recordings.append(calls)
+    try:
+        yield calls
+    finally:
+        with _record_lock:
+            _recordings.remove(calls)
+
+
+def _record(call: GmmCall, error: AclnnError | None) -> None:
+    if not _recordings:
+        return
+    entry = dict(call.to_dict(), accepted=error is None, rule=None if error is None else error.rule)
+    with _record_lock:
+        for calls in _recordings:
+            calls.append(entry)
+
+
+# -- the guard around the backends' own device operations ------------------------------------------------
+_aten = torch.ops.aten
+_GATHERS = {_aten.index_select, _aten.index, _aten.gather, _aten.take, _aten.embedding}
+_CASTS = {_aten._to_copy, _aten.copy_}
+
+
+class _SocGuard(TorchDispatchMode):
+    """Refuses, on CPU tensors, the tensor operations the emulated SoC's aclnn kernels reject."""
+
+    def __init__(self, profile: _soc.SocProfile):
+        super().__init__()
+        self.profile = profile
+        self.bypass = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not self.bypass:
+            packet = func.overloadpacket
+            if packet in _GATHERS and isinstance(args[0], torch.Tensor) and _is_fp8(args[0].dtype):
+                raise AclnnError("index_select_fp8", f"{packet.__name__} of a {args[0].dtype} tensor: aclnnIndexSelect "
+                                 "has no FLOAT8 dtype (gather a uint8 view instead)", api="aclnnIndexSelect")
+            if packet in _CASTS and not self.profile.native_fp8:
+                source, target = _cast_dtypes(packet, args, kwargs)
+                if source != target and (_is_fp8(source) or _is_fp8(target)):
+                    raise AclnnError("cast_fp8", f"cast {source} -> {target} on SoC {self.profile.label}, which has "
+                                     "no fp8 (aclnnCast lists FLOAT8 dtypes for the 950 only)", api="aclnnCast")
+        return func(*args, **kwargs)
+
+
+def _is_fp8(dtype: torch.dtype | None) -> bool:
+    return dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _cast_dtypes(packet, args, kwargs) -> tuple[torch.dtype | None, torch.dtype | None]:
+    if packet is _aten.copy_:
+        return args[1].dtype, args[0].dtype
+    return args[0].dtype, kwargs.get("dtype") or args[0].dtype
+
+
+_guard_state = threading.local()
+
+
+@contextlib.contextmanager
+def soc_guard() -> Iterator[None]:
+    """Within the block, tensor operations on CPU tensors are held to the emulated SoC's aclnn
+    dtype tables (:data:`cann_rules.RULES` ``cast_fp8``, ``index_select_fp8``)."""
+    guard = _SocGuard(_soc.emulated())
+    previous = getattr(_guard_state, "guard", None)
+    _guard_state.guard = guard
+    try:
+        with guard:
+            yield
+    finally:
+        _guard_state.guard = previous
+
+
+@contextlib.contextmanager
+def _unguarded() -> Iterator[None]:
+    """The emulator's own arithmetic is not a device op of the backend: let it pass the guard."""
+    guard = getattr(_guard_state, "guard", None)
+    if guard is None:
+        yield
+        return
+    guard.bypass += 1
+    try:
+        yield
+    finally:
+        guard.bypass -= 1
 
 
 # -- formats ---------------------------------------------------------------------------------------
@@ -82,15 +259,12 @@ def npu_format_cast(self: torch.Tensor, acl_format: int) -> torch.Tensor:
     :func:`npu_grouped_matmul` checks against what the kernel accepts."""
     _check_cpu(self, "self")
     if acl_format not in (ACL_FORMAT_ND, ACL_FORMAT_FRACTAL_NZ):
-        raise AclnnError(f"acl_format {acl_format} is not emulated (only ND=2 and FRACTAL_NZ=29)",
+        raise NotImplementedError(f"acl_format {acl_format} is not emulated (only ND=2 and FRACTAL_NZ=29)")
+    if acl_format == ACL_FORMAT_FRACTAL_NZ and not _soc.emulated().nz_format:
+        raise AclnnError("nz_format", f"SoC {_soc.emulated().label} has no FRACTAL_NZ support",
                          api="npu_format_cast")
-    if acl_format == ACL_FORMAT_FRACTAL_NZ:
-        if self.dim() < 2:
-            raise AclnnError(f"FRACTAL_NZ needs a tensor of rank >= 2, got shape {tuple(self.shape)}",
-                             api="npu_format_cast")
-        if not _soc.emulated().nz_format:
-            raise AclnnError(f"SoC {_soc.emulated().label} has no FRACTAL_NZ support", api="npu_format_cast")
-    out = self.clone(memory_format=torch.contiguous_format)
+    with _unguarded():
+        out = self.clone(memory_format=torch.contiguous_format)
     setattr(out, _FORMAT_ATTR, acl_format)
     return out
 
@@ -98,6 +272,216 @@ def npu_format_cast(self: torch.Tensor, acl_format: int) -> torch.Tensor:
 def get_npu_format(self: torch.Tensor) -> int:
     """Storage format of ``self``: 29 after ``npu_format_cast(t, 29)``, else 2 (ND)."""
     return getattr(self, _FORMAT_ATTR, ACL_FORMAT_ND)
+
+
+# -- the host check ---------------------------------------------------------------------------------
+def check_call(call: GmmCall, profile: _soc.SocProfile | None = None) -> str:
+    """Apply CANN's host-side rules to ``call``; returns y's dtype name or raises :class:`AclnnError`
+    (or ``NotImplementedError`` for a form the emulator does not model)."""
+    profile = _soc.profile(call.soc) if profile is None else profile
+    if call.group_type not in (-1, 0, 2):
+        raise AclnnError("group_type", f"group_type only supports -1, 0 and 2, got {call.group_type}")
+    if call.act_type != 0:
+        raise AclnnError("act_type", f"act_type {call.act_type}: activations are fused only for int8 x and weight, "
+                         "which the emulator does not model")
+    if call.tuning_config is not None and profile.arch35:
+        raise AclnnError("tuning_config_950", f"tuning_config is not supported on SoC {profile.label}")
+    if call.group_type == -1:
+        return _check_no_split(call, profile)
+    if call.group_list is None:
+        raise AclnnError("group_list_tensor", f"group_list is required when group_type is {call.group_type}",
+                         code=ACLNN_ERR_PARAM_NULLPTR)
+    if len(call.x) != 1 or len(call.weight) != 1:
+        raise NotImplementedError("the emulator models group_type 0 and 2 with a single x and a single weight; "
+                                  f"got {len(call.x)} x and {len(call.weight)} weight tensors")
+    if call.group_type == 0:
+        return _check_split_m(call, profile)
+    return _check_split_k(call, profile)
+
+
+def _check_split_m(call: GmmCall, profile: _soc.SocProfile) -> str:
+    x, w = call.x[0], call.weight[0]
+    if w.dim == 3 and call.split_item not in (2, 3):
+        raise AclnnError("split_item_single_weight", f"split_item {call.split_item} with a single 3-D weight")
+    if call.split_item not in (2, 3):
+        raise NotImplementedError("the emulator models group_type 0 with one 3-D weight only")
+    if x.dim != 2 or w.dim != 3:
+        raise AclnnError("dims", f"group_type 0 needs x 2-D and the single weight 3-D, got x {list(x.shape)} and "
+                         f"weight {list(w.shape)}")
+    if _special_transposed(x):
+        raise AclnnError("x_not_transposed", f"x (shape {list(x.shape)}, strides {list(x.stride)}) is transposed by "
+                         "CANN's stride rule; x must not be transposed for group_type 0")
+    transposed_w = is_transposed(w)
+    if x.shape[1] != w.shape[1]:
+        raise AclnnError("k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, "
+                         f"weight {list(w.shape)}")
+    _check_inner(x.shape[1], "x (K)")
+    if not transposed_w:
+        _check_inner(w.shape[2], "weight (N)")
+    _check_group_list(call, groups=w.shape[0])
+    _check_group_list_type(call, profile, quantized=x.dtype in _FP8)
+    return _check_dtypes(call, profile, transposed_x=False, transposed_w=transposed_w)
+
+
+def _check_split_k(call: GmmCall, profile: _soc.SocProfile) -> str:
+    x, w = call.x[0], call.weight[0]
+    if call.split_item not in (2, 3):
+        raise AclnnError("split_item_split_k", f"split_item {call.split_item} with group_type 2")
+    if x.dim != 2 or w.dim != 2:
+        raise AclnnError("dims", f"group_type 2 needs 2-D x [M, K] and weight [K, N], got {list(x.shape)} "
+                         f"and {list(w.shape)}")
+    if not is_transposed(x):
+        raise AclnnError("split_k_transposes", f"x (shape {list(x.shape)}, strides {list(x.stride)}) must be "
+                         "transposed (a [M, K] view of a row-major [K, M] tensor) for group_type 2")
+    if _special_transposed(w):
+        raise AclnnError("split_k_transposes", f"weight (shape {list(w.shape)}, strides {list(w.stride)}) must not "
+                         "be transposed for group_type 2")
+    if x.shape[1] != w.shape[0]:
+        raise AclnnError("k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, "
+                         f"weight {list(w.shape)}")
+    _check_inner(x.shape[0], "x (M, transposed)")
+    _check_inner(w.shape[1], "weight (N)")
+    _check_group_list(call, groups=None)
+    _check_group_list_type(call, profile, quantized=False)
+    if call.scale is not None or call.per_token_scale is not None or x.dtype in _FP8:
+        raise NotImplementedError("quantized group_type 2 (950 full quantization along K) is not emulated")
+    return _check_dtypes(call, profile, transposed_x=True, transposed_w=False)
+
+
+def _check_no_split(call: GmmCall, profile: _soc.SocProfile) -> str:
+    if call.split_item not in (0, 1):
+        raise AclnnError("split_item_no_split", f"split_item {call.split_item} with group_type -1")
+    if call.group_list is not None:
+        raise AclnnError("group_list_tensor", "group_list must be None when group_type is -1")
+    if len(call.x) != len(call.weight) or len(call.weight) > MAX_GROUPS:
+        raise AclnnError("dims", f"group_type -1 needs as many x as weight tensors (at most {MAX_GROUPS}), got "
+                         f"{len(call.x)} and {len(call.weight)}")
+    if call.scale is not None or call.per_token_scale is not None:
+        raise NotImplementedError("quantized group_type -1 is not emulated")
+    out = None
+    for i, (x, w) in enumerate(zip(call.x, call.weight)):
+        if x.dim != 2 or w.dim != 2:
+            raise NotImplementedError("the emulator models group_type -1 with 2-D x and weight tensors")
+        if _special_transposed(x):
+            raise AclnnError("x_not_transposed", f"x[{i}] must not be transposed")
+        if x.shape[1] != w.shape[0]:
+            raise AclnnError("k_match", f"x[{i}] {list(x.shape)} and weight[{i}] {list(w.shape)}")
+        _check_inner(x.shape[1], f"x[{i}] (K)")
+        if not is_transposed(w):
+            _check_inner(w.shape[1], f"weight[{i}] (N)")
+        one = GmmCall(call.soc, (x,), (w,), None, None, None, call.split_item, -1, 0, 0, None, call.output_dtype)
+        out = _check_dtypes(one, profile, transposed_x=False, transposed_w=is_transposed(w), single=False)
+    return out
+
+
+def _check_inner(value: int, name: str) -> None:
+    if value > MAX_INNER_AXIS:
+        raise AclnnError("inner_axis", f"the inner axis of {name} is {value}; it must be at most {MAX_INNER_AXIS}")
+
+
+def _check_group_list(call: GmmCall, groups: int | None) -> None:
+    gl = call.group_list
+    if gl.dtype != "int64":
+        raise AclnnError("group_list_tensor", f"group_list dtype must be INT64, got {gl.dtype}")
+    expected_dims = 2 if call.group_list_type == 2 else 1
+    if gl.dim != expected_dims or (expected_dims == 2 and gl.shape[1] != 2):
+        raise AclnnError("group_list_tensor", f"group_list must be {'[E, 2]' if expected_dims == 2 else '1-D'} for "
+                         f"group_list_type {call.group_list_type}, got shape {list(gl.shape)}")
+    length = gl.shape[0]
+    if length > MAX_GROUPS:
+        raise AclnnError("group_list_tensor", f"group_list has {length} entries, more than {MAX_GROUPS}")
+    if groups is not None and groups > 1 and length != groups:
+        raise AclnnError("group_list_tensor", f"group_list has {length} entries; the weight holds {groups} groups")
+
+
+def _check_group_list_type(call: GmmCall, profile: _soc.SocProfile, quantized: bool) -> None:
+    glt = call.group_list_type
+    if glt in (0, 1):
+        if glt == 1 and call.group_list.shape[0] == 1 and not profile.arch35:
+            raise AclnnError("group_list_len1_a2a3", "a one-entry counts list (group_list_type 1) on SoC "
+                             f"{profile.label}")
+        return
+    if glt != 2:
+        raise AclnnError("group_list_type", f"group_list_type must be 0, 1 or 2, got {glt}")
+    if call.group_type != 0 or not quantized or not profile.arch35:
+        raise AclnnError("group_list_type", "group_list_type 2 needs group_type 0 and quantized x and weight "
+                         f"(int8 on A2/A3, full quantization on the 950); got group_type {call.group_type}, "
+                         f"x {call.x[0].dtype} on SoC {profile.label}")
+
+
+def _check_dtypes(call: GmmCall, profile: _soc.SocProfile, *, transposed_x: bool, transposed_w: bool,
+                  single: bool = True) -> str:
+    x, w = call.x[0], call.weight[0]
+    if x.dtype != w.dtype:
+        raise AclnnError("dtype_a2a3" if not profile.arch35 else "output_dtype_nonquant",
+                         f"x dtype {x.dtype} and weight dtype {w.dtype} must be the same for this scenario")
+    if x.dtype in _FLOATS:
+        if call.scale is not None or call.per_token_scale is not None:
+            raise AclnnError("output_dtype_nonquant", f"scale / per_token_scale must be None for {x.dtype} x")
+        if call.output_dtype is not None and call.output_dtype != x.dtype:
+            raise AclnnError("output_dtype_nonquant", f"output_dtype must be None or {x.dtype} for non-quantized "
+                             f"{x.dtype} x, got {call.output_dtype}")
+        if x.dtype == "float32" and not profile.arch35 and (not single or w.npu_format != ACL_FORMAT_ND):
+            raise AclnnError("dtype_a2a3", "float32 x and weight need single x, weight and y tensors and ND weights "
+                             f"on SoC {profile.label}")
+        if w.npu_format == ACL_FORMAT_FRACTAL_NZ:
+            _check_nz(w, profile, transposed_w)
+        return x.dtype
+    if x.dtype in _FP8:
+        if not profile.native_fp8:
+            raise AclnnError("dtype_a2a3", f"x dtype {x.dtype.upper()} on SoC {profile.label}: the A2/A3 dtype "
+                             "table has no FLOAT8 operand")
+        return _check_gb(call, transposed_x, transposed_w)
+    raise NotImplementedError(f"x dtype {x.dtype} is not emulated (the emulator models fp16, bf16, fp32 and fp8 "
+                              "e4m3 in G-B mode)")
+
+
+def _check_nz(w: TensorSpec, profile: _soc.SocProfile, transposed: bool) -> None:
+    if w.dtype == "float32":
+        raise AclnnError("nz_format", "a FRACTAL_NZ weight is not supported for float32")
+    if transposed or w.dim != 3:
+        raise AclnnError("nz_format", "a FRACTAL_NZ weight must be a 3-D [E, K, N] tensor, not a transposed view")
+    if min(w.shape[-2:]) <= 1:
+        raise AclnnError("nz_k_n_one", f"FRACTAL_NZ weight with [K, N] = {list(w.shape[-2:])}",
+                         api="aclnnGroupedMatmulWeightNz")
+    if profile.arch35:
+        itemsize = torch.empty((), dtype=getattr(torch, w.dtype)).element_size()
+        k, n = w.shape[-2:]
+        if (k * itemsize) % 32 or (n * itemsize) % 32:
+            raise AclnnError("nz_align_950", f"FRACTAL_NZ weight [K, N] = [{k}, {n}] of {w.dtype}: K and N must be "
+                             "32-byte aligned on the 950", api="aclnnGroupedMatmulWeightNz")
+
+
+def _check_gb(call: GmmCall, transposed_x: bool, transposed_w: bool) -> str:
+    x, w = call.x[0], call.weight[0]
+    if w.npu_format != ACL_FORMAT_ND:
+        raise AclnnError("gb_scales", "fp8 weights must be ND in G-B mode")
+    if call.scale is None or call.per_token_scale is None or len(call.scale) != 1 or len(call.per_token_scale) != 1:
+        raise AclnnError("gb_scales", "fp8 x and weight need one scale and one per_token_scale tensor (G-B mode)")
+    if call.output_dtype not in _FP8_OUT:
+        raise AclnnError("gb_scales", f"output_dtype must be bfloat16, float16 or float32 for fp8 x, "
+                         f"got {call.output_dtype}")
+    m, k = x.shape
+    e, _, n = w.shape
+    if k <= 0 or n <= 0:
+        raise AclnnError("gb_k_positive", f"fp8 with K = {k}, N = {n}")
+    kb, nb = math.ceil(k / GB_BLOCK), math.ceil(n / GB_BLOCK)
+    s, p = call.scale[0], call.per_token_scale[0]
+    if s.dtype != "float32" or p.dtype != "float32":
+        raise AclnnError("gb_scales", f"G-B scales must be float32, got scale {s.dtype} and per_token_scale {p.dtype}")
+    if tuple(s.shape) != (e, kb, nb):
+        raise AclnnError("gb_scales", f"scale shape must be (g, ceil(K/128), ceil(N/128)) = {(e, kb, nb)}, "
+                         f"got {tuple(s.shape)}")
+    if tuple(p.shape) != (m, kb):
+        raise AclnnError("gb_scales", f"per_token_scale shape must be (M, ceil(K/128)) = {(m, kb)}, "
+                         f"got {tuple(p.shape)}")
+    if is_transposed(s) != transposed_w and not _last_two_are_one(s):
+        raise AclnnError("gb_transpose", f"scale strides {list(s.stride)} read as transposed={is_transposed(s)}, "
+                         f"weight strides {list(w.stride)} as transposed={transposed_w}")
+    if is_transposed(p) != transposed_x and not _last_two_are_one(p):
+        raise AclnnError("gb_transpose", f"per_token_scale strides {list(p.stride)} read as "
+                         f"transposed={is_transposed(p)}, x as transposed={transposed_x}")
+    return call.output_dtype
 
 
 # -- group lists ------------------------------------------------------------------------------------
@@ -111,67 +495,32 @@ class GroupRange:
     count: int
 
 
-def decode_group_list(group_list: torch.Tensor, group_list_type: int, num_experts: int, limit: int,
-                      *, arch35: bool, axis: str = "M") -> list[GroupRange]:
-    """The back-to-back ranges a ``group_list`` describes, validated like the kernel does.
-
-    ``num_experts``: E, the groups the weight holds; ``limit``: rows of ``x`` along the grouped
-    axis (M, or K for group_type 2); ``arch35``: the 950 rules (a one-entry counts list is allowed).
-    """
-    if not isinstance(group_list, torch.Tensor):
-        raise AclnnError(f"group_list must be a Tensor for this overload, got {type(group_list).__name__}")
-    if group_list.dtype != torch.int64:
-        raise AclnnError(f"group_list dtype must be INT64, got {group_list.dtype}")
-    _check_cpu(group_list, "group_list")
-    if group_list_type in (0, 1):
-        if group_list.dim() != 1:
-            raise AclnnError(f"group_list must be 1-D for group_list_type {group_list_type}, "
-                             f"got shape {tuple(group_list.shape)}")
-        length = group_list.numel()
-    else:
-        if group_list.dim() != 2 or group_list.shape[1] != 2:
-            raise AclnnError(f"group_list must be [E, 2] for group_list_type 2, got shape {tuple(group_list.shape)}")
-        length = group_list.shape[0]
-    if length > MAX_GROUPS:
-        raise AclnnError(f"group_list length {length} exceeds the maximum of {MAX_GROUPS} groups")
-    if length != num_experts:
-        raise AclnnError(f"group_list length {length} must equal the number of groups of weight {num_experts}")
-    values = group_list.tolist()
+def decode_group_list(values: list, group_list_type: int, num_experts: int, limit: int) -> list[GroupRange] | None:
+    """The back-to-back ranges the group list's *values* describe, or None when the kernel's
+    behaviour on them is undefined (the host never looks at them: rule ``group_list_values``)."""
     ranges: list[GroupRange] = []
+    row = 0
     if group_list_type == 0:
-        prev = 0
         for e, end in enumerate(values):
-            if end < prev:
-                raise AclnnError(f"group_list must be non-negative and non-decreasing for group_list_type 0, "
-                                 f"got group_list[{e}] = {end} after {prev}")
-            ranges.append(GroupRange(e, prev, end - prev))
-            prev = end
+            if end < row:
+                return None
+            ranges.append(GroupRange(e, row, end - row))
+            row = end
     elif group_list_type == 1:
-        if length == 1 and not arch35:
-            raise AclnnError("group_list of length 1 is not supported for group_list_type 1 on this SoC")
-        row = 0
         for e, count in enumerate(values):
             if count < 0:
-                raise AclnnError(f"group_list values must be non-negative, got group_list[{e}] = {count}")
+                return None
             ranges.append(GroupRange(e, row, count))
             row += count
     else:
-        row, seen_zero = 0, False
-        for i, (e, count) in enumerate(values):
-            if not 0 <= e < num_experts:
-                raise AclnnError(f"group_list[{i}][0] = {e} is not a group index in [0, {num_experts})")
-            if count < 0:
-                raise AclnnError(f"group_list[{i}][1] = {count} must be non-negative")
-            if count and seen_zero:
-                raise AclnnError("group_list_type 2 lists non-zero groups first; "
-                                 f"group_list[{i}] = ({e}, {count}) follows an empty group")
+        seen_zero = False
+        for e, count in values:
+            if not 0 <= e < num_experts or count < 0 or (count and seen_zero):
+                return None
             seen_zero = seen_zero or count == 0
             ranges.append(GroupRange(e, row, count))
             row += count
-    covered = sum(r.count for r in ranges)
-    if covered > limit:
-        raise AclnnError(f"the groups cover {covered} along {axis}, more than the {limit} of x")
-    return ranges
+    return ranges if row <= limit else None
 
 
 # -- the operator ----------------------------------------------------------------------------------
@@ -207,137 +556,73 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
                                   "npu_grouped_matmul.List (a Python-list group_list) is not emulated")
     profile = _soc.emulated()
     xs, ws = _tensors(x, "x"), _tensors(weight, "weight")
-    split_item = 0 if split_item is None else split_item
-    group_list_type = 0 if group_list_type is None else group_list_type
-    act_type = 0 if act_type is None else act_type
-    if split_item not in (0, 1, 2, 3):
-        raise AclnnError(f"split_item must be 0, 1, 2 or 3, got {split_item}")
-    if group_type not in (-1, 0, 2):
-        raise AclnnError(f"group_type only supports -1, 0 and 2, got {group_type}")
-    if group_list_type not in (0, 1, 2):
-        raise AclnnError(f"group_list_type must be 0, 1 or 2, got {group_list_type}")
-    if act_type != 0:
-        raise AclnnError(f"act_type {act_type} is only supported with int8 x and weight (A8W8), "
-                         "which the emulator does not model")
-    if tuning_config is not None and profile.arch35:
-        raise AclnnError(f"tuning_config is not supported on SoC {profile.label}")
-    quant = (scale, per_token_scale)
-    if group_type == -1:
-        if group_list is not None:
-            raise AclnnError("group_list must be None when group_type is -1")
-        return _independent(xs, ws, quant, split_item, output_dtype, profile)
-    if group_list is None:
-        raise AclnnError(f"group_list is required when group_type is {group_type}")
-    if group_type == 0:
-        return _split_m(xs, ws, quant, group_list, group_list_type, split_item, output_dtype, profile)
-    return _split_k(xs, ws, quant, group_list, group_list_type, split_item, output_dtype, profile)
+    scales = None if scale is None else _tensors(scale, "scale")
+    pts = None if per_token_scale is None else _tensors(per_token_scale, "per_token_scale")
+    if group_list is not None:
+        _check_cpu(group_list, "group_list")
+    call = GmmCall(
+        soc=profile.soc, x=tuple(map(TensorSpec.of, xs)), weight=tuple(map(TensorSpec.of, ws)),
+        scale=None if scales is None else tuple(map(TensorSpec.of, scales)),
+        per_token_scale=None if pts is None else tuple(map(TensorSpec.of, pts)),
+        group_list=None if group_list is None else TensorSpec.of(group_list),
+        split_item=0 if split_item is None else int(split_item), group_type=group_type,
+        group_list_type=0 if group_list_type is None else int(group_list_type),
+        act_type=0 if act_type is None else int(act_type),
+        tuning_config=None if tuning_config is None else tuple(int(v) for v in tuning_config),
+        output_dtype=None if output_dtype is None else str(output_dtype).removeprefix("torch."))
+    try:
+        out_name = check_call(call, profile)
+    except AclnnError as exc:
+        _record(call, exc)
+        raise
+    _record(call, None)
+    out_dtype = getattr(torch, out_name)
+    with _unguarded():
+        if call.group_type == -1:
+            return _independent(xs, ws, out_dtype)
+        values = group_list.tolist()
+        if call.group_type == 0:
+            return [_split_m(xs[0], ws[0], scales, pts, values, call.group_list_type, out_dtype)]
+        return [_split_k(xs[0], ws[0], values, call.group_list_type, out_dtype)]
 
 
-def _split_m(xs, ws, quant, group_list, group_list_type, split_item, output_dtype, profile) -> list[torch.Tensor]:
-    """group_type 0: single x ``[M, K]``, single weight ``[E, K, N]`` (or its transposed view)."""
-    if len(xs) != 1 or len(ws) != 1:
-        raise NotImplementedError("the emulator models group_type 0 with a single x and a single weight "
-                                  f"tensor; got {len(xs)} x and {len(ws)} weight tensors")
-    x, w = xs[0], ws[0]
-    if x.dim() != 2:
-        raise AclnnError(f"x must be 2-D for group_type 0 with split_item {split_item}, got shape {tuple(x.shape)}")
-    if w.dim() != 3:
-        raise AclnnError(f"weight must be 3-D [E, K, N] for a single weight tensor, got shape {tuple(w.shape)}")
-    if x.numel() and x.stride(-1) != 1:
-        raise AclnnError("x must not be transposed for group_type 0")
-    m, k = x.shape
-    e, kw, n = w.shape
-    if kw != k:
-        raise AclnnError(f"k dim value of x and weight is not matched: dim 1 value of x[0] is {k}, "
-                         f"dim 1 value of weight[0] (K of [E, K, N]) is {kw}")
-    transposed = _is_transposed(w)
-    out_dtype = _check_dtypes(x, w, quant, output_dtype, profile, transposed)
-    _check_inner(x, "x", transposed=False)
-    _check_inner(w, "weight", transposed=transposed)
-    if group_list_type == 2 and not (x.dtype == torch.float8_e4m3fn and profile.arch35):
-        raise AclnnError(f"group_list_type 2 is only supported with quantized (int8, or full-quant on arch35) "
-                         f"x and weight, got {x.dtype} on SoC {profile.label}")
-    ranges = decode_group_list(group_list, group_list_type, e, m, arch35=profile.arch35, axis="M")
+def _split_m(x, w, scales, pts, values, group_list_type, out_dtype) -> torch.Tensor:
+    """group_type 0: ``y [M, N]``, row range r multiplied by ``w[expert_r]``."""
+    m, e, n = x.shape[0], w.shape[0], w.shape[2]
     y = _poisoned((m, n), out_dtype)
-    for r in ranges:
+    ranges = decode_group_list(values, group_list_type, e, m)
+    for r in ranges or ():
         if r.count:
             rows = slice(r.start, r.start + r.count)
-            y[rows] = _product(x[rows], w[r.expert], quant, r.expert, rows, out_dtype)
-    if split_item in (2, 3):
-        return [y]
-    return [y[r.start:r.start + r.count] for r in sorted(ranges, key=lambda r: r.expert)]
+            y[rows] = _product(x[rows], w[r.expert], scales, pts, r.expert, rows, out_dtype)
+    return y
 
 
-def _split_k(xs, ws, quant, group_list, group_list_type, split_item, output_dtype, profile) -> list[torch.Tensor]:
-    """group_type 2: x ``[M, K]`` given as a transposed view of ``[K, M]``, weight ``[K, N]``;
-    group g multiplies the columns of x / rows of weight of its K range: ``y [G, M, N]``."""
-    if len(xs) != 1 or len(ws) != 1:
-        raise AclnnError(f"group_type 2 needs a single x and a single weight, got {len(xs)} and {len(ws)}")
-    x, w = xs[0], ws[0]
-    if x.dim() != 2 or w.dim() != 2:
-        raise AclnnError(f"group_type 2 needs 2-D x [M, K] and weight [K, N], got {tuple(x.shape)} "
-                         f"and {tuple(w.shape)}")
-    if any(q is not None for q in quant):
-        raise NotImplementedError("quantized group_type 2 (950 full quantization along K) is not emulated")
-    m, k = x.shape
-    kw, n = w.shape
-    if kw != k:
-        raise AclnnError(f"k dim value of x and weight is not matched: dim 1 value of x[0] is {k}, "
-                         f"dim 0 value of weight[0] is {kw}")
-    if x.numel() and not _is_transposed(x):
-        raise AclnnError("x must be transposed (a [M, K] view of a contiguous [K, M] tensor) for group_type 2")
-    if w.numel() and _is_transposed(w) and not w.is_contiguous():
-        raise AclnnError("weight must not be transposed for group_type 2")
-    out_dtype = _check_dtypes(x, w, quant, output_dtype, profile, False)
-    _check_inner(x, "x", transposed=True)
-    _check_inner(w, "weight", transposed=False)
-    if group_list_type == 2:
-        raise AclnnError("group_list_type 2 is only supported with group_type 0")
-    groups = group_list.shape[0] if group_list.dim() else 0
-    ranges = decode_group_list(group_list, group_list_type, groups, k, arch35=profile.arch35, axis="K")
+def _split_k(x, w, values, group_list_type, out_dtype) -> torch.Tensor:
+    """group_type 2: ``y [G, M, N]``, group g multiplies its K range of x's columns / w's rows."""
+    groups, (m, k), n = len(values), x.shape, w.shape[1]
     y = _poisoned((groups, m, n), out_dtype)
-    for r in ranges:
+    ranges = decode_group_list(values, group_list_type, groups, k)
+    for r in ranges or ():
         if r.count:
             cols = slice(r.start, r.start + r.count)
             y[r.expert] = (x[:, cols].float() @ w[cols].float()).to(out_dtype)
-    return [y] if split_item in (2, 3) else list(y.unbind(0))
+    return y
 
 
-def _independent(xs, ws, quant, split_item, output_dtype, profile) -> list[torch.Tensor]:
-    """group_type -1: ``y[i] = x[i] @ weight[i]`` for lists of 2-D tensors."""
-    if len(xs) != len(ws):
-        raise AclnnError(f"group_type -1 needs as many x as weight tensors, got {len(xs)} and {len(ws)}")
-    if len(ws) > MAX_GROUPS:
-        raise AclnnError(f"at most {MAX_GROUPS} weight tensors, got {len(ws)}")
-    if any(q is not None for q in quant):
-        raise NotImplementedError("quantized group_type -1 is not emulated")
-    ys = []
-    for i, (x, w) in enumerate(zip(xs, ws)):
-        if x.dim() != 2 or w.dim() != 2:
-            raise NotImplementedError("the emulator models group_type -1 with 2-D x and weight tensors")
-        if x.shape[1] != w.shape[0]:
-            raise AclnnError(f"k dim value of x and weight is not matched: dim 1 value of x[{i}] is {x.shape[1]}, "
-                             f"dim 0 value of weight[{i}] is {w.shape[0]}")
-        out_dtype = _check_dtypes(x, w, quant, output_dtype, profile, _is_transposed(w))
-        _check_inner(x, f"x[{i}]", transposed=False)
-        _check_inner(w, f"weight[{i}]", transposed=_is_transposed(w))
-        ys.append((x.float() @ w.float()).to(out_dtype))
-    if split_item in (2, 3):
-        if len({y.shape[1] for y in ys}) > 1:
-            raise AclnnError("split_item 2/3 concatenates along M and needs one N for every weight")
-        return [torch.cat(ys, 0)]
-    return ys
+def _independent(xs, ws, out_dtype) -> list[torch.Tensor]:
+    """group_type -1: ``y[i] = x[i] @ weight[i]``."""
+    return [(x.float() @ w.float()).to(out_dtype) for x, w in zip(xs, ws)]
 
 
 # -- arithmetic --------------------------------------------------------------------------------------
-def _product(xr: torch.Tensor, w: torch.Tensor, quant, expert: int, rows: slice,
+def _product(xr: torch.Tensor, w: torch.Tensor, scales, pts, expert: int, rows: slice,
              out_dtype: torch.dtype) -> torch.Tensor:
     """One group: ``xr [m, K] @ w [K, N]`` with fp32 accumulation, rounded once to ``out_dtype``."""
-    scale, per_token_scale = quant
-    if scale is None:
+    if scales is None:
         return (xr.float() @ w.float()).to(out_dtype)
-    xs = per_token_scale[0][rows]              # [m, ceil(K/128)]
-    ws = scale[0][expert]                      # [ceil(K/128), ceil(N/128)]
+    xs = pts[0][rows].float()                  # [m, ceil(K/128)]
+    ws = scales[0][expert].float()             # [ceil(K/128), ceil(N/128)]
     m, k = xr.shape
     n = w.shape[1]
     kb = xs.shape[1]
@@ -350,70 +635,6 @@ def _product(xr: torch.Tensor, w: torch.Tensor, quant, expert: int, rows: slice,
     return acc.to(out_dtype)
 
 
-# -- checks -----------------------------------------------------------------------------------------
-def _check_dtypes(x: torch.Tensor, w: torch.Tensor, quant, output_dtype, profile, transposed: bool) -> torch.dtype:
-    """The output dtype, after the dtype matrix of the emulated SoC has admitted the call."""
-    scale, per_token_scale = quant
-    if x.dtype != w.dtype:
-        raise AclnnError(f"x dtype {x.dtype} and weight dtype {w.dtype} must be the same for this scenario")
-    fmt = get_npu_format(w)
-    if x.dtype in _FLOATS:
-        if scale is not None or per_token_scale is not None:
-            raise AclnnError(f"scale / per_token_scale must be None for non-quantized {x.dtype} x")
-        if output_dtype is not None and output_dtype != x.dtype:
-            raise AclnnError(f"output_dtype must be None or {x.dtype} for non-quantized {x.dtype} x, "
-                             f"got {output_dtype}")
-        if fmt == ACL_FORMAT_FRACTAL_NZ:
-            if x.dtype == torch.float32:
-                raise AclnnError("FRACTAL_NZ weight is not supported for float32")
-            if transposed or w.dim() != 3:
-                raise AclnnError("a FRACTAL_NZ weight must be a 3-D [E, K, N] tensor, not a transposed view")
-            if min(w.shape[-2:]) <= 1:
-                raise AclnnError(f"FRACTAL_NZ weight needs K > 1 and N > 1, got [K, N] = {list(w.shape[-2:])}",
-                                 api="aclnnGroupedMatmulWeightNz")
-        return x.dtype
-    if x.dtype == torch.float8_e4m3fn:
-        if not profile.native_fp8:
-            raise AclnnError(f"x dtype FLOAT8_E4M3FN is not supported on SoC {profile.label} "
-                             "(the hardware DB lists no fp8 feature)")
-        if fmt != ACL_FORMAT_ND:
-            raise AclnnError("fp8 weights must be ND in the emulated G-B mode")
-        if scale is None or per_token_scale is None:
-            raise AclnnError("fp8 x and weight need scale and per_token_scale (G-B mode)")
-        if output_dtype not in _FP8_OUT:
-            raise AclnnError(f"output_dtype must be bfloat16, float16 or float32 for fp8 x, got {output_dtype}")
-        _check_gb_scales(x, w, _tensors(scale, "scale"), _tensors(per_token_scale, "per_token_scale"))
-        return output_dtype
-    raise NotImplementedError(f"x dtype {x.dtype} is not emulated (the emulator models fp16, bf16, fp32 "
-                              "and fp8 e4m3 in G-B mode)")
-
-
-def _check_gb_scales(x, w, scale, per_token_scale) -> None:
-    m, k = x.shape
-    e, _, n = w.shape
-    kb, nb = math.ceil(k / GB_BLOCK), math.ceil(n / GB_BLOCK)
-    if len(scale) != 1 or len(per_token_scale) != 1:
-        raise AclnnError("G-B mode takes one scale and one per_token_scale tensor")
-    s, p = scale[0], per_token_scale[0]
-    if s.dtype != torch.float32 or p.dtype != torch.float32:
-        raise AclnnError(f"G-B scales must be float32, got scale {s.dtype} and per_token_scale {p.dtype}")
-    if tuple(s.shape) != (e, kb, nb):
-        raise AclnnError(f"scale shape must be (g, ceil(K/128), ceil(N/128)) = {(e, kb, nb)}, got {tuple(s.shape)}")
-    if tuple(p.shape) != (m, kb):
-        raise AclnnError(f"per_token_scale shape must be (M, ceil(K/128)) = {(m, kb)}, got {tuple(p.shape)}")
-
-
-def _check_inner(t: torch.Tensor, name: str, *, transposed: bool) -> None:
-    inner = t.shape[-2] if transposed else t.shape[-1]
-    if inner >= INNER_DIM_LIMIT:
-        raise AclnnError(f"the last dimension in memory of {name} is {inner}; it must be less than {INNER_DIM_LIMIT}")
-
-
-def _is_transposed(t: torch.Tensor) -> bool:
-    """The meta kernel's rule: ``stride[-2] == 1 and stride[-1] == shape[-2]``."""
-    return t.dim() >= 2 and t.stride(-2) == 1 and t.stride(-1) == t.shape[-2]
-
-
 def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A fresh output whose never-written elements read as NaN (the NPU leaves garbage there)."""
     return torch.full(shape, float("nan"), dtype=dtype)
@@ -421,12 +642,13 @@ def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _tensors(value, name: str) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor) or not isinstance(value, (list, tuple)):
-        raise AclnnError(f"{name} must be a list of tensors, got {type(value).__name__}")
+        raise TypeError(f"npu_grouped_matmul(): argument '{name}' must be a list of tensors, "
+                        f"not {type(value).__name__}")
     if not value:
-        raise AclnnError(f"{name} must not be empty", code=ACLNN_ERR_PARAM_NULLPTR)
+        raise AclnnError("dims", f"{name} must not be an empty tensor list")
     for i, t in enumerate(value):
         if not isinstance(t, torch.Tensor):
-            raise AclnnError(f"{name}[{i}] must be a tensor, got {type(t).__name__}", code=ACLNN_ERR_PARAM_NULLPTR)
+            raise TypeError(f"npu_grouped_matmul(): {name}[{i}] must be a tensor, not {type(t).__name__}")
         _check_cpu(t, f"{name}[{i}]")
     return list(value)
 

@@ -26,7 +26,9 @@ The answer is cached per process (an import is attempted once); :func:`forget` d
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
+import sys
 import threading
 from types import ModuleType
 from typing import Any
@@ -93,6 +95,21 @@ def torch_npu() -> ModuleType:
     if module is None:
         raise RuntimeError(f"torch_npu is unusable: {err}")
     return module
+
+
+def installed() -> list[Reason]:
+    """Whether torch_npu is installed at all, found without importing it (``find_spec``)."""
+    if sys.modules.get("torch_npu") is not None:
+        return []
+    try:
+        spec = importlib.util.find_spec("torch_npu")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return [Reason("torch_npu_missing", "torch_npu is not installed; install it with "
+                       "`pip install moe-hal-ascend[npu]` or the wheel matching your torch and CANN",
+                       "an importable torch_npu", "no torch_npu module on sys.path")]
+    return []
 
 
 def availability() -> list[Reason]:

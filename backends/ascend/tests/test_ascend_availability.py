@@ -92,7 +92,8 @@ def test_torch_npu_missing(monkeypatch):
 @pytest.mark.parametrize("fake", sorted(FAKES))
 def test_each_failure_has_its_own_reason(fake_torch_npu, fake):
     fake_torch_npu(FAKES[fake])
-    reasons = _backend().is_available()
+    assert _backend().is_available() == []            # installed: the import waits for an npu device
+    reasons = _backend().check_device(DeviceInfo("npu", 0, None, frozenset(), "npu:0"))
     expected = "cann_missing" if fake.startswith("cann_missing") else fake
     assert [r.code for r in reasons] == [expected]
     assert reasons[0].message and reasons[0].actual is not None
@@ -165,10 +166,32 @@ def test_the_autoload_trap_and_the_plugin_staying_out_of_it(tmp_path):
         a = torch.zeros(4, 8); b = torch.zeros(1, 2, 8)
         text = moe_hal.explain(a, b, moe_hal.ContiguousLayout.from_counts([4], alignment=1))
         print(text)
-        assert "device_type_unsupported" in text  # the device is checked before availability
-        assert "cann_missing" in str(moe_hal.get_backend("ascend").is_available())
+        # A CPU call never imports torch_npu (its import would apply global patches): the
+        # backends are excluded by device type, and cann_missing waits for an npu device.
+        assert "device_type_unsupported" in text and "cann_missing" not in text
+        assert "torch_npu" not in sys.modules, "selection for a CPU call imported torch_npu"
         assert {BUILTIN_PLUGIN!r} in moe_hal.plugins.host().plugins
     """)
     env.update(TORCH_DEVICE_BACKEND_AUTOLOAD="0", MOE_HAL_PLUGINS="ascend")
     ok = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr + ok.stdout
+
+
+def test_selection_for_cpu_tensors_never_imports_torch_npu(fake_torch_npu):
+    # Importing torch_npu applies its global patches: a CPU (or CUDA) program must not pay for it.
+    fake_torch_npu("import builtins\nbuiltins._moe_hal_fake_torch_npu_imported = True\n" + FAKES["npu_op_missing"])
+    import builtins
+
+    import moe_hal
+    from moe_hal import selection
+
+    selection.clear_cache()
+    try:
+        a, b = torch.randn(4, 8), torch.randn(2, 3, 8)
+        out = moe_hal.grouped_gemm(a, b, moe_hal.ContiguousLayout.from_counts([1, 3], alignment=1))
+        assert out.shape == (4, 3)
+        assert not getattr(builtins, "_moe_hal_fake_torch_npu_imported", False)
+        assert "torch_npu" not in sys.modules
+    finally:
+        builtins.__dict__.pop("_moe_hal_fake_torch_npu_imported", None)
+        selection.clear_cache()

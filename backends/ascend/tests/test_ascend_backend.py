@@ -8,11 +8,13 @@ the float64 ``reference`` backend on fresh random data.
 from __future__ import annotations
 
 import contextlib
+import math
 import importlib.metadata as metadata
 import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from ascend_helpers import SOC_910B, SOC_910C, SOC_950, assert_close, reference
 
 import moe_hal
@@ -202,6 +204,27 @@ def test_fp32_output_from_bf16_is_an_announced_upcast(gen, op):
     assert "upcasts bf16" in moe_hal.explain(a, b, lay, out_dtype=torch.float32, backend="ascend")
 
 
+class _Fp8DeviceOps(TorchDispatchMode):
+    """Records every cast and gather whose source or target is an fp8 dtype (independent of the
+    emulator's own guard, so it also judges code written before that guard existed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+        name = func.overloadpacket.__name__
+        if name in ("_to_copy", "copy_"):
+            pair = (args[1].dtype, args[0].dtype) if name == "copy_" else (args[0].dtype, kwargs.get("dtype"))
+            if pair[0] != pair[1] and (pair[0] in fp8 or pair[1] in fp8):
+                self.seen.append((name, pair))
+        if name in ("index_select", "index", "gather") and args[0].dtype in fp8:
+            self.seen.append((name, args[0].dtype))
+        return func(*args, **kwargs)
+
+
 @pytest.mark.parametrize("soc", [SOC_910B, SOC_910C])
 @pytest.mark.parametrize("op", ["contiguous", "masked", "k_grouped"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
@@ -218,14 +241,52 @@ def test_fp8_on_910_is_a_declared_dequantize_path(gen, emulate, monkeypatch, soc
     monkeypatch.setattr(emulator, "npu_grouped_matmul", spy)
     qa, qb, lay = _fp8_operands(gen, op, ue8m0=ue8m0)
     text = moe_hal.explain(qa, qb, lay, out_dtype=out_dtype, backend="ascend")
-    assert "dequantizes fp8 operands" in text and "without fp8 hardware" in text
-    with pytest.warns(PathWarning, match="dequantizes fp8"):
+    assert "dequantizes" in text and "without fp8 hardware" in text
+    prepared_cache.clear()
+    with pytest.warns(PathWarning, match="dequantizes"):
         y = moe_hal.grouped_gemm(qa, qb, lay, out_dtype=out_dtype, backend="ascend")
-    # bf16 only where the dequantized values are exact in bf16 (power-of-two scales)
-    assert seen == [torch.bfloat16 if ue8m0 and out_dtype == torch.bfloat16 else torch.float32]
-    assert_close(y, reference(qa, qb, lay, out_dtype=out_dtype))
+    # fp32 only where the fp8_fp32 class needs it (and K-grouped, which holds no weights)
+    assert seen == [torch.bfloat16 if op != "k_grouped" and out_dtype == torch.bfloat16 else torch.float32]
+    expected = reference(qa, qb, lay, out_dtype=out_dtype)
+    if ue8m0 or out_dtype == torch.float32 or op == "k_grouped":
+        assert_close(y, expected)                   # exact operands: one rounding of the output
+    else:
+        # bf16-rounded operands: within the suite's fp8_bf16 class (rtol 1.6e-2 plus 4 sqrt(K) 2^-14 sum|ab|)
+        abs_product = reference(qa.dequantize().abs(), qb.dequantize().abs(), lay, out_dtype=torch.float32)
+        bound = 1.6e-2 * expected.double().abs() + 4 * qa.data.shape[-1] ** 0.5 * 2 ** -14 * abs_product.double()
+        assert bool(((y.double() - expected.double()).abs() <= bound + 1e-5).all())
     with pytest.raises(BackendUnavailableError, match="soc_unsupported"):
         moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
+
+
+@pytest.mark.parametrize("op", ["contiguous", "masked", "k_grouped"])
+def test_fp8_on_910_never_casts_or_gathers_fp8_on_the_device(gen, emulate, op):
+    # aclnnCast has no FLOAT8 dtype on A2/A3 (ops-math aclnnCast.md): a dequantization by cast would
+    # fail on every call there. Decoding goes through a byte table instead.
+    emulate(SOC_910B)
+    qa, qb, lay = _fp8_operands(gen, op)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PathWarning)
+        moe_hal.grouped_gemm(qa, qb, lay, backend="ascend")          # selection and preparation first
+        prepared_cache.clear()
+        with _Fp8DeviceOps() as spy:
+            y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend")
+    assert spy.seen == []
+    assert not torch.isnan(y).any()
+
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_weights_on_910_are_held_as_bf16(gen, emulate, out_dtype):
+    # fp32-scaled fp8 weights once became fp32 weights: 4 bytes per parameter, twice a bf16 deployment.
+    emulate(SOC_910B)
+    qa, qb, lay = _fp8_operands(gen, "contiguous", ue8m0=True)
+    prepared_cache.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PathWarning)
+        moe_hal.grouped_gemm(qa, qb, lay, out_dtype=out_dtype, backend="ascend")
+    params = qb.data.numel()
+    assert prepared_cache.stats()["bytes"] == params * 2
+    assert f"{params} fp8 parameters held as" in moe_hal.explain(qa, qb, lay, out_dtype=out_dtype, backend="ascend")
 
 
 @pytest.mark.parametrize("op", ["contiguous", "masked"])
@@ -247,7 +308,7 @@ def test_fp8_is_native_on_950(gen, emulate, gmm_calls, op, ue8m0):
 def test_fp8_k_grouped_on_950_is_dequantized(gen, emulate):
     emulate(SOC_950)
     qa, qb, lay = _fp8_operands(gen, "k_grouped")
-    with pytest.warns(PathWarning, match="dequantizes fp8"):
+    with pytest.warns(PathWarning, match="dequantizes"):
         y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
     assert_close(y, reference(qa, qb, lay))
 
@@ -353,3 +414,57 @@ def test_calls_with_nothing_to_multiply(gen):
     c = torch.randn(2, 4, 6, generator=gen)
     y = moe_hal.grouped_gemm(torch.zeros(0, 4), torch.zeros(0, 6), klay, c=c, backend="ascend")
     assert torch.equal(y, c)
+
+
+@pytest.mark.parametrize("t, m", [(1, 5), (7, 1), (1, 1)])
+def test_k_grouped_column_major_a_with_one_token_or_one_row(gen, t, m):
+    # Issue 15: a column-major a [T, M] with T = 1 or M = 1 is "contiguous" to torch, so it reached
+    # the op with strides CANN reads as not transposed (an untyped AclnnError). It is normalised now.
+    lay = moe_hal.KGroupedLayout.from_counts([t, 0], alignment=1)
+    a = torch.randn(m, t, generator=gen).bfloat16().t()               # column-major [T, M]
+    b = torch.randn(t, 3, generator=gen).bfloat16()
+    assert a.is_contiguous() or t > 1 and m > 1
+    y = moe_hal.grouped_gemm(a, b, lay, backend="ascend")
+    assert_close(y, reference(a, b, lay))
+
+
+@pytest.mark.parametrize("n, k", [(128, 320), (320, 128), (96, 96)])
+def test_950_g_b_scales_keep_the_weights_transposition(gen, emulate, monkeypatch, n, k):
+    # N <= 128 xor K <= 128: the scale [G, K/128, N/128] had a size-1 dim whose stride made CANN's
+    # stride rule read it as transposed while the weight was not, and the G-B checker refused it.
+    emulate(SOC_950)
+    seen = []
+    real = emulator.npu_grouped_matmul
+
+    def spy(x, weight, **kwargs):
+        seen.append((weight[0], kwargs["scale"][0], kwargs["per_token_scale"][0], x[0]))
+        return real(x, weight, **kwargs)
+
+    monkeypatch.setattr(emulator, "npu_grouped_matmul", spy)
+    lay = moe_hal.ContiguousLayout.from_counts([5, 3], alignment=1)
+    qa = quantize_fp8(torch.randn(lay.num_rows, k, generator=gen), block=(1, 128))
+    qb = quantize_fp8(torch.randn(2, n, k, generator=gen), block=(128, 128))
+    prepared_cache.clear()
+    y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
+    assert calc_like_native(y, reference(qa, qb, lay))
+    (weight, scale, per_token, x), = seen
+    # CANN's IsTransposeLastTwoDims, written out here (ops-transformer aclnn_grouped_matmul_util.cpp)
+    def transposed(t):
+        shape, stride = t.shape, t.stride()
+        if stride[-2] != 1 or stride[-1] != shape[-2]:
+            return False
+        return all(stride[d] == math.prod(shape[d + 1:]) for d in range(t.dim() - 2))
+
+    assert transposed(scale) == transposed(weight) or tuple(scale.shape[-2:]) == (1, 1)
+    assert transposed(per_token) == transposed(x) or tuple(per_token.shape[-2:]) == (1, 1)
+
+
+def test_950_masked_fp8_gathers_bytes_not_fp8(gen, emulate):
+    # aclnnIndexSelect has no FLOAT8 dtype: the masked path packs fp8 rows through a uint8 view.
+    emulate(SOC_950)
+    qa, qb, lay = _fp8_operands(gen, "masked")
+    moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
+    with _Fp8DeviceOps() as spy:
+        y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
+    assert [op for op in spy.seen if op[0] != "_to_copy"] == []
+    assert calc_like_native(y[0, :5], reference(qa, qb, lay)[0, :5])

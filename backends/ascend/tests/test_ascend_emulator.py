@@ -13,7 +13,7 @@ import pytest
 import torch
 from ascend_helpers import SOC_910B, SOC_910C, SOC_950
 
-from moe_hal_ascend import emulator
+from moe_hal_ascend import cann_rules, emulator
 from moe_hal_ascend.emulator import AclnnError, npu_grouped_matmul
 
 GMM = dict(group_type=0, split_item=3)
@@ -104,18 +104,18 @@ def test_group_list_types_0_1_2_are_equivalent(gen, emulate):
     assert torch.equal(ys[0][:covered], ys[1][:covered]) and torch.equal(ys[0][:covered], ys[2][:covered])
     assert all(torch.isnan(y[covered:]).all() for y in ys.values())
     for glt, gl in lists_for(sizes).items():
-        ranges = emulator.decode_group_list(gl, glt, len(sizes), m, arch35=True)
+        ranges = emulator.decode_group_list(gl.tolist(), glt, len(sizes), m)
         assert sorted((r.expert, r.start, r.count) for r in ranges if r.count) == [(0, 0, 7), (2, 7, 12), (3, 19, 1)]
 
 
 @pytest.mark.parametrize("split_item", [0, 1])
-def test_split_items_0_and_1_return_one_output_per_group(gen, split_item):
-    sizes = [3, 0, 4]
-    x = torch.randn(9, 8, generator=gen)
-    w = torch.randn(3, 8, 5, generator=gen)
-    ys = npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3, 7]), group_type=0, split_item=split_item)
-    assert [tuple(y.shape) for y in ys] == [(3, 5), (0, 5), (4, 5)]
-    torch.testing.assert_close(torch.cat(ys).double(), per_expert(x, w, sizes), rtol=1e-5, atol=1e-5)
+def test_split_items_0_and_1_are_refused_for_a_single_3d_weight(gen, split_item):
+    # SplitMSingleXSingleWeightSingleY (ops-transformer): one x, one 3-D weight -> split_item 2/3 only.
+    x = torch.randn(9, 8, generator=gen).bfloat16()
+    w = torch.randn(3, 8, 5, generator=gen).bfloat16()
+    with pytest.raises(AclnnError, match="split_item_single_weight") as info:
+        npu_grouped_matmul([x], [w], group_list=torch.tensor([3, 3, 7]), group_type=0, split_item=split_item)
+    assert "aclnn_grouped_matmul.cpp" in str(info.value)
 
 
 def test_group_type_2_groups_along_k(gen):
@@ -136,14 +136,18 @@ def test_group_type_2_groups_along_k(gen):
         start += size
     with pytest.raises(AclnnError, match="must be transposed"):
         npu_grouped_matmul([a.t().contiguous()], [b], group_list=gl, group_type=2, split_item=3)
+    with pytest.raises(AclnnError, match="split_item_split_k"):
+        npu_grouped_matmul([a.t()], [b], group_list=gl, group_type=2, split_item=0)
 
 
 def test_group_type_minus_1_is_independent_matmuls(gen):
-    xs = [torch.randn(3, 4, generator=gen), torch.randn(2, 6, generator=gen)]
-    ws = [torch.randn(4, 5, generator=gen), torch.randn(5, 6, generator=gen).t()]
+    xs = [torch.randn(3, 4, generator=gen).bfloat16(), torch.randn(2, 6, generator=gen).bfloat16()]
+    ws = [torch.randn(4, 5, generator=gen).bfloat16(), torch.randn(5, 6, generator=gen).bfloat16().t()]
     ys = npu_grouped_matmul(xs, ws, group_type=-1, split_item=0)
     for x, w, y in zip(xs, ws, ys):
-        torch.testing.assert_close(y.double(), x.double() @ w.double(), rtol=1e-5, atol=1e-5)
+        assert within_one_ulp(y, x.double() @ w.double())
+    with pytest.raises(AclnnError, match="split_item_no_split"):
+        npu_grouped_matmul(xs, ws, group_type=-1, split_item=3)
     with pytest.raises(AclnnError, match="group_list must be None"):
         npu_grouped_matmul(xs, ws, group_type=-1, group_list=torch.tensor([1, 2]))
 
@@ -174,7 +178,7 @@ def test_format_cast_records_nz_and_the_op_checks_it(gen, emulate):
     with pytest.raises(AclnnError, match="float32"):
         nz32 = emulator.npu_format_cast(w.float(), 29)
         npu_grouped_matmul([x.float()], [nz32], group_list=torch.tensor([2, 5]), **GMM)
-    with pytest.raises(AclnnError, match="K > 1 and N > 1"):
+    with pytest.raises(AclnnError, match="nz_k_n_one"):
         thin = emulator.npu_format_cast(torch.randn(2, 8, 1).bfloat16(), 29)
         npu_grouped_matmul([x], [thin], group_list=torch.tensor([2, 5]), **GMM)
 
@@ -189,39 +193,87 @@ def _call(x=None, w=None, gl=None, **kwargs):
     return npu_grouped_matmul([x], [w], **args)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(w=torch.randn(2, 7, 4).bfloat16()), "k dim value of x and weight is not matched"),
-    (dict(gl=torch.tensor([2, 6], dtype=torch.int32)), "INT64"),
-    (dict(gl=torch.tensor([2, 6, 6])), "must equal the number of groups"),
-    (dict(gl=torch.tensor([4, 2])), "non-decreasing"),
-    (dict(gl=torch.tensor([2, 7])), "more than the 6 of x"),
-    (dict(gl=torch.tensor([3, -1]), group_list_type=1), "non-negative"),
-    (dict(gl=torch.tensor([[0, 2], [1, 4]]), group_list_type=2), "group_list_type 2 is only supported"),
-    (dict(group_type=1), "group_type only supports"),
-    (dict(split_item=4), "split_item"),
+@pytest.mark.parametrize("kwargs, rule", [
+    (dict(w=torch.randn(2, 7, 4).bfloat16()), "k_match"),
+    (dict(gl=torch.tensor([2, 6], dtype=torch.int32)), "group_list_tensor"),
+    (dict(gl=torch.tensor([2, 6, 6])), "group_list_tensor"),
+    (dict(gl=torch.tensor([[0, 2], [1, 4]]), group_list_type=2), "group_list_type"),
+    (dict(group_type=1), "group_type"),
     (dict(act_type=5), "act_type"),
-    (dict(output_dtype=torch.float32), "output_dtype"),
-    (dict(x=torch.randn(8, 6).bfloat16().t()), "must not be transposed"),
-    (dict(x=torch.randn(6, 8, dtype=torch.float16)), "must be the same"),
+    (dict(output_dtype=torch.float32), "output_dtype_nonquant"),
+    (dict(x=torch.randn(8, 6).bfloat16().t()), "x_not_transposed"),
+    # K = 1 with the strides of a column-major view: torch calls it contiguous, CANN "transposed"
+    (dict(x=torch.randn(1, 8).bfloat16().t(), w=torch.randn(2, 1, 4).bfloat16(), gl=torch.tensor([2, 8])),
+     "x_not_transposed"),
+    (dict(x=torch.randn(6, 8, dtype=torch.float16)), "dtype_a2a3"),
     (dict(x=torch.randn(6, 8).to(torch.float8_e4m3fn), w=torch.randn(2, 8, 4).to(torch.float8_e4m3fn),
-          output_dtype=torch.bfloat16), "FLOAT8_E4M3FN is not supported"),
+          output_dtype=torch.bfloat16), "dtype_a2a3"),
 ])
-def test_parameter_errors_are_shaped_like_the_kernel(kwargs, match):
-    with pytest.raises(AclnnError, match=match) as info:
+def test_parameter_errors_name_the_rule_and_its_source(kwargs, rule):
+    with pytest.raises(AclnnError) as info:
         _call(**kwargs)
-    assert info.value.code == emulator.ACLNN_ERR_PARAM_INVALID
-    assert "161002" in str(info.value)
+    assert info.value.rule == rule and info.value.code == emulator.ACLNN_ERR_PARAM_INVALID
+    assert "161002" in str(info.value) and cann_rules.RULES[rule].source in str(info.value)
+
+
+@pytest.mark.parametrize("gl, glt", [
+    (torch.tensor([4, 2]), 0),          # decreasing ends
+    (torch.tensor([2, 7]), 0),          # more rows than x has
+    (torch.tensor([3, -1]), 1),         # a negative count
+])
+def test_group_list_values_are_never_validated_only_undefined(gl, glt):
+    # The host cannot read a device tensor: CANN checks the group list's shape and dtype, never its
+    # values. Values the kernel cannot make sense of leave the output undefined (all NaN here).
+    y = _call(gl=gl, group_list_type=glt)[0]
+    assert torch.isnan(y).all()
+
+
+def test_transposition_is_read_from_strides_including_batch_strides(gen):
+    w = torch.randn(2, 4, 8, generator=gen).bfloat16()                  # [E, N, K]
+    spec = emulator.TensorSpec.of
+    assert emulator.is_transposed(spec(w.transpose(1, 2)))
+    # the same last-two strides with a batch stride that does not follow: not "transposed" to CANN
+    padded = torch.randn(2, 5, 8, generator=gen).bfloat16()[:, :4].transpose(1, 2)
+    assert padded.stride()[-2:] == (1, 8) and not emulator.is_transposed(spec(padded))
+    # size-1 dims count: [G, 1, Kb] transposed to [G, Kb, 1] has strides (Kb, 1, Kb), "transposed"
+    assert emulator.is_transposed(spec(torch.zeros(3, 1, 4).transpose(1, 2)))
+    assert emulator.is_transposed(spec(torch.zeros(3, 4, 1).transpose(1, 2)))
 
 
 def test_limits_on_groups_and_inner_dimensions():
-    with pytest.raises(AclnnError, match="maximum of 1024"):
+    with pytest.raises(AclnnError, match="more than 1024"):
         _call(w=torch.zeros(1025, 8, 1).bfloat16(), gl=torch.zeros(1025, dtype=torch.int64))
-    with pytest.raises(AclnnError, match="less than 65536"):
+    with pytest.raises(AclnnError, match="inner_axis"):
         _call(x=torch.zeros(2, 65536).bfloat16(), w=torch.zeros(1, 1, 65536).bfloat16().transpose(1, 2),
               gl=torch.tensor([2]))
-    # the same K passed inside a transposed weight is the weight's inner dimension too
-    with pytest.raises(AclnnError, match="weight is 65536"):
+    with pytest.raises(AclnnError, match="inner_axis"):
         _call(x=torch.zeros(2, 4).bfloat16(), w=torch.zeros(1, 4, 65536).bfloat16(), gl=torch.tensor([2]))
+    _call(x=torch.zeros(2, 4).bfloat16(), w=torch.zeros(1, 4, 65535).bfloat16(), gl=torch.tensor([2]))
+
+
+def test_nz_weights_on_the_950_need_32_byte_aligned_k_and_n(gen, emulate):
+    emulate(SOC_950)
+    x = torch.randn(5, 24, generator=gen).bfloat16()
+    dense = torch.randn(2, 24, 32, generator=gen).bfloat16()           # K = 48 bytes: not 32-byte aligned
+    with pytest.raises(AclnnError, match="nz_align_950"):
+        npu_grouped_matmul([x], [emulator.npu_format_cast(dense, 29)], group_list=torch.tensor([2, 5]), **GMM)
+    emulate(SOC_910B)
+    npu_grouped_matmul([x], [emulator.npu_format_cast(dense, 29)], group_list=torch.tensor([2, 5]), **GMM)
+
+
+def test_soc_guard_refuses_fp8_casts_without_fp8_and_fp8_gathers_everywhere(emulate):
+    x = torch.randn(4, 8).to(torch.float8_e4m3fn)
+    for soc in (SOC_910B, SOC_950):
+        emulate(soc)
+        with emulator.soc_guard():
+            with pytest.raises(AclnnError, match="index_select_fp8"):
+                x.index_select(0, torch.tensor([1, 0]))
+            x.view(torch.uint8).index_select(0, torch.tensor([1, 0]))
+            if soc == SOC_910B:
+                with pytest.raises(AclnnError, match="cast_fp8"):
+                    x.float()
+            else:
+                x.float()
 
 
 def test_one_entry_counts_list_is_an_a2_a3_restriction(emulate):
@@ -241,8 +293,9 @@ def test_type_2_lists_non_zero_groups_first_and_tuning_config_is_not_on_950(gen,
     x = torch.randn(4, 128, generator=gen).to(torch.float8_e4m3fn)
     w = torch.randn(2, 128, 128, generator=gen).to(torch.float8_e4m3fn)
     quant = dict(scale=[torch.ones(2, 1, 1)], per_token_scale=[torch.ones(4, 1)], output_dtype=torch.bfloat16)
-    with pytest.raises(AclnnError, match="non-zero groups first"):
-        npu_grouped_matmul([x], [w], group_list=torch.tensor([[0, 0], [1, 4]]), group_list_type=2, **quant, **GMM)
+    # non-zero groups must come first, but the host cannot see values: the output is undefined
+    y = npu_grouped_matmul([x], [w], group_list=torch.tensor([[0, 0], [1, 4]]), group_list_type=2, **quant, **GMM)
+    assert torch.isnan(y[0]).all()
     with pytest.raises(AclnnError, match="tuning_config"):
         _call(tuning_config=[4])
     with pytest.raises(AclnnError, match=r"scale shape must be"):
