@@ -317,8 +317,8 @@ def test_match_npu(soc, version, expected):
 
 @pytest.mark.parametrize("soc, version, why", [
     ("Ascend910B2", 224, "expects soc_version in [221], not 224"),
-    ("Ascend910B2C", 222, "no hardware-DB entry"),  # B2C is its own SoC, not the B2
-    ("Ascend910B4_1", 225, "no hardware-DB entry"),  # the 64 GB B4 variant has no entry
+    ("Ascend910B2C", 221, "expects soc_version in [222], not 221"),  # B2C is its own SoC, not the B2
+    ("Ascend910B4_1", 224, "expects soc_version in [225], not 224"),  # nor is the 64 GB B4 the B4
     ("Ascend310P3", 202, "no hardware-DB entry"),
 ])
 def test_match_npu_unknown(soc, version, why):

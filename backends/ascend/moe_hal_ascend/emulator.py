@@ -38,8 +38,9 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -89,11 +90,11 @@ class TensorSpec:
     npu_format: int = ACL_FORMAT_ND
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorSpec":
+    def of(cls, t: torch.Tensor) -> TensorSpec:
         return cls(tuple(t.shape), tuple(t.stride()), str(t.dtype).removeprefix("torch."), get_npu_format(t))
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TensorSpec":
+    def from_dict(cls, d: dict) -> TensorSpec:
         return cls(tuple(d["shape"]), tuple(d["stride"]), d["dtype"], d.get("npu_format", ACL_FORMAT_ND))
 
     @property
@@ -122,7 +123,7 @@ class GmmCall:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GmmCall":
+    def from_dict(cls, d: dict) -> GmmCall:
         def specs(value):
             return None if value is None else tuple(TensorSpec.from_dict(s) for s in value)
 
