@@ -38,10 +38,11 @@ def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
     """Run ``tiers`` on every backend eligible on each SoC (emulated); returns the report with
     every recorded call and every case that did not pass."""
     from moe_hal import selection
-    from moe_hal.conformance import runner, suite
+    from moe_hal.conformance import runner, session, suite
 
     tiers = list(tiers)
     cases = suite.load()
+    selected = session.select_cases(cases, tiers)           # stored tiers plus the generated sweep
     report: dict = {"tiers": tiers, "emulated": True, "runs": [], "calls": []}
     try:
         for soc_name in socs:
@@ -58,7 +59,7 @@ def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
                 conformance = runner.Runner(target, cases)
                 with emulator.recording() as calls, warnings.catch_warnings():
                     warnings.simplefilter("ignore")          # the announced dequantize / upcast paths
-                    for case, path in conformance.items(cases.select(tiers)):
+                    for case, path in conformance.items(selected):
                         result = conformance.run_case(case, path)
                         statuses[result.status] += 1
                         allowed = ("pass",) if case.op in suite.GEMM_OPS else ("pass", "not_applicable")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run conformance tiers on the emulator, record and check the calls")
     run_p.add_argument("--soc", action="append", help=f"SoC to emulate (repeatable; default: {', '.join(CI_SOCS)})")
-    run_p.add_argument("--tier", default="smoke", help="comma-separated tiers (default smoke)")
+    run_p.add_argument("--tier", default="smoke", help="comma-separated tiers: smoke, full, sweep (default smoke)")
     run_p.add_argument("--out", required=True, help="JSON file for the recorded calls and results")
     check_p = sub.add_parser("check", help="replay a recorded JSON file against the rule table")
     check_p.add_argument("file")
