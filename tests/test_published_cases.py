@@ -1,0 +1,78 @@
+"""The published validation set (bench/published/cases.yaml) is well formed and self-consistent.
+
+These checks catch transcription errors: a time that does not match the TFLOPS printed beside it,
+counts that do not add up to the group count, a case citing a source that is not listed, a device
+the hardware DB does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from moe_hal import hwdb
+
+ROOT = Path(__file__).resolve().parents[1] / "bench" / "published"
+
+
+@pytest.fixture(scope="module")
+def published() -> dict:
+    return yaml.safe_load((ROOT / "cases.yaml").read_text())
+
+
+def test_the_set_matches_its_schema(published):
+    schema = json.loads((ROOT / "schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(published)
+
+
+def test_the_set_is_large_and_broad_enough(published):
+    cases = published["cases"]
+    assert len(cases) >= 60
+    assert len({c["device"] for c in cases}) >= 4
+    assert {c["layout"] for c in cases} == {"contiguous", "masked", "k_grouped"}
+    assert len({c["source"] for c in cases}) >= 8
+
+
+def test_ids_are_unique_and_sources_are_listed(published):
+    ids = [c["id"] for c in published["cases"]]
+    assert len(ids) == len(set(ids))
+    cited = {c["source"] for c in published["cases"]}
+    assert cited <= set(published["sources"]), cited - set(published["sources"])
+    assert set(published["sources"]) <= cited, "a listed source has no case"
+
+
+def test_every_device_is_in_the_hardware_db(published):
+    known = {e.id for e in hwdb.all()}
+    for case in published["cases"]:
+        assert case["device"] in known, case["id"]
+
+
+def test_counts_agree_with_the_group_count(published):
+    for case in published["cases"]:
+        if "counts" in case:
+            assert len(case["counts"]) == case["groups"], case["id"]
+
+
+def _useful_flops(case: dict) -> float:
+    if case["layout"] == "k_grouped":
+        return 2.0 * case["m"] * case["n"] * case["k_per_group"] * case["groups"]
+    rows = sum(case["counts"]) if "counts" in case else case["m_per_group"] * case["groups"]
+    return 2.0 * rows * case["n"] * case["k"]
+
+
+def test_printed_time_and_tflops_agree(published):
+    # Sources print integers (us, TFLOPS). Where rows were drawn at random around the expectation
+    # (U(0.7, 1.3) per group) the printed TFLOPS counts the drawn rows, so only a loose check holds.
+    checked = 0
+    for case in published["cases"]:
+        measured = case["measured"]
+        if "time_us" in measured and "tflops" in measured:
+            tflops = _useful_flops(case) / (measured["time_us"] * 1e-6) / 1e12
+            tolerance = 0.05 if case["counts_basis"] == "exact" else 0.3
+            assert tflops == pytest.approx(measured["tflops"], rel=tolerance), case["id"]
+            checked += 1
+    assert checked >= 15
