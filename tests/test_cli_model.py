@@ -22,9 +22,11 @@ def run(argv, capsys):
     return rc, out.out, out.err
 
 
-def test_seed_question_json(capsys):
-    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"],
-                     capsys)
+def test_seed_question_json_on_the_peak_figures(capsys):
+    # --no-achieved: the tile + wave model on the DB's peak and bandwidth alone (the ideal, not the
+    # expected time), whose numbers the reference computes by hand
+    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json",
+                      "--no-achieved"], capsys)
     assert rc == 0
     report = json.loads(out)
     ranked = report["ranked"]
@@ -33,8 +35,12 @@ def test_seed_question_json(capsys):
     assert [round(e["occupancy_m"], 3) for e in ranked] == [0.898, 0.786, 0.642]
     assert report["recommendation"]["tile"] == [64, 128]
     ans = report["answer"]
-    # the DB's H200: fp8 1979 TFLOPS (spec) and 4.3 TB/s (measured copy) -> M* = 230 rows
+    # the DB's H200: fp8 1979 TFLOPS (spec) and 4.3 TB/s (measured copy) -> M* = 230 rows; the
+    # basis says that the two figures have different bases
     assert round(report["ridge_m"]) == 230
+    basis = report["ranked"][0]["basis"]
+    assert "datasheet" in basis["roofline"] and "measured copy" in basis["roofline"]
+    assert "no achieved efficiency" in basis["compute"]
     assert ans["free"] is False and ans["gap_best"] > 0.03
     assert len(ans["below"]) == 17 and ans["rows_below"] == 950
     assert sorted(ans["above"]) == sorted(g for g, c in enumerate(map(int, SEED.split(","))) if c > 230)
@@ -42,10 +48,26 @@ def test_seed_question_json(capsys):
 
 
 def test_default_histogram_is_the_seed_and_table_output(capsys):
-    rc, out, _ = run(["--dtype", "fp8"], capsys)
+    rc, out, _ = run(["--dtype", "fp8", "--no-achieved"], capsys)
     assert rc == 0
     assert "issue #211" in out and "64x128" in out and "Recommendation: 64x128" in out
     assert "Padding is not free here" in out and "M* = 230 rows" in out
+
+
+def test_seed_question_with_achieved_efficiency_uses_one_basis(capsys):
+    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"],
+                     capsys)
+    assert rc == 0
+    report = json.loads(out)
+    best = report["ranked"][0]
+    assert "achieved" in best["basis"]["compute"] and "fitted" in best["basis"]["compute"]
+    assert "achieved" in best["basis"]["bandwidth"]
+    # M* from the achieved pair the prediction uses, not a datasheet peak over a measured copy bandwidth
+    e_b = 1 + 4 / (128 * 128)
+    assert report["ridge_m"] == pytest.approx(best["achieved_flops"] * e_b / (2 * best["achieved_bandwidth"]))
+    # the roofline keeps the peak: the prediction is slower than the ideal
+    assert best["t_predicted"] > best["t_roofline"]
+    assert report["recommendation"]["equivalent"][0] == report["recommendation"]["tile"]
 
 
 def test_memory_bound_decode_answer(capsys):

@@ -139,10 +139,13 @@ def test_every_number_has_unit_basis_and_source():
             if node["value"] is None:
                 assert node["note"], (entry.id, path)
                 continue
-            assert node["basis"] in {"datasheet", "whitepaper", "secondary", "derived", "measured"}
+            assert node["basis"] in {"datasheet", "whitepaper", "secondary", "derived", "measured", "fitted"}
             assert node["source"]
             if node["basis"] == "measured":
                 assert node["date"] and node["method"] and node["tool"], (entry.id, path)
+            if node["basis"] == "fitted":  # fitted to measurements: say how and over how many cases
+                assert node["method"] and node["cases"] >= 1, (entry.id, path)
+                assert path.startswith("achieved."), (entry.id, path)
         assert seen >= 1
 
 
@@ -422,7 +425,7 @@ def test_measured_overlay_adds_values_to_an_existing_entry(tmp_path, monkeypatch
     assert h100.peak_flops("bf16") == 700e12
     assert h100.peak_flops("bf16", measured=False) == pytest.approx(989.5e12)
     assert h100.mem_bandwidth() == 3000e9 and h100.mem_bandwidth(measured=False) == 3.35e12
-    assert h100.measured_paths == (f"{path} [MOE_HAL_HWDB]",)
+    assert h100.measured_paths[-1] == f"{path} [MOE_HAL_HWDB]"  # after the committed overlays of hwdb/measured
     assert h100.path.endswith("nvidia-h100-sxm.yaml")
 
 

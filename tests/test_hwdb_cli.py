@@ -142,8 +142,14 @@ def test_calibrate_refuses_an_unknown_device_without_hw(monkeypatch, capsys):
 
 
 def test_measured_dir_holds_no_invented_overlay():
-    # Only bench/calibrate.py may write here, and only on real hardware.
+    # Only bench/calibrate.py (measured, on real hardware) and `moe-hal model calibrate` (fitted to
+    # the published measurements) write here.
     for path in (REPO / "hwdb" / "measured").glob("*.yaml"):
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
         assert "overlay_of" in doc
-        assert all(n["tool"].startswith("bench/calibrate.py") for n in doc["measured"].get("matmul", {}).values())
+        matmul = doc.get("measured", {}).get("matmul", {})
+        assert all(n["tool"].startswith("bench/calibrate.py") for n in matmul.values())
+        for impl in doc.get("achieved", {}).values():
+            for name, node in impl.items():
+                leaves = [leaf for fam in node.values() for leaf in fam.values()] if name == "compute" else [node]
+                assert all("moe-hal model calibrate" in leaf["tool"] for leaf in leaves), path

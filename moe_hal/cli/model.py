@@ -44,10 +44,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the kernel reads every expert's weights, empty ones included")
     p.add_argument("--t-fixed-us", type=float, help="launch + prologue time added to predictions (us)")
     p.add_argument("--spec", action="store_true", help="use datasheet figures, not the DB's measured ones")
+    p.add_argument("--impl", help="kernel implementation whose achieved efficiency applies (default: the best known)")
+    p.add_argument("--no-achieved", action="store_true",
+                   help="predict from the peak and bandwidth themselves, without achieved efficiency (the old model)")
     p.add_argument("--plot", metavar="FILE.png", help="draw the roofline and the occupancy-vs-BM curve "
                                                       "(needs matplotlib: pip install 'moe-hal[plot]')")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=run)
+    from . import model_validation
+
+    model_validation.register(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,9 +125,9 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     from .. import perf
 
     counts, where = histogram(args)
-    hw = perf.resolve_hardware(args.hw, measured=not args.spec)
+    hw = perf.resolve_hardware(args.hw, measured=not args.spec, achieved=not args.no_achieved)
     options: dict[str, Any] = {"op": args.op, "out_dtype": args.out_dtype,
-                               "streams_all_experts": args.streams_all_experts}
+                               "streams_all_experts": args.streams_all_experts, "impl": args.impl}
     if args.t_fixed_us is not None:
         options["t_fixed"] = args.t_fixed_us * 1e-6
     k = args.k
@@ -141,7 +147,8 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "ridge_m": best.ridge_m,
         "t_roofline": best.t_roofline,
         "ranked": [e.as_dict() for e in advice.ranked],
-        "recommendation": {"tile": list(advice.tile), "reason": advice.reason},
+        "recommendation": {"tile": list(advice.tile), "reason": advice.reason, "tie_band": perf.TIE_BAND,
+                           "equivalent": [list(e.tile) for e in advice.equivalent]},
         "answer": answer(advice, counts),
     }
     return report, advice

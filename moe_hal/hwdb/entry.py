@@ -78,8 +78,8 @@ def _is_quantity(node: Any) -> bool:
 class HardwareEntry:
     """One validated accelerator entry, with the measured values of any overlays merged in.
 
-    ``raw`` is the validated YAML mapping (``measured`` includes overlay values); ``path`` is the
-    file the entry came from and ``measured_paths`` the overlay files that added measured values.
+    ``raw`` is the validated YAML mapping (``measured`` and ``achieved`` include overlay values);
+    ``path`` is the file the entry came from and ``measured_paths`` the overlay files merged in.
     """
 
     def __init__(self, raw: dict[str, Any], path: str, measured_paths: tuple[str, ...] = ()):

@@ -2,8 +2,9 @@
 
 One YAML file per accelerator lives in the top-level ``hwdb/`` directory (installed as the data
 package ``moe_hal.data.hwdb``) and is validated against ``hwdb/schema.json`` with ``jsonschema``.
-An *overlay* file (``overlay_of: <id>``) adds measured values to an existing entry;
-``hwdb/measured/`` holds the ones ``bench/calibrate.py`` wrote. Extra files and directories come
+An *overlay* file (``overlay_of: <id>``) adds measured values or achieved efficiency to an
+existing entry; ``hwdb/measured/`` holds the ones ``bench/calibrate.py`` measured and the fits
+``moe-hal model calibrate`` wrote (``<id>.published-fit.yaml``). Extra files and directories come
 from ``MOE_HAL_HWDB`` (``os.pathsep``-separated) and from plugins through :func:`add_overlay`,
 which the plugin host calls when it discovers them. This module never discovers plugins itself.
 """
@@ -192,6 +193,7 @@ class _Database:
                 names[name] = (entry_id, doc.path)
 
         measured: dict[str, dict[str, Any]] = {k: copy.deepcopy(d.data.get("measured", {})) for k, d in entries.items()}
+        achieved: dict[str, dict[str, Any]] = {k: copy.deepcopy(d.data.get("achieved", {})) for k, d in entries.items()}
         measured_paths: dict[str, list[str]] = {k: [] for k in entries}
         for doc in docs:
             target = doc.data.get("overlay_of")
@@ -200,11 +202,20 @@ class _Database:
             if target not in entries:
                 raise HardwareDBError(doc.path, "overlay_of", f"no entry with id {target!r}; known ids: {', '.join(sorted(entries))}")
             merged = measured[target]
-            for key, value in doc.data["measured"].items():
+            for key, value in doc.data.get("measured", {}).items():
                 if key == "matmul":
                     merged.setdefault("matmul", {}).update(copy.deepcopy(value))
                 else:
                     merged[key] = copy.deepcopy(value)
+            # achieved figures merge per implementation and figure (per dtype and family for compute)
+            for impl, figures in doc.data.get("achieved", {}).items():
+                mine = achieved[target].setdefault(impl, {})
+                for key, value in figures.items():
+                    if key == "compute":
+                        for dtype, families in value.items():
+                            mine.setdefault("compute", {}).setdefault(dtype, {}).update(copy.deepcopy(families))
+                    else:
+                        mine[key] = copy.deepcopy(value)
             measured_paths[target].append(doc.path)
 
         self.by_id: dict[str, HardwareEntry] = {}
@@ -212,6 +223,8 @@ class _Database:
             raw = copy.deepcopy(doc.data)
             if measured[entry_id]:
                 raw["measured"] = measured[entry_id]
+            if achieved[entry_id]:
+                raw["achieved"] = achieved[entry_id]
             self.by_id[entry_id] = HardwareEntry(raw, doc.path, tuple(measured_paths[entry_id]))
         self.by_name = {name: self.by_id[entry_id] for name, (entry_id, _) in names.items()}
 

@@ -7,8 +7,10 @@ ideal? It is the right *speed of light* to report efficiency against, but not a 
 package computes both, plus the ridge height ``M*`` below which a group's padding is hidden
 behind its weight streaming. ``docs/perf-model.md`` explains the answer with a worked example.
 
-Modules: :mod:`.operands` (dtype sizes), :mod:`.hardware` (the device), :mod:`.model` (one call,
-one tile), :mod:`.advisor` (ranking tiles); routing histograms come from :mod:`moe_hal.workloads`.
+Modules: :mod:`.operands` (dtype sizes), :mod:`.efficiency` (achieved efficiency per device and
+kernel implementation), :mod:`.hardware` (the device), :mod:`.model` (one call, one tile),
+:mod:`.advisor` (ranking tiles), :mod:`.calibration` (fitting achieved efficiency to measured
+timings and validating it out of sample); routing histograms come from :mod:`moe_hal.workloads`.
 Everything here is pure Python (no torch) and never loads plugins. Times are seconds, rates FLOP/s and bytes/s.
 
 Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cores)::
@@ -19,16 +21,23 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = max(2 * max(BM, mma_min_m) * BN * K / (peak / S),    one tile on one core: MMA,
-                   (BM * e_a + BN * e_b) * K / (l2_bw / S))         or operand loads (optional)
+    t_tile   = max(2 * max(BM, mma_min_m) * BN * K / (R / S),       one tile on one core: MMA,
+                   (BM * e_a + BN * e_b) * K / (l2_bw / S))         or operand loads (optional),
+               + t_oh                                          plus the per-tile overhead
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles
     B_min    = G_act*N*K*e_b + sum M_g*K*e_a + sum M_g*N*e_c   each byte once, active experts
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
                      [+ sum (Mpad_g - M_g)*K*e_a if it reads padding rows]
-    T_mem    = B_kernel / BW_eff,  BW_eff = min(BW, min(tiles, S) * bw_per_core)  (cap optional)
+    T_mem    = B_kernel / BW_eff,  BW_eff = min(B, min(tiles, S) * bw_per_core)   (cap optional)
     T_pred   = max(T_comp, T_mem) + t_fixed            (or (T_comp^p + T_mem^p)^(1/p))
     T_ideal  = max(F_useful / peak, B_min / BW)        the plain roofline (speed of light)
-    M*       = peak * e_b / (2 * BW)                   ridge height in rows
+    M*       = R * e_b / (2 * B)                       ridge height in rows
+
+``peak`` and ``BW`` are the device's (the roofline); ``R = eta_c * peak_datasheet`` and
+``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the per-tile overhead and
+``t_fixed`` the launch time, per device and kernel implementation (:mod:`.efficiency`).
+Without achieved figures ``R = peak``, ``B = BW`` and ``t_oh = 0`` (the prediction is then an
+ideal, as the estimate's ``basis`` says).
 
 ``e_a``, ``e_b``, ``e_c`` are bytes per element of activations, weights and output; block-scaled
 dtypes add their scale bytes (:data:`SCALE_BYTES`). Masked (decode) calls use the same formulas
@@ -42,12 +51,12 @@ from __future__ import annotations
 
 from ..backend import OPS
 from ..workloads import DISTRIBUTIONS, SEED_COUNTS, scale_counts, synthetic_counts
-from .advisor import DEFAULT_TILES, Advice, advise, advise_decode, advise_problem, rank_key
+from .advisor import DEFAULT_TILES, TIE_BAND, Advice, advise, advise_decode, advise_problem, rank_key
 from .hardware import Hardware, resolve_hardware, ridge_m
 from .model import Estimate, estimate
 from .operands import BYTES_PER_ELEMENT, SCALE_BYTES, default_out_dtype, dtype_name, operand_bytes
 
 __all__ = ["Advice", "BYTES_PER_ELEMENT", "DEFAULT_TILES", "DISTRIBUTIONS", "Estimate", "Hardware", "OPS",
-           "SCALE_BYTES", "SEED_COUNTS", "advise", "advise_decode", "advise_problem", "default_out_dtype", "dtype_name",
+           "SCALE_BYTES", "SEED_COUNTS", "TIE_BAND", "advise", "advise_decode", "advise_problem", "default_out_dtype", "dtype_name",
            "estimate", "operand_bytes", "rank_key", "resolve_hardware", "ridge_m", "scale_counts",
            "synthetic_counts"]

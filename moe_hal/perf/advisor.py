@@ -13,9 +13,18 @@ from .model import Call, Estimate
 DEFAULT_TILES: tuple[tuple[int, int], ...] = ((64, 128), (128, 128), (256, 128))
 
 
+#: Predictions within this fraction of the best are equivalent: the model's own out-of-sample
+#: error on published measurements (median 9.7% over 67 cases, leave-one-source-out;
+#: bench/results/model_validation_published.json) rounded up. Inside the band the ranking is a
+#: tie-break, not a prediction.
+TIE_BAND = 0.10
+
+
 @dataclass(frozen=True)
 class Advice:
-    """Tiles ranked best first by :func:`advise`. ``reason`` says in words why the first won."""
+    """Tiles ranked best first by :func:`advise`. ``reason`` says in words why the first won.
+    ``equivalent``: the tiles (the best included) predicted within :data:`TIE_BAND` of the best,
+    which the model cannot tell apart."""
 
     ranked: tuple[Estimate, ...]
     reason: str
@@ -25,12 +34,18 @@ class Advice:
         return self.ranked[0]
 
     @property
+    def equivalent(self) -> tuple[Estimate, ...]:
+        limit = self.best.t_predicted * (1 + TIE_BAND)
+        return tuple(e for e in self.ranked if e.t_predicted <= limit)
+
+    @property
     def tile(self) -> tuple[int, int]:
         """``(block_m, block_n)`` of the best tile."""
         return self.best.tile
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tile": list(self.tile), "reason": self.reason, "ranked": [e.as_dict() for e in self.ranked]}
+        return {"tile": list(self.tile), "reason": self.reason, "tie_band": TIE_BAND,
+                "equivalent": [list(e.tile) for e in self.equivalent], "ranked": [e.as_dict() for e in self.ranked]}
 
 
 def rank_key(est: Estimate) -> tuple:
@@ -104,6 +119,11 @@ def _reason(ranked: Sequence[Estimate]) -> str:
             f"({best.bound}-bound; roofline {best.t_roofline * 1e6:.1f} us)")
     if len(ranked) == 1:
         return text + "; the only tile offered"
+    tied = [e for e in ranked[1:] if e.t_predicted <= best.t_predicted * (1 + TIE_BAND)]
+    if tied:
+        names = ", ".join(f"{e.block_m}x{e.block_n} ({e.t_predicted * 1e6:.1f} us)" for e in tied)
+        text += (f"; equivalent within the model's error (+-{TIE_BAND:.0%}): {names}, so the choice among "
+                 f"them is a tie-break")
     second = ranked[1]
     if round(second.t_predicted, 12) > round(best.t_predicted, 12):
         return text + f"; next {second.block_m}x{second.block_n} at {second.t_predicted * 1e6:.1f} us"

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from ..checks import is_number, is_positive_number
 from ..errors import ArgumentError, DTypeError
+from .efficiency import EfficiencyTable, Rates, table_from_entries
 from .operands import BYTES_PER_ELEMENT, dtype_name, operand_bytes
 
 
@@ -26,6 +27,14 @@ class Hardware:
     the time to load its ``(BM * e_a + BN * e_b) * K`` operand bytes at ``l2_bandwidth / S``, which
     is what makes short tiles slower in compute-bound calls (None = not modelled).
     ``sources``: where each number came from (free text per key, for reports).
+
+    Achieved efficiency (:mod:`moe_hal.perf.efficiency`): ``efficiency`` is the table of achieved
+    figures, ``architecture`` the device family its fallback may use, ``impl`` the kernel
+    implementation whose figures apply (None: the best known), ``datasheet_peak_flops`` /
+    ``datasheet_bandwidth`` the figures achieved fractions are fractions of (default:
+    ``peak_flops`` / ``mem_bandwidth``). ``tile_overhead``: seconds each tile costs beyond its MMA
+    time (None: the table's, else 0). ``mma_min_n``: smallest token count per MMA when tokens sit
+    on the MMA's N side (swap-AB kernels; None = no floor).
     """
 
     name: str
@@ -38,6 +47,13 @@ class Hardware:
     l2_bandwidth: float | None = None
     t_fixed: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    architecture: str | None = None
+    impl: str | None = None
+    efficiency: EfficiencyTable = field(default_factory=EfficiencyTable, compare=False, repr=False)
+    datasheet_peak_flops: Mapping[str, float] | None = None
+    datasheet_bandwidth: float | None = None
+    tile_overhead: float | None = None
+    mma_min_n: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
@@ -62,6 +78,20 @@ class Hardware:
             raise ArgumentError("Hardware.l2_bandwidth", "None or a positive bytes/s value", self.l2_bandwidth)
         if not is_number(self.t_fixed) or self.t_fixed < 0:
             raise ArgumentError("Hardware.t_fixed", "a non-negative number of seconds", self.t_fixed)
+        if self.tile_overhead is not None and (not is_number(self.tile_overhead) or self.tile_overhead < 0):
+            raise ArgumentError("Hardware.tile_overhead", "None or a non-negative number of seconds", self.tile_overhead)
+        if self.mma_min_n is not None and (isinstance(self.mma_min_n, bool)
+                                           or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1):
+            raise ArgumentError("Hardware.mma_min_n", "None or a positive int", self.mma_min_n)
+        if self.datasheet_peak_flops is not None:
+            object.__setattr__(self, "datasheet_peak_flops", MappingProxyType(
+                {dtype_name(k): float(v) for k, v in dict(self.datasheet_peak_flops).items()}))
+        if self.datasheet_bandwidth is not None and not is_positive_number(self.datasheet_bandwidth):
+            raise ArgumentError("Hardware.datasheet_bandwidth", "None or a positive bytes/s value",
+                                self.datasheet_bandwidth)
+        if not isinstance(self.efficiency, EfficiencyTable):
+            raise ArgumentError("Hardware.efficiency", "a perf.efficiency.EfficiencyTable",
+                                type(self.efficiency).__name__)
 
     def peak(self, dtype: str) -> float:
         """Dense FLOP/s for ``dtype``; :class:`~moe_hal.errors.DTypeError` when the device has none."""
@@ -75,15 +105,19 @@ class Hardware:
         return replace(self, **changes)
 
     @classmethod
-    def from_entry(cls, entry: Any, measured: bool = True) -> "Hardware":
+    def from_entry(cls, entry: Any, measured: bool = True, achieved: bool = True,
+                   impl: str | None = None) -> "Hardware":
         """Adapter from a :mod:`moe_hal.hwdb` entry.
 
-        With ``measured`` (default) the entry's measured matmul rates and read bandwidth are
-        used where present, spec figures otherwise. Without a measured read bandwidth, a
-        measured copy bandwidth (``measured.copy_bandwidth``, read + write bytes counted) is
-        preferred over the datasheet: sustained streaming reaches it, not the datasheet figure.
+        The roofline figures (``peak_flops``, ``mem_bandwidth``): with ``measured`` (default) the
+        entry's measured matmul rates and read bandwidth are used where present, spec figures
+        otherwise. Without a measured read bandwidth, a measured copy bandwidth
+        (``measured.copy_bandwidth``, read + write bytes counted) is preferred over the
+        datasheet. ``sources`` records which figure each number came from, so a roofline that
+        mixes a measured and a datasheet figure says so. With ``achieved`` (default), the achieved
+        figures of the whole hardware DB are attached (``efficiency``) as fractions of this
+        entry's datasheet figures, for the implementation ``impl`` (None: the best known).
         An entry without a core count (``cpu-generic``) gets this machine's ``os.cpu_count()``.
-        ``sources`` records which figure each number came from.
         """
         sources: dict[str, str] = {}
         peaks: dict[str, float] = {}
@@ -112,28 +146,43 @@ class Hardware:
             sources["num_cores"] = "os.cpu_count() (the entry gives none)"
         mma_min_m = entry.mma_min_m
         l2 = entry.l2_bytes
+        datasheet = {name: float(v) for name in BYTES_PER_ELEMENT if (v := entry.peak_flops(name, measured=False))}
+        table = EfficiencyTable()
+        if achieved and hasattr(entry, "raw"):
+            from .. import hwdb
+
+            table = table_from_entries(hwdb.all())
         return cls(name=str(entry.id), num_cores=int(cores), peak_flops=peaks, mem_bandwidth=float(bandwidth),
                    mma_min_m=int(mma_min_m) if mma_min_m else None, l2_bytes=int(l2) if l2 else None,
-                   sources=sources)
+                   sources=sources, architecture=getattr(entry, "architecture", None), impl=impl,
+                   efficiency=table, datasheet_peak_flops=datasheet or None,
+                   datasheet_bandwidth=entry.mem_bandwidth(measured=False) or None)
 
 
-def resolve_hardware(hw: Any, measured: bool = True) -> Hardware:
+def resolve_hardware(hw: Any, measured: bool = True, achieved: bool = True) -> Hardware:
     """A :class:`Hardware` from an id or alias of the hardware DB, a hardware-DB entry, or a
-    :class:`Hardware` (returned as is)."""
+    :class:`Hardware` (returned as is). ``achieved=False`` leaves out the achieved efficiency
+    (predictions then use the peak and bandwidth themselves: the ideal, not the expected time)."""
     if isinstance(hw, Hardware):
         return hw
     if isinstance(hw, str):
         # the DB loader reads YAML; only needed when a name is given
         from .. import hwdb
 
-        return Hardware.from_entry(hwdb.get(hw), measured=measured)
+        return Hardware.from_entry(hwdb.get(hw), measured=measured, achieved=achieved)
     if all(hasattr(hw, a) for a in ("peak_flops", "mem_bandwidth", "num_cores", "quantity", "id")):
-        return Hardware.from_entry(hw, measured=measured)
+        return Hardware.from_entry(hw, measured=measured, achieved=achieved)
     raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", type(hw).__name__)
 
 
-def ridge_m(hw: Any, dtype: str) -> float:
-    """Ridge height ``M* = peak * e_b / (2 * BW)`` in rows: a group whose padded height stays at
-    or below it is bound by streaming its weights, so its tile padding costs no time."""
+def ridge_m(hw: Any, dtype: str, *, impl: str | None = None, op: str = "contiguous") -> float:
+    """Ridge height ``M* = rate * e_b / (2 * BW)`` in rows: a group whose padded height stays at
+    or below it is bound by streaming its weights, so its tile padding costs no time. Rate and
+    bandwidth are the pair predictions use (achieved figures of ``impl`` where known), so both
+    have one basis."""
     h = resolve_hardware(hw)
-    return h.peak(dtype) * operand_bytes(dtype)[1] / (2 * h.mem_bandwidth)
+    if impl is not None:
+        h = h.replace(impl=impl)
+    name = dtype_name(dtype)
+    rates = Rates.of(h, name, op)
+    return rates.flops * operand_bytes(name)[1] / (2 * rates.bandwidth)

@@ -3,12 +3,13 @@ formulas in :mod:`moe_hal.perf`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..backend import OPS
 from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive_number, positive_int
 from ..errors import ArgumentError
+from .efficiency import Rates
 from .hardware import Hardware, resolve_hardware
 from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
@@ -16,6 +17,12 @@ from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_
 @dataclass(frozen=True)
 class Estimate:
     """What the model says about one grouped-GEMM call with one tile. Times in seconds.
+
+    ``t_roofline`` (the ideal) uses ``peak_flops`` and ``mem_bandwidth``: the device's peak and
+    bandwidth (measured or datasheet, as ``basis["roofline"]`` says). ``t_predicted`` (the
+    expected time) uses what kernels achieve: ``achieved_flops``, ``achieved_bandwidth``,
+    ``tile_overhead`` per tile and ``t_fixed`` per call; ``basis`` says where each came from.
+    ``ridge_m`` is computed from the achieved pair (one basis).
 
     For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
     group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
@@ -56,6 +63,11 @@ class Estimate:
     peak_flops: float
     mem_bandwidth: float
     num_cores: int
+    impl: str | None = None
+    achieved_flops: float = 0.0
+    achieved_bandwidth: float = 0.0
+    tile_overhead: float = 0.0
+    basis: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def num_groups(self) -> int:
@@ -83,6 +95,7 @@ class Estimate:
         out["group_bounds"] = list(self.group_bounds)
         out["tile"] = list(self.tile)
         out["num_groups"] = self.num_groups
+        out["basis"] = dict(self.basis)
         return out
 
 
@@ -91,7 +104,7 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
              op: str = "contiguous", m: int | None = None, max_m: int | None = None,
              streams_all_experts: bool = False, reads_padding_rows: bool = False,
              accumulate: bool = False, t_fixed: float | None = None, overlap_p: float | None = None,
-             measured: bool = True) -> Estimate:
+             measured: bool = True, impl: str | None = None, swap_ab: bool = False) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
     ``counts``: rows per group ``M_g`` (``op="contiguous"``), valid rows ``masked_m[g]``
@@ -105,10 +118,15 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
     output is added to ``c`` (one more read of the output). ``t_fixed``: launch + prologue
     seconds (default: the hardware's). ``overlap_p``: None combines compute and memory time
     with ``max``; a number ``p`` uses ``(T_comp^p + T_mem^p)^(1/p)`` (p=1: no overlap).
+    ``impl``: the kernel implementation whose achieved efficiency applies (None: the best known
+    for this device and kernel family); the plain roofline stays in ``t_roofline``.
+    ``swap_ab``: the kernel puts tokens on the MMA's N side, so a tile is floored at the
+    hardware's ``mma_min_n`` rows instead of ``mma_min_m``.
     """
     call = Call.build(counts, n, k, hw, dtype, out_dtype=out_dtype, op=op, m=m, max_m=max_m,
-                       streams_all_experts=streams_all_experts, reads_padding_rows=reads_padding_rows,
-                       accumulate=accumulate, t_fixed=t_fixed, overlap_p=overlap_p, measured=measured)
+                      streams_all_experts=streams_all_experts, reads_padding_rows=reads_padding_rows,
+                      accumulate=accumulate, t_fixed=t_fixed, overlap_p=overlap_p, measured=measured,
+                      impl=impl, swap_ab=swap_ab)
     return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
 
 
@@ -131,25 +149,30 @@ class Call:
     accumulate: bool
     t_fixed: float
     overlap_p: float | None
+    swap_ab: bool
+    rates: Rates
 
     @classmethod
     def build(cls, counts: Any, n: Any, k: Any, hw: Any, dtype: Any, *, out_dtype: Any = None,
               op: str = "contiguous", m: Any = None, max_m: Any = None, streams_all_experts: bool = False,
               reads_padding_rows: bool = False, accumulate: bool = False, t_fixed: Any = None,
-              overlap_p: Any = None, measured: bool = True) -> "Call":
+              overlap_p: Any = None, measured: bool = True, impl: str | None = None,
+              swap_ab: bool = False) -> "Call":
         if op not in OPS:
             raise ArgumentError("op", f"one of {OPS}", op)
         if hw is None:
             raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", None)
         h = resolve_hardware(hw, measured=measured)
+        if impl is not None:
+            if not isinstance(impl, str) or not impl:
+                raise ArgumentError("impl", "None or a kernel implementation name", impl)
+            h = h.replace(impl=impl)
         values = group_counts(counts)
         n = positive_int(n, "n")
         dt = dtype_name(dtype)
         out_dt = dtype_name(out_dtype) if out_dtype is not None else default_out_dtype(dt, op)
         h.peak(dt)
-        if t_fixed is None:
-            t_fixed = h.t_fixed
-        elif not is_number(t_fixed) or t_fixed < 0:
+        if t_fixed is not None and (not is_number(t_fixed) or t_fixed < 0):
             raise ArgumentError("t_fixed", "None or a non-negative number of seconds", t_fixed)
         if overlap_p is not None and (not is_number(overlap_p) or overlap_p < 1):
             raise ArgumentError("overlap_p", "None or a number >= 1", overlap_p)
@@ -169,30 +192,32 @@ class Call:
         hist: dict[int, int] = {}
         for c in values:
             hist[c] = hist.get(c, 0) + 1
+        rates = Rates.of(h, dt, op, t_fixed)
         return cls(h, values, hist, op, n, k, m, dt, out_dt, bool(streams_all_experts), bool(reads_padding_rows),
-                   bool(accumulate), float(t_fixed), overlap_p)
+                   bool(accumulate), rates.launch, overlap_p, bool(swap_ab), rates)
 
     def estimate(self, block_m: int, block_n: int) -> Estimate:
-        h, hist, n = self.hw, self.hist, self.n
+        h, hist, n, rates = self.hw, self.hist, self.n, self.rates
         S = h.num_cores
-        bw = h.mem_bandwidth
-        peak = h.peak(self.dtype)
+        peak, roof_bw = h.peak(self.dtype), h.mem_bandwidth  # the roofline (ideal)
+        bw = rates.bandwidth  # what a kernel achieves (prediction)
         e_a, e_b = operand_bytes(self.dtype)
         e_c = BYTES_PER_ELEMENT[self.out_dtype]
-        m_floor = h.mma_min_m or 1
+        m_floor = (h.mma_min_n if self.swap_ab else h.mma_min_m) or 1
         n_blocks = ceil_div(n, block_n)
         n_pad = n_blocks * block_n
         groups = len(self.values)
         active = groups - hist.get(0, 0)
-        per_core = peak / S
+        per_core = rates.flops / S
         l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
 
         def tile_time(depth: int) -> float:
-            """Seconds one core spends on one tile with reduction depth ``depth``."""
+            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA (or
+            operand loads from L2) plus the fixed per-tile overhead (pipeline fill, epilogue)."""
             t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
             if l2_per_core is not None:
                 t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
-            return t
+            return t + rates.tile_overhead
 
         # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
         terms: dict[int, tuple[float, float]] = {}
@@ -253,11 +278,13 @@ class Call:
             rows=rows, padded_rows=padded_rows, useful_flops=useful, padded_flops=padded,
             occupancy_m=occ_m, occupancy_n=n / n_pad, tiles=tiles, waves=waves, wave_efficiency=wave_eff,
             bytes_min=bytes_min, bytes_kernel=bytes_kernel, t_compute=t_comp, t_memory=t_mem,
-            t_roofline=max(useful / peak, bytes_min / bw), t_padded=max(padded / peak, bytes_min / bw),
+            t_roofline=max(useful / peak, bytes_min / roof_bw), t_padded=max(padded / peak, bytes_min / roof_bw),
             t_predicted=t_body + self.t_fixed, t_serial=t_serial + self.t_fixed, t_fixed=self.t_fixed,
             bound="compute" if t_comp >= t_mem else "memory",
             group_bounds=tuple(bound_of[c] for c in self.values),
-            ridge_m=peak * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=bw, num_cores=S)
+            ridge_m=rates.flops * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=roof_bw, num_cores=S,
+            impl=h.impl, achieved_flops=rates.flops, achieved_bandwidth=bw, tile_overhead=rates.tile_overhead,
+            basis=rates.basis)
 
 
 def _round_robin_makespan(runs: Iterable[tuple[int, float]], cores: int) -> float:

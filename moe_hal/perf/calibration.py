@@ -1,0 +1,383 @@
+"""Fit achieved efficiency to measured grouped-GEMM timings, and validate the fit out of sample.
+
+The measured cases are either the published set (``bench/published/cases.yaml``: timings other
+people measured and published, each with its source) or a device's own benchmark results. A fit
+turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
+
+* per architecture, the per-tile overhead and the launch time, chosen on a small grid to minimise
+  the mean relative error over the fitted cases;
+* given those, per (device, implementation, dtype, family) the compute fraction, and per
+  (device, implementation) the bandwidth fraction: each case is attributed to the term the model
+  says binds it, the fraction that case needs is computed, and the median over the cases is
+  kept (capped at 1: no kernel beats the datasheet). Attribution and fractions are iterated to
+  a fixed point.
+
+:func:`leave_one_source_out` is the honest figure: for each source (a README table, an issue, a
+PR) it fits on every *other* source and predicts this one's cases with :func:`predict`, which is
+:func:`moe_hal.perf.estimate` over the tiles the implementation can launch (the kernel's own
+heuristic is assumed to find the fastest). :func:`write_overlays` stores a fit as
+``hwdb/measured/<id>.yaml`` overlays, which the hardware DB loads automatically.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..errors import ArgumentError
+from .efficiency import FAMILY_OF_OP, Achieved, EfficiencyTable
+from .hardware import Hardware
+from .model import Estimate, estimate
+
+#: The published validation set in a source checkout (not part of the wheel).
+PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases.yaml"
+
+#: Block-N values a kernel is assumed to choose from unless its implementation says otherwise.
+DEFAULT_BLOCK_N: tuple[int, ...] = (64, 96, 112, 128, 144, 160, 192, 224, 256)
+DEFAULT_BLOCK_M: tuple[int, ...] = (64, 128, 256)
+
+#: Grid of (tile overhead, launch) seconds searched per fit.
+GRID: tuple[tuple[float, float], ...] = tuple((oh * 1e-6, launch * 1e-6) for oh in (0, 1, 2, 3, 4, 5)
+                                              for launch in (0, 3, 6, 10))
+
+#: Iterations of the attribute-then-refit loop (it settles in 3-4).
+ITERATIONS = 6
+
+
+@dataclass(frozen=True)
+class MeasuredCase:
+    """One measured grouped GEMM: the call, the implementation that ran it, the measured time.
+
+    ``counts``: rows per group (``op`` contiguous/masked) or K per group (``op`` k_grouped, with
+    ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
+    launch. ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile).
+    """
+
+    id: str
+    source: str
+    device: str
+    impl: str
+    op: str
+    dtype: str
+    out_dtype: str
+    counts: tuple[int, ...]
+    n: int
+    k: int | None
+    m: int | None
+    t_measured: float
+    tiles: tuple[tuple[int, int], ...]
+    swap_ab: bool = False
+    streams_all_experts: bool = False
+
+    @property
+    def family(self) -> str:
+        return FAMILY_OF_OP[self.op]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A prediction of one case: ``estimate`` is the model's (best tile), ``t_roofline`` the plain
+    roofline on datasheet figures; errors are ``predicted / measured - 1``."""
+
+    case: MeasuredCase
+    estimate: Estimate
+    t_roofline: float
+
+    @property
+    def error(self) -> float:
+        return self.estimate.t_predicted / self.case.t_measured - 1
+
+    @property
+    def roofline_error(self) -> float:
+        return self.t_roofline / self.case.t_measured - 1
+
+    def as_dict(self) -> dict[str, Any]:
+        e = self.estimate
+        return {"id": self.case.id, "source": self.case.source, "device": self.case.device, "impl": self.case.impl,
+                "op": self.case.op, "dtype": self.case.dtype, "measured_us": self.case.t_measured * 1e6,
+                "predicted_us": e.t_predicted * 1e6, "roofline_us": self.t_roofline * 1e6,
+                "error": self.error, "roofline_error": self.roofline_error, "bound": e.bound,
+                "tile": list(e.tile), "basis": dict(e.basis)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------
+def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
+    """The cases of the published set (validated against its schema)."""
+    import json
+
+    import jsonschema
+    import yaml
+
+    location = Path(path) if path is not None else PUBLISHED
+    if not location.is_file():
+        raise ArgumentError("path", "the published set bench/published/cases.yaml (in a source checkout)",
+                            str(location))
+    data = yaml.safe_load(location.read_text())
+    schema = json.loads(location.with_name("schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    impls = data.get("impls", {})
+    return [_case(raw, impls.get(raw["impl"], {})) for raw in data["cases"]]
+
+
+def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
+    op = raw["layout"]
+    measured = raw["measured"]
+    if op == "k_grouped":
+        counts = (raw["k_per_group"],) * raw["groups"]
+        useful = 2.0 * raw["m"] * raw["n"] * sum(counts)
+    else:
+        if "counts" in raw:
+            counts = tuple(raw["counts"])
+        elif raw["counts_basis"] == "expected" and {"time_us", "tflops"} <= set(measured):
+            # rows were drawn at random around m_per_group; the printed TFLOPS and time give their sum
+            rows = round(measured["tflops"] * measured["time_us"] * 1e6 / (2 * raw["n"] * raw["k"]))
+            base, extra = divmod(max(rows, raw["groups"]), raw["groups"])
+            counts = tuple(base + (1 if g < extra else 0) for g in range(raw["groups"]))
+        else:
+            counts = (raw["m_per_group"],) * raw["groups"]
+        useful = 2.0 * sum(counts) * raw["n"] * raw["k"]
+    t = measured["time_us"] * 1e-6 if "time_us" in measured else useful / (measured["tflops"] * 1e12)
+    if "tile" in raw:
+        tiles = (tuple(raw["tile"]),)
+    else:
+        block_m = impl.get("block_m", {}).get(op, DEFAULT_BLOCK_M)
+        block_n = impl.get("block_n", DEFAULT_BLOCK_N)
+        tiles = tuple((bm, bn) for bm in block_m for bn in block_n if not (bm > 128 and bn > 128))
+    return MeasuredCase(id=raw["id"], source=raw["source"], device=raw["device"], impl=raw["impl"], op=op,
+                        dtype=raw["dtype"], out_dtype=raw["out_dtype"], counts=counts, n=raw["n"],
+                        k=raw.get("k"), m=raw.get("m"), t_measured=t, tiles=tiles,
+                        swap_ab=bool(impl.get("swap_ab", False)),
+                        streams_all_experts=bool(raw.get("streams_all_experts", False)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prediction
+# ---------------------------------------------------------------------------------------------
+def datasheet_hardware(device: str) -> Hardware:
+    """The device on datasheet figures only (no measured or achieved values): the common basis
+    every achieved fraction is a fraction of."""
+    from .. import hwdb
+
+    return Hardware.from_entry(hwdb.get(device), measured=False, achieved=False)
+
+
+def predict(case: MeasuredCase, table: EfficiencyTable | None = None) -> Estimate:
+    """The model's estimate of ``case``: :func:`estimate` with the achieved figures of ``table``
+    (datasheet figures when None) for every tile the implementation can launch; the fastest wins."""
+    hw = datasheet_hardware(case.device)
+    hw = hw.replace(efficiency=table if table is not None else EfficiencyTable(), impl=case.impl)
+    best = None
+    for bm, bn in case.tiles:
+        est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
+        if best is None or est.t_predicted < best.t_predicted:
+            best = est
+    assert best is not None
+    return best
+
+
+def _call_options(case: MeasuredCase) -> dict[str, Any]:
+    options: dict[str, Any] = {"op": case.op, "out_dtype": case.out_dtype, "swap_ab": case.swap_ab,
+                               "streams_all_experts": case.streams_all_experts}
+    if case.op == "k_grouped":
+        options["m"] = case.m
+    return options
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitting
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Candidate:
+    tile: tuple[int, int]
+    t_compute_unit: float  # compute time at the full datasheet peak, no tile overhead
+    waves: int
+    t_memory_unit: float  # memory time at the full datasheet bandwidth
+
+
+@dataclass
+class _Prepared:
+    case: MeasuredCase
+    architecture: str
+    candidates: list[_Candidate] = field(default_factory=list)
+
+
+def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
+    from .. import hwdb
+
+    out = []
+    for case in cases:
+        hw = datasheet_hardware(case.device)
+        prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
+        for bm, bn in case.tiles:
+            est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
+            prepared.candidates.append(_Candidate((bm, bn), est.t_compute, est.waves, est.t_memory))
+        out.append(prepared)
+    return out
+
+
+def _fast_predict(p: _Prepared, table: EfficiencyTable, overhead: float, launch: float) -> tuple[float, _Candidate, str]:
+    """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms."""
+    c = p.case
+    comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
+    band = table.bandwidth(c.device, p.architecture, c.impl)
+    eta_c = comp.value if comp else 1.0
+    eta_b = band.value if band else 1.0
+    best = None
+    for cand in p.candidates:
+        t_comp = cand.t_compute_unit / eta_c + cand.waves * overhead
+        t_mem = cand.t_memory_unit / eta_b
+        t = max(t_comp, t_mem) + launch
+        if best is None or t < best[0]:
+            best = (t, cand, "compute" if t_comp >= t_mem else "memory")
+    assert best is not None
+    return best
+
+
+def fit(cases: Sequence[MeasuredCase], *, basis: str = "fitted", source: str = "bench/published/cases.yaml",
+        grid: Sequence[tuple[float, float]] = GRID, prepared: Mapping[str, _Prepared] | None = None) -> EfficiencyTable:
+    """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
+    ``prepared``: the cases' unit terms by case id, when the caller has them already."""
+    prepared = [prepared[c.id] for c in cases] if prepared is not None else _prepare(cases)
+    by_arch: dict[str, list[_Prepared]] = {}
+    for p in prepared:
+        by_arch.setdefault(p.architecture, []).append(p)
+    records: list[Achieved] = []
+    for arch, group in by_arch.items():
+        best = None
+        for overhead, launch in grid:
+            table = _fit_fractions(group, overhead, launch, basis, source)
+            score = statistics.fmean(abs(_fast_predict(p, table, overhead, launch)[0] / p.case.t_measured - 1)
+                                     for p in group)
+            if best is None or score < best[0]:
+                best = (score, table, overhead, launch)
+        _, table, overhead, launch = best
+        records.extend(table)
+        for device in sorted({p.case.device for p in group}):
+            n = sum(1 for p in group if p.case.device == device)
+            note = f"{source} (one value per architecture, {len(group)} cases)"
+            records.append(Achieved(device, arch, "*", "tile_overhead", overhead, n, basis, note))
+            records.append(Achieved(device, arch, "*", "launch", launch, n, basis, note))
+    return EfficiencyTable(records)
+
+
+def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis: str,
+                   source: str) -> EfficiencyTable:
+    table = EfficiencyTable()
+    for _ in range(ITERATIONS):
+        compute: dict[tuple, list[float]] = {}
+        bandwidth: dict[tuple, list[float]] = {}
+        for p in group:
+            c = p.case
+            _, cand, bound = _fast_predict(p, table, overhead, launch)
+            left = c.t_measured - launch
+            if bound == "compute":
+                mma = left - cand.waves * overhead
+                if mma > 0:
+                    compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
+                        min(1.0, cand.t_compute_unit / mma))
+            elif left > 0:
+                bandwidth.setdefault((c.device, c.impl), []).append(min(1.0, cand.t_memory_unit / left))
+        arch = group[0].architecture
+        records = [Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dtype=dt, family=f)
+                   for (d, i, dt, f), v in compute.items()]
+        records += [Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source)
+                    for (d, i), v in bandwidth.items()]
+        table = EfficiencyTable(records)
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+def leave_one_source_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
+    """For each source: fit on the other sources, predict this one. Out-of-sample by source."""
+    outcomes = []
+    prepared = {p.case.id: p for p in _prepare(cases)}
+    for source in sorted({c.source for c in cases}):
+        train = [c for c in cases if c.source != source]
+        table = fit(train, prepared=prepared)
+        for case in cases:
+            if case.source == source:
+                outcomes.append(Outcome(case, predict(case, table), _roofline(case)))
+    return outcomes
+
+
+def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
+    """Fit on every case and predict every case (the optimistic, in-sample figure)."""
+    table = fit(cases)
+    return [Outcome(case, predict(case, table), _roofline(case)) for case in cases]
+
+
+def _roofline(case: MeasuredCase) -> float:
+    hw = datasheet_hardware(case.device)
+    return estimate(case.counts, case.n, case.k, hw, case.dtype, *case.tiles[0], **_call_options(case)).t_roofline
+
+
+def summarize(outcomes: Iterable[Outcome]) -> dict[str, Any]:
+    """Median and worst absolute error of the model and of the plain roofline, over all cases and
+    split by the bound the model predicts (compute / memory)."""
+    outcomes = list(outcomes)
+
+    def stats(items: list[Outcome]) -> dict[str, Any]:
+        if not items:
+            return {"cases": 0}
+        model = [abs(o.error) for o in items]
+        roof = [abs(o.roofline_error) for o in items]
+        return {"cases": len(items), "model_median": statistics.median(model), "model_worst": max(model),
+                "roofline_median": statistics.median(roof), "roofline_worst": max(roof)}
+
+    return {"all": stats(outcomes),
+            "compute_bound": stats([o for o in outcomes if o.estimate.bound == "compute"]),
+            "memory_bound": stats([o for o in outcomes if o.estimate.bound == "memory"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Storing a fit
+# ---------------------------------------------------------------------------------------------
+def overlays(table: EfficiencyTable, *, method: str, tool: str, date: str | None = None) -> dict[str, dict[str, Any]]:
+    """One ``overlay_of`` document per device holding ``achieved.<impl>`` (schema of hwdb/schema.json)."""
+    day = date or datetime.date.today().isoformat()
+    docs: dict[str, dict[str, Any]] = {}
+    for r in table:
+        doc = docs.setdefault(r.device, {"schema_version": 1, "overlay_of": r.device, "achieved": {}})
+        impl = doc["achieved"].setdefault(r.impl, {})
+        q: dict[str, Any] = {"value": round(r.value, 4) if r.kind in ("compute", "bandwidth") else round(r.value * 1e6, 3),
+                             "unit": "fraction" if r.kind in ("compute", "bandwidth") else "us",
+                             "basis": r.basis, "cases": r.cases, "source": r.source, "method": method,
+                             "date": day, "tool": tool}
+        if r.kind == "compute":
+            impl.setdefault("compute", {}).setdefault(r.dtype, {})[r.family] = q
+        else:
+            impl[r.kind] = q
+    return docs
+
+
+def write_overlays(table: EfficiencyTable, directory: str | Path, *, suffix: str = "", **kwargs: Any) -> list[Path]:
+    """Write :func:`overlays` to ``directory/<id><suffix>.yaml``; each file is validated by the
+    hardware DB before it replaces an older one."""
+    import yaml
+
+    from .. import hwdb
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for device, doc in sorted(overlays(table, **kwargs).items()):
+        target = folder / f"{device}{suffix}.yaml"
+        staging = folder / f".{device}{suffix}.yaml.new"
+        staging.write_text("# Written by `moe-hal model calibrate`; do not edit by hand.\n"
+                           + yaml.safe_dump(doc, sort_keys=False))
+        try:
+            hwdb.validate(staging)
+        except Exception:
+            staging.unlink()
+            raise
+        staging.replace(target)
+        written.append(target)
+    return written

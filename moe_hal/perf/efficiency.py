@@ -1,0 +1,289 @@
+"""Achieved efficiency: the fraction of the datasheet peak and bandwidth real kernels reach.
+
+A datasheet peak is what the silicon could do; published grouped-GEMM kernels reach 0.33-0.77 of
+the fp8 peak on an H800 and stream at 0.4-0.9 of the listed bandwidth (``docs/perf-model.md``).
+The model therefore predicts from *achieved* figures, kept per device, kernel implementation
+(``impl``: a name such as the library the kernel comes from), dtype and kernel family:
+
+* ``compute``: fraction of the dense datasheet peak of one dtype, per family
+  (:data:`FAMILIES`);
+* ``bandwidth``: fraction of the datasheet memory bandwidth a streaming kernel reaches;
+* ``tile_overhead``: seconds each output tile costs beyond its MMA time (pipeline fill and
+  epilogue), which is what makes short and small tiles less efficient;
+* ``launch``: fixed seconds per call (launch and prologue).
+
+Figures live in the hardware DB under ``achieved.<impl>`` (fitted from published measurements or
+measured by calibration, ``hwdb/measured/``). :class:`EfficiencyTable` answers "which figure
+applies to this call" with one fallback order, used both at prediction time and by the
+leave-one-source-out validation, so the validation tests exactly what predictions do:
+
+1. the same device, dtype, family (then the same forward/backward class: contiguous and masked
+   calls are forward kernels, K-grouped ones weight gradients), this implementation;
+2. the same, any implementation: the *best* implementation known;
+3. the same architecture instead of the same device (1, then 2);
+4. the architecture and dtype, then the architecture, best implementation.
+
+A level needs at least :data:`MIN_CASES` measured cases behind it. Without ``impl`` every level
+takes the best implementation known. Each answer carries its basis and the level it came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping
+
+from ..errors import ArgumentError
+
+#: Kernel families an achieved compute fraction is kept for.
+FAMILIES = ("dense", "grouped_contiguous", "grouped_masked", "k_grouped")
+
+#: The family of each grouped operation.
+FAMILY_OF_OP = {"contiguous": "grouped_contiguous", "masked": "grouped_masked", "k_grouped": "k_grouped"}
+
+#: Forward kernels share code and tiling; weight-gradient (K-grouped) kernels are a different kernel.
+CLASS_OF_FAMILY = {"dense": "forward", "grouped_contiguous": "forward", "grouped_masked": "forward",
+                   "k_grouped": "weight_gradient"}
+
+#: Kinds of achieved figure: fractions (compute, bandwidth) and seconds (tile_overhead, launch).
+KINDS = ("compute", "bandwidth", "tile_overhead", "launch")
+
+#: A fallback level is used only with at least this many measured cases behind it.
+MIN_CASES = 2
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """One achieved figure of one implementation on one device.
+
+    ``value``: a fraction of the datasheet figure (``compute``, ``bandwidth``) or seconds
+    (``tile_overhead``, ``launch``). ``dtype``/``family`` only for ``compute``. ``cases``: how
+    many measured cases it summarises. ``basis``: ``fitted`` or ``measured``; ``source``: where.
+    """
+
+    device: str
+    architecture: str
+    impl: str
+    kind: str
+    value: float
+    cases: int
+    basis: str
+    source: str
+    dtype: str | None = None
+    family: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ArgumentError("Achieved.kind", f"one of {KINDS}", self.kind)
+        if self.kind == "compute" and (self.dtype is None or self.family not in FAMILIES):
+            raise ArgumentError("Achieved.family", f"a dtype and one of {FAMILIES} for kind 'compute'",
+                                (self.dtype, self.family))
+        if not (isinstance(self.value, (int, float)) and math.isfinite(self.value) and self.value >= 0):
+            raise ArgumentError("Achieved.value", "a finite number >= 0", self.value)
+        if self.kind in ("compute", "bandwidth") and not 0 < self.value <= 1:
+            raise ArgumentError("Achieved.value", "a fraction in (0, 1] of the datasheet figure", self.value)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The figure that applies to a call: ``value``, its ``basis`` and ``source``, and ``level``
+    in words (which device, implementation, dtype and family it was taken from)."""
+
+    value: float
+    basis: str
+    source: str
+    level: str
+
+
+class EfficiencyTable:
+    """Achieved figures, answered through the fallback order of the module docstring."""
+
+    def __init__(self, records: Iterable[Achieved] = ()):
+        self.records: tuple[Achieved, ...] = tuple(records)
+
+    def __bool__(self) -> bool:
+        return bool(self.records)
+
+    def __iter__(self) -> Iterator[Achieved]:
+        return iter(self.records)
+
+    def compute(self, device: str, architecture: str | None, impl: str | None, dtype: str,
+                family: str) -> Resolved | None:
+        """Achieved fraction of the dtype's datasheet peak for a call of ``family``."""
+        cls = CLASS_OF_FAMILY[family]
+        places = [("device", device)] + ([("architecture", architecture)] if architecture else [])
+        levels = []
+        for where, name in places:
+            for scope, match in ((family, lambda r: r.family == family),
+                                 (f"{cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)):
+                levels.append((where, name, f"{dtype} {scope}", lambda r, m=match: r.dtype == dtype and m(r)))
+        if architecture:
+            levels.append(("architecture", architecture, f"{dtype}, any family", lambda r: r.dtype == dtype))
+            levels.append(("architecture", architecture, "any dtype", lambda r: True))
+        return self._resolve("compute", levels, impl)
+
+    def bandwidth(self, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
+        """Achieved fraction of the datasheet memory bandwidth. Streaming is a property of the
+        device more than of the kernel, so after this implementation on this device comes the
+        best one on this device, then on the architecture."""
+        levels = [("device", device, "streaming", lambda r: True)]
+        if architecture:
+            levels.append(("architecture", architecture, "streaming", lambda r: True))
+        return self._resolve("bandwidth", levels, impl, impl_only_first=True)
+
+    def seconds(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
+        """``tile_overhead`` or ``launch`` seconds: this implementation, then any, on this device,
+        then on the architecture."""
+        levels = [("device", device, kind, lambda r: True)]
+        if architecture:
+            levels.append(("architecture", architecture, kind, lambda r: True))
+        return self._resolve(kind, levels, impl)
+
+    def _resolve(self, kind: str, levels, impl: str | None, impl_only_first: bool = False) -> Resolved | None:
+        mine = [r for r in self.records if r.kind == kind]
+        for index, (where, name, scope, keep) in enumerate(levels):
+            here = [r for r in mine if getattr(r, where) == name and keep(r)]
+            by_impl: dict[str, list[Achieved]] = {}
+            for r in here:
+                by_impl.setdefault(r.impl, []).append(r)
+            try_impl = impl is not None and not (impl_only_first and index > 0)
+            if try_impl and impl in by_impl and _cases(by_impl[impl]) >= MIN_CASES:
+                return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
+            if _cases(here) >= MIN_CASES:
+                usable = {i: rs for i, rs in by_impl.items() if _cases(rs) >= 1}
+                best_impl = max(usable, key=lambda i: _weighted_median(usable[i]) * (1 if kind in
+                                ("compute", "bandwidth") else -1))
+                return _summary(usable[best_impl], f"best known implementation ({best_impl}) on {where} {name}, "
+                                                   f"{scope}")
+        return None
+
+
+def _cases(records: list[Achieved]) -> int:
+    return sum(r.cases for r in records)
+
+
+def _weighted_median(records: list[Achieved]) -> float:
+    """Median of the record values, each counted ``cases`` times (the median of the cases when
+    every record is one case)."""
+    ordered = sorted(records, key=lambda r: r.value)
+    half = _cases(ordered) / 2
+    seen = 0
+    for r in ordered:
+        seen += r.cases
+        if seen >= half:
+            return r.value
+    return ordered[-1].value
+
+
+def _summary(records: list[Achieved], level: str) -> Resolved:
+    value = _weighted_median(records)
+    bases = sorted({r.basis for r in records})
+    sources = sorted({r.source for r in records})
+    return Resolved(value, "+".join(bases), "; ".join(sources), f"{level} ({_cases(records)} cases)")
+
+
+# ---------------------------------------------------------------------------------------------
+# From the hardware DB
+# ---------------------------------------------------------------------------------------------
+_SECONDS = {"us": 1e-6, "ns": 1e-9}
+
+
+def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieved]:
+    """The :class:`Achieved` figures of one hardware-DB entry's ``achieved`` mapping (fractions
+    and seconds; ``bandwidth_per_unit`` and ``l2_bandwidth`` are rates the model reads directly)."""
+    out = []
+    for impl, figures in achieved.items():
+        for dtype, families in figures.get("compute", {}).items():
+            for family, q in families.items():
+                out.append(Achieved(entry_id, architecture, impl, "compute", float(q["value"]), int(q.get("cases", 1)),
+                                    q["basis"], q["source"], dtype=dtype, family=family))
+        if "bandwidth" in figures:
+            q = figures["bandwidth"]
+            out.append(Achieved(entry_id, architecture, impl, "bandwidth", float(q["value"]), int(q.get("cases", 1)),
+                                q["basis"], q["source"]))
+        for kind in ("tile_overhead", "launch"):
+            if kind in figures:
+                q = figures[kind]
+                out.append(Achieved(entry_id, architecture, impl, kind, float(q["value"]) * _SECONDS[q["unit"]],
+                                    int(q.get("cases", 1)), q["basis"], q["source"]))
+    return out
+
+
+def table_from_entries(entries: Iterable) -> EfficiencyTable:
+    """Every achieved figure of the hardware DB (all devices: the architecture-level fallback
+    needs the other devices of the same architecture)."""
+    records: list[Achieved] = []
+    for entry in entries:
+        raw = getattr(entry, "raw", {})
+        if raw.get("achieved"):
+            records.extend(records_of(entry.id, str(raw.get("architecture", "")), raw["achieved"]))
+    return EfficiencyTable(records)
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures one call is predicted with
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rates:
+    """What one call of ``dtype`` and ``op`` on a :class:`~moe_hal.perf.Hardware` is predicted
+    with: FLOP/s and bytes/s a kernel achieves, seconds per tile and per call, and in ``basis``
+    where each came from (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``, ``launch``)."""
+
+    flops: float
+    bandwidth: float
+    tile_overhead: float
+    launch: float
+    basis: Mapping[str, str]
+
+    @classmethod
+    def of(cls, hw: Any, dtype: str, op: str, t_fixed: float | None = None) -> "Rates":
+        """The rates of ``hw`` (a :class:`~moe_hal.perf.Hardware`): its implementation's achieved
+        fractions of the datasheet figures where its table knows them, otherwise its peak and
+        bandwidth as given (and the basis says the prediction is then optimistic). ``t_fixed``
+        given overrides the launch time."""
+        table, device, arch, impl = hw.efficiency, hw.name, hw.architecture, hw.impl
+        who = impl or "any implementation"
+        datasheet_peak = (hw.datasheet_peak_flops or {}).get(dtype, hw.peak(dtype))
+        datasheet_bw = hw.datasheet_bandwidth or hw.mem_bandwidth
+        peak_word = _source_word(hw.sources.get(f"peak.{dtype}"))
+        bw_word = _source_word(hw.sources.get("bandwidth"))
+        basis = {"roofline": f"{dtype} peak: {peak_word}; bandwidth: {bw_word}"}
+        compute = table.compute(device, arch, impl, dtype, FAMILY_OF_OP[op])
+        if compute is not None:
+            flops = compute.value * datasheet_peak
+            basis["compute"] = f"achieved {compute.value:.3f} x datasheet {dtype} peak ({compute.basis}; {compute.level})"
+        else:
+            flops = hw.peak(dtype)
+            basis["compute"] = (f"{dtype} peak as given ({peak_word}); no achieved efficiency known for {who} "
+                                f"on {device}: optimistic")
+        band = table.bandwidth(device, arch, impl)
+        if band is not None:
+            bandwidth = band.value * datasheet_bw
+            basis["bandwidth"] = f"achieved {band.value:.3f} x datasheet bandwidth ({band.basis}; {band.level})"
+        else:
+            bandwidth = hw.mem_bandwidth
+            basis["bandwidth"] = (f"bandwidth as given ({bw_word}); no achieved streaming bandwidth known for {who} "
+                                  f"on {device}")
+        if hw.tile_overhead is not None:
+            overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
+        elif (found := table.seconds("tile_overhead", device, arch, impl)) is not None:
+            overhead, basis["tile_overhead"] = found.value, f"{found.basis}; {found.level}"
+        else:
+            overhead, basis["tile_overhead"] = 0.0, "not known: 0"
+        if t_fixed is not None:
+            launch, basis["launch"] = float(t_fixed), "given (t_fixed)"
+        elif hw.t_fixed:
+            launch, basis["launch"] = hw.t_fixed, "given (Hardware.t_fixed)"
+        elif (found := table.seconds("launch", device, arch, impl)) is not None:
+            launch, basis["launch"] = found.value, f"{found.basis}; {found.level}"
+        else:
+            launch, basis["launch"] = 0.0, "not known: 0"
+        return cls(flops, bandwidth, overhead, launch, MappingProxyType(basis))
+
+
+def _source_word(source: str | None) -> str:
+    """A ``Hardware.sources`` value in report words (``spec`` is the datasheet)."""
+    if source is None:
+        return "as given"
+    return "datasheet" if source == "spec" else source

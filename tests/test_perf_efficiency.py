@@ -1,0 +1,122 @@
+"""Achieved efficiency in the model (moe_hal/perf/efficiency.py, hardware.py, model.py): the
+fallback order, the basis every estimate reports, and the round trip of a fit through
+``hwdb/measured`` overlays. Expected values are computed here by hand."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from moe_hal import hwdb, perf
+from moe_hal.errors import ArgumentError
+from moe_hal.perf.efficiency import Achieved, EfficiencyTable
+
+
+def rec(device="dev-a", arch="arch", impl="lib", kind="compute", value=0.5, cases=3, dtype="fp8",
+        family="grouped_contiguous"):
+    if kind != "compute":
+        dtype = family = None
+    return Achieved(device, arch, impl, kind, value, cases, "fitted", "test", dtype=dtype, family=family)
+
+
+def test_this_implementation_on_this_device_comes_first():
+    table = EfficiencyTable([rec(value=0.5), rec(impl="other", value=0.8), rec(device="dev-b", value=0.9)])
+    got = table.compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous")
+    assert got.value == 0.5 and "lib on device dev-a" in got.level
+
+
+def test_without_an_implementation_the_best_known_one_answers():
+    table = EfficiencyTable([rec(value=0.5), rec(impl="other", value=0.8)])
+    got = table.compute("dev-a", "arch", None, "fp8", "grouped_contiguous")
+    assert got.value == 0.8 and "best known implementation (other)" in got.level
+
+
+def test_an_unknown_implementation_gets_the_best_on_the_device_then_the_architecture():
+    table = EfficiencyTable([rec(value=0.5), rec(device="dev-b", impl="new", value=0.7)])
+    assert table.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous").value == 0.5  # device first
+    assert table.compute("dev-c", "arch", "new", "fp8", "grouped_contiguous").value == 0.7  # then architecture
+    assert table.compute("dev-c", "elsewhere", "new", "fp8", "grouped_contiguous") is None
+
+
+def test_the_family_class_is_tried_before_other_devices():
+    # a masked call on dev-a: dev-a's contiguous (same forward class) before dev-b's masked
+    table = EfficiencyTable([rec(value=0.6), rec(device="dev-b", value=0.9, family="grouped_masked"),
+                             rec(value=0.4, family="k_grouped")])
+    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.6
+    assert table.compute("dev-a", "arch", "lib", "fp8", "k_grouped").value == 0.4
+
+
+def test_one_case_is_not_enough_to_calibrate_a_level():
+    table = EfficiencyTable([rec(value=0.2, cases=1), rec(device="dev-b", value=0.7, cases=4)])
+    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous").value == 0.7
+
+
+def test_bandwidth_falls_back_to_the_best_streaming_on_the_device():
+    table = EfficiencyTable([rec(kind="bandwidth", value=0.45), rec(kind="bandwidth", impl="other", value=0.6)])
+    assert table.bandwidth("dev-a", "arch", "lib").value == 0.45
+    assert table.bandwidth("dev-a", "arch", "third").value == 0.6
+
+
+@pytest.mark.parametrize("bad", [dict(value=1.5), dict(value=0.0), dict(kind="speed"), dict(family="dense2")])
+def test_bad_achieved_figures_are_refused(bad):
+    with pytest.raises(ArgumentError):
+        rec(**bad)
+
+
+H800 = dict(num_cores=132, peak_flops={"fp8": 1979e12, "bf16": 989.5e12}, mem_bandwidth=3.35e12, mma_min_m=64)
+
+
+def test_estimate_applies_achieved_figures_and_says_so():
+    table = EfficiencyTable([rec(device="gpu", value=0.5), rec(device="gpu", kind="bandwidth", value=0.8),
+                             rec(device="gpu", kind="tile_overhead", value=2e-6, impl="*"),
+                             rec(device="gpu", kind="launch", value=3e-6, impl="*")])
+    hw = perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)
+    est = perf.estimate([8192] * 4, 4096, 7168, hw, "fp8", 128, 128)
+    tiles = 4 * 64 * 32
+    waves = -(-tiles // 132)
+    t_tile = 2 * 128 * 128 * 7168 / (0.5 * 1979e12 / 132) + 2e-6
+    assert est.t_compute == pytest.approx(waves * t_tile)
+    assert est.t_predicted == pytest.approx(waves * t_tile + 3e-6)
+    assert est.t_roofline == pytest.approx(2 * 4 * 8192 * 4096 * 7168 / 1979e12)  # the roofline keeps the peak
+    assert "0.5" in est.basis["compute"] and "fitted" in est.basis["compute"]
+    assert "fitted" in est.basis["bandwidth"] and "as given" in est.basis["roofline"]
+
+
+def test_estimate_without_achieved_figures_says_it_predicts_from_the_peak():
+    est = perf.estimate([256] * 4, 4096, 7168, perf.Hardware("plain", **H800), "fp8", 128, 128)
+    assert "no achieved efficiency" in est.basis["compute"]
+    assert est.achieved_flops == 1979e12
+
+
+def test_a_fit_round_trips_through_hwdb_measured(tmp_path):
+    from moe_hal.perf import calibration
+
+    cases = [c for c in calibration.load_published() if c.source == "deepgemm-readme-55ab91f"]
+    table = calibration.fit(cases)
+    written = calibration.write_overlays(table, tmp_path, suffix=".published-fit", method="test fit", tool="pytest")
+    assert [p.name for p in written] == ["nvidia-h800-sxm.published-fit.yaml"]
+    doc = yaml.safe_load(written[0].read_text())
+    fraction = doc["achieved"]["deepgemm"]["compute"]["fp8"]["grouped_contiguous"]
+    assert fraction["basis"] == "fitted" and fraction["cases"] == 4
+    try:
+        hwdb.add_overlay(written[0], "test")
+        entry = hwdb.get("nvidia-h800-sxm")
+        assert entry.raw["achieved"]["deepgemm"]["compute"]["fp8"]["grouped_contiguous"]["value"] == fraction["value"]
+        est = perf.estimate([8192] * 4, 4096, 7168, "nvidia-h800-sxm", "fp8", 128, 128, impl="deepgemm")
+        assert est.achieved_flops == pytest.approx(fraction["value"] * 1979e12)
+        assert "fitted" in est.basis["compute"] and "deepgemm" in est.basis["compute"]
+    finally:
+        hwdb.reload(forget_overlays=True)
+
+
+def test_the_fast_fit_arithmetic_is_the_model_itself():
+    from moe_hal.perf import calibration
+
+    cases = calibration.load_published()
+    table = calibration.fit(cases)
+    for case in cases[::7]:
+        prepared = calibration._prepare([case])[0]
+        overhead = table.seconds("tile_overhead", case.device, prepared.architecture, case.impl)
+        launch = table.seconds("launch", case.device, prepared.architecture, case.impl)
+        fast = calibration._fast_predict(prepared, table, overhead.value, launch.value)[0]
+        assert calibration.predict(case, table).t_predicted == pytest.approx(fast, rel=1e-9)
