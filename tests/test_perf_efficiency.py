@@ -57,13 +57,13 @@ def test_bandwidth_falls_back_to_the_best_streaming_on_the_device():
     assert table.bandwidth("dev-a", "arch", "third").value == 0.6
 
 
-@pytest.mark.parametrize("bad", [dict(value=1.5), dict(value=0.0), dict(kind="speed"), dict(family="dense2")])
+@pytest.mark.parametrize("bad", [{"value": 1.5}, {"value": 0.0}, {"kind": "speed"}, {"family": "dense2"}])
 def test_bad_achieved_figures_are_refused(bad):
     with pytest.raises(ArgumentError):
         rec(**bad)
 
 
-H800 = dict(num_cores=132, peak_flops={"fp8": 1979e12, "bf16": 989.5e12}, mem_bandwidth=3.35e12, mma_min_m=64)
+H800 = {"num_cores": 132, "peak_flops": {"fp8": 1979e12, "bf16": 989.5e12}, "mem_bandwidth": 3.35e12, "mma_min_m": 64}
 
 
 def test_estimate_applies_achieved_figures_and_says_so():

@@ -22,11 +22,11 @@ heuristic is assumed to find the fastest). :func:`write_overlays` stores a fit a
 from __future__ import annotations
 
 import datetime
-import math
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import ArgumentError
 from .efficiency import FAMILY_OF_OP, Achieved, EfficiencyTable

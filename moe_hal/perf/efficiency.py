@@ -30,9 +30,10 @@ takes the best implementation known. Each answer carries its basis and the level
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from ..errors import ArgumentError
 
@@ -237,7 +238,7 @@ class Rates:
     basis: Mapping[str, str]
 
     @classmethod
-    def of(cls, hw: Any, dtype: str, op: str, t_fixed: float | None = None) -> "Rates":
+    def of(cls, hw: Any, dtype: str, op: str, t_fixed: float | None = None) -> Rates:
         """The rates of ``hw`` (a :class:`~moe_hal.perf.Hardware`): its implementation's achieved
         fractions of the datasheet figures where its table knows them, otherwise its peak and
         bandwidth as given (and the basis says the prediction is then optimistic). ``t_fixed``
