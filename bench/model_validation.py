@@ -1,37 +1,70 @@
-"""Validate the performance model against measured kernels, in one call.
+"""Validate the performance model, in one command.
 
-    python bench/model_validation.py            # on a GPU: full sweep + fp8 cases + calibration
-    python bench/model_validation.py --quick    # CPU-sized sweep
+    python bench/model_validation.py                # published measurements, leave-one-source-out
+    python bench/model_validation.py --measure      # this machine's kernels (on a GPU: full sweep + fp8)
+    python bench/model_validation.py --measure --quick
 
-Runs ``moe-hal bench --model --calibrate`` (``--fp8`` added on CUDA) and writes the JSON report to
-``bench/results/model_validation_<hardware-DB id>.json`` unless ``--out`` is given. Every other
+Default: the model against ``bench/published/cases.yaml`` (67 timings other people measured and
+published, 11 sources, 4 devices), fitted on every source but one and evaluated on that one, for
+every source (``moe-hal model validate``). Writes ``bench/results/model_validation_published.json``
+and the predicted-vs-measured plot ``docs/perf-model-validation.png`` (model and plain roofline),
+and prints per-case errors, median and worst, split compute-/memory-bound.
+
+``--measure``: runs ``moe-hal bench --model --calibrate`` (``--fp8`` added on CUDA) and writes
+``bench/results/model_validation_<hardware-DB id>.json`` unless ``--out`` is given; every other
 argument is passed to ``moe-hal bench`` (``--backend cuda_sm90``, ``--only dsv3``, ...). The report
 holds, per case, the measured times of the backend and its peers, the plain roofline, the model's
-prediction with the DB's figures and with the calibrated ones, and the error summaries. It
-reports; it never asserts. See docs/perf-model.md.
+prediction with the DB's figures and with the calibrated ones, and the error summaries.
+
+Both report; neither asserts (tests/test_model_validation.py holds the CI gate). See
+docs/perf-model.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
+RESULTS = Path(__file__).resolve().parent / "results"
+PLOT = Path(__file__).resolve().parents[1] / "docs" / "perf-model-validation.png"
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--measure" in argv:
+        argv.remove("--measure")
+        return measure(argv)
+    from moe_hal.cli import model_validation
+
+    parser = argparse.ArgumentParser(prog="bench/model_validation.py")
+    parser.add_argument("--in-sample", action="store_true", help="fit on every case (optimistic comparison)")
+    parser.add_argument("--out", default=str(RESULTS / "model_validation_published.json"))
+    parser.add_argument("--plot", default=str(PLOT))
+    args = parser.parse_args(argv)
+    data = model_validation.report(args.in_sample)
+    Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
+    model_validation.plot(data, args.plot)
+    model_validation.print_report(data)
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def measure(argv: list[str]) -> int:
+    """The device sweep of ``moe-hal bench --model --calibrate``."""
     import torch
 
     from moe_hal import hwdb
     from moe_hal.cli import bench
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     device = torch.device(_value(argv, "--device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     extra = ["--model", "--calibrate"]
     if device.type == "cuda" and "--fp8" not in argv:
         extra.append("--fp8")
     if _value(argv, "--out") is None:
         hw_id = hwdb.match(device).id or f"unrecognised-{device.type}"
-        out = Path(__file__).resolve().parent / "results" / f"model_validation_{hw_id}.json"
+        out = RESULTS / f"model_validation_{hw_id}.json"
         extra += ["--out", str(out)]
     parser = argparse.ArgumentParser(prog="bench/model_validation.py")
     bench.register(parser.add_subparsers())

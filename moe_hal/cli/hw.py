@@ -7,7 +7,8 @@ import json
 from typing import Any
 
 # Short basis tags for tables (the JSON output carries the full words).
-_BASIS_TAG = {"datasheet": "ds", "whitepaper": "wp", "secondary": "sec", "derived": "der", "measured": "meas"}
+_BASIS_TAG = {"datasheet": "ds", "whitepaper": "wp", "secondary": "sec", "derived": "der", "measured": "meas",
+              "fitted": "fit"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,10 +80,24 @@ def _figure(entry: Any, path: str, scale: float = 1.0) -> str:
 
 
 def _peak(entry: Any, dtype: str) -> str:
-    for path in (f"measured.matmul.{dtype}", f"peak_dense.{dtype}"):
-        if entry.quantity(path) is not None:
-            return _figure(entry, path, 1e12)
-    return "-"
+    """The spec peak (one basis across devices, so they compare), and a measured rate beside it."""
+    text = _figure(entry, f"peak_dense.{dtype}", 1e12)
+    measured = entry.quantity(f"measured.matmul.{dtype}")
+    if measured is not None:
+        text += f" (meas {measured.si / 1e12:.6g})"
+    return text
+
+
+def _achieved(entry: Any) -> str:
+    """The implementations with achieved-efficiency figures, and their basis."""
+    out = []
+    for impl, figures in sorted(entry.raw.get("achieved", {}).items()):
+        if impl == "*":
+            continue
+        bases = {leaf["basis"] for name, node in figures.items()
+                 for leaf in ([x for fam in node.values() for x in fam.values()] if name == "compute" else [node])}
+        out.append(f"{impl} ({'/'.join(_BASIS_TAG[b] for b in sorted(bases))})")
+    return ", ".join(out) or "-"
 
 
 def _summary(entry: Any) -> dict[str, Any]:
@@ -106,16 +121,17 @@ def run_list(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="hardware database (dense peaks; ds/wp/sec/der/meas = basis)", title_justify="left")
+    t = Table(title="hardware database (dense spec peaks, measured rate in brackets; basis: ds/wp/sec/der/meas/fit; "
+                    "achieved: implementations with achieved-efficiency figures)", title_justify="left")
     for col in ("id", "name", "arch", "cores", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS", "memory GB",
-                "BW TB/s", "features"):
+                "BW TB/s", "achieved", "features"):
         t.add_column(col)
     for e in entries:
         cores = e.quantity("compute.units")
         kind = e.raw["compute"]["unit_kind"]
         t.add_row(e.id, e.name, e.architecture, f"{int(cores.value)} {kind}" if cores else "-",
                   _peak(e, "bf16"), _peak(e, "fp8"), _peak(e, "fp4"),
-                  _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12),
+                  _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12), _achieved(e),
                   ", ".join(sorted(e.features)))
     Console().print(t)
     return 0
@@ -152,6 +168,8 @@ def run_show(args: argparse.Namespace) -> int:
         text = node.get("source", "")
         if basis == "measured":
             text += f" [{node['date']}; {node['method']}; {node['tool']}]"
+        elif basis == "fitted":
+            text += f" [fitted over {node['cases']} cases; {node['method']}]"
         if node.get("note"):
             text += f" -- {node['note']}" if text else node["note"]
         t.add_row(path, value, node["unit"], basis, text)

@@ -129,8 +129,9 @@ def plot(data: dict[str, Any], path: str) -> None:
     lo = min(min(r["measured_us"], r["predicted_us"], r["roofline_us"]) for r in rows) / 1.5
     hi = max(max(r["measured_us"], r["predicted_us"], r["roofline_us"]) for r in rows) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", lw=1)
-    for f, style in ((1 + TARGET_WORST, ":"), (1 / (1 + TARGET_WORST), ":")):
-        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls=style)
+    for i, f in enumerate((1 + TARGET_WORST, 1 / (1 + TARGET_WORST))):
+        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls=":",
+                label=f"+-{TARGET_WORST:.0%} (worst-case target)" if i == 0 else None)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
