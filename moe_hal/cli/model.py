@@ -164,7 +164,8 @@ def answer(advice: Any, counts: list[int]) -> dict[str, Any]:
              f"-bound on useful FLOPs and minimum bytes."]
     gap_best = best.t_predicted / ideal - 1 if ideal else 0.0
     gap_worst = worst.t_predicted / ideal - 1 if ideal else 0.0
-    lines.append(f"Tile + wave prediction: best {best.block_m}x{best.block_n} {_us(best.t_predicted)} us "
+    lines.append(f"Prediction (padded tiles, waves, achieved efficiency): best {best.block_m}x{best.block_n} "
+                 f"{_us(best.t_predicted)} us "
                  f"({gap_best:+.0%} vs ideal), worst {worst.block_m}x{worst.block_n} {_us(worst.t_predicted)} us "
                  f"({gap_worst:+.0%}).")
     data: dict[str, Any] = {"gap_best": gap_best, "gap_worst": gap_worst, "ridge_m": ridge}
@@ -175,11 +176,17 @@ def answer(advice: Any, counts: list[int]) -> dict[str, Any]:
         rows_below = sum(c for _, c in below)
         total = sum(counts) or 1
         hidden = [(g, c) for g, c in below if best.group_bounds[g] == "memory"]
-        if below:
+        if below and best.bound == "memory":
             lines.append(f"Ridge height M* = {ridge:.0f} rows: {len(below)} of {len(active)} active experts "
-                         f"({rows_below} rows, {rows_below / total:.0%} of all rows) have M_g <= M*; their tiles "
-                         f"are paid for by weight streaming, so padding them is free while the padded height "
-                         f"stays <= M* ({len(hidden)} of them stay memory-bound with {best.block_m}x{best.block_n}).")
+                         f"({rows_below} rows, {rows_below / total:.0%} of all rows) have M_g <= M*, and the call "
+                         f"as a whole is bound by streaming weights, so their padding is hidden ({len(hidden)} of "
+                         f"them stay memory-bound with {best.block_m}x{best.block_n}).")
+        elif below:
+            lines.append(f"Ridge height M* = {ridge:.0f} rows: {len(below)} of {len(active)} active experts "
+                         f"({rows_below} rows, {rows_below / total:.0%} of all rows) have M_g <= M*: alone, each "
+                         f"would be bound by streaming its weights. But this call is compute-bound as a whole, and "
+                         f"a persistent kernel's cores run every padded tile for its full time, so their padding "
+                         f"is charged too.")
         else:
             lines.append(f"Ridge height M* = {ridge:.0f} rows: no active expert has M_g <= M*, so no expert's "
                          "padding hides behind its weight streaming.")
@@ -191,12 +198,14 @@ def answer(advice: Any, counts: list[int]) -> dict[str, Any]:
             lines.append(f"{len(above)} experts are above M* ({shown}): their padded tiles outlast their weight "
                          f"streaming, so M-occupancy costs time there (aggregate occupancy {occ}).")
         data.update(below=[g for g, _ in below], above=[g for g, _ in above], rows_below=rows_below)
+    padding = best.t_padded / ideal - 1 if ideal else 0.0
     if gap_best <= AT_IDEAL:
-        verdict = (f"Padding is (nearly) free here: the best tile is within {AT_IDEAL:.0%} of the plain roofline, "
+        verdict = (f"At the ideal here: the best tile is within {AT_IDEAL:.0%} of the plain roofline, "
                    "which is then a good predictor.")
     else:
-        verdict = (f"Padding is not free here: even the best tile is {gap_best:.0%} above the plain roofline. "
-                   "Report efficiency against the roofline, but predict with occupancy and waves.")
+        verdict = (f"Not at the ideal here: the best tile is predicted {gap_best:.0%} above the plain roofline "
+                   f"(padding alone adds {padding:.0%}; waves, per-tile overhead and achieved efficiency the "
+                   "rest). Report efficiency against the roofline, but predict with the model.")
     lines.append(verdict)
     lines.append(f"Recommendation: {advice.reason}.")
     data.update(free=gap_best <= AT_IDEAL, lines=lines)

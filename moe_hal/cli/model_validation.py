@@ -54,6 +54,8 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
                    "median_met": overall["model_median"] <= TARGET_MEDIAN,
                    "worst_met": overall["model_worst"] <= TARGET_WORST},
         "summary": summary,
+        "by_source": {source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
+                      for source in sorted({c.source for c in cases})},
         "per_case": [o.as_dict() for o in outcomes],
     }
 
@@ -105,6 +107,10 @@ def print_report(data: dict[str, Any]) -> None:
             continue
         print(f"{name:14} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
               f"plain roofline median {s['roofline_median']:.1%}, worst {s['roofline_worst']:.1%}")
+    print("per source (each predicted from the others when out of sample):")
+    for source, s in data["by_source"].items():
+        print(f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
+              f"roofline median {s['roofline_median']:.1%}")
     t = data["target"]
     print(f"target ({data['evaluation']}): median <= {t['median']:.0%}: {'met' if t['median_met'] else 'NOT met'}; "
           f"worst <= {t['worst']:.0%}: {'met' if t['worst_met'] else 'NOT met'}")
