@@ -15,11 +15,13 @@ import copy
 import datetime
 import importlib.resources
 import json
+import math
 import os
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from re import _constants as _sre, _parser as _sre_parser  # a regex's structure has no public API
 from typing import Any
 
 import yaml
@@ -103,16 +105,63 @@ def _parse(text: str, path: str) -> _Document:
     return _parsed[key]
 
 
+#: Largest hardware-DB file accepted (the built-in ones are a few KiB).
+MAX_FILE_BYTES = 1 << 20
+#: Deepest nesting of mappings and sequences accepted (the schema needs six levels).
+MAX_DEPTH = 32
+#: Longest recognition pattern accepted, and most repeats (``*``, ``+``, ``{m,n}``) in one.
+MAX_PATTERN_CHARS, MAX_PATTERN_REPEATS = 256, 3
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that cannot be made to work without bound: an alias may name only a
+    scalar (the database aliases source texts; an alias to a mapping or sequence is how a small
+    file expands exponentially — the "billion laughs" — or refers to itself), and nesting deeper
+    than :data:`MAX_DEPTH` is refused before Python's recursion limit is reached."""
+
+    _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # The scanner tracks every open flow collection ([ or {) per token: quadratic in their
+        # nesting, so it is cut short here, before the composer would see the depth.
+        if self.flow_level >= MAX_DEPTH:
+            raise yaml.scanner.ScannerError(None, None, f"nesting deeper than {MAX_DEPTH} levels",
+                                            self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            target = self.anchors.get(event.anchor)
+            if target is not None and not isinstance(target, yaml.ScalarNode):
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} names a {target.id}; only scalars (such as source "
+                    "texts) may be aliased", event.start_mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def _parse_uncached(text: str, path: str) -> _Document:
+    if len(text) > MAX_FILE_BYTES:
+        raise HardwareDBError(path, "", f"file too large: {len(text)} characters (at most {MAX_FILE_BYTES})")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise HardwareDBError(path, "", f"malformed YAML{where}: {problem}") from None
+    except Exception as exc:  # noqa: BLE001 - e.g. ValueError for an impossible date: still the file's fault
+        raise HardwareDBError(path, "", f"malformed YAML: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict):
         raise HardwareDBError(path, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    _check_finite(data, [], path)
     data = _dates_to_text(data)
     errors = list(_validator().iter_errors(data))
     if errors:
@@ -122,20 +171,81 @@ def _parse_uncached(text: str, path: str) -> _Document:
     return _Document(data, path)
 
 
+def _check_finite(node: Any, where: list[str], path: str) -> None:
+    """NaN and infinities (YAML ``.nan``, ``.inf``) are never meaningful in the database; JSON
+    Schema cannot say so (NaN compares false with every bound), so they are refused here."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise HardwareDBError(path, ".".join(where), f"expected a finite number, got {node}")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_finite(value, [*where, str(key)], path)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_finite(value, [*where, str(i)], path)
+
+
 def _check_patterns(data: dict[str, Any], path: str) -> None:
-    """Checks the schema cannot express: regexes compile, SM-count matching has a count."""
+    """Checks the schema cannot express: recognition patterns compile and cannot backtrack
+    catastrophically (see :func:`_pattern_problem`), SM-count matching has a count."""
     recognition = data.get("recognition", {})
-    for kind, key in (("cuda", "name_pattern"), ("cuda", "name_exclude"),
-                      ("npu", "soc_name_pattern"), ("cpu", "model_pattern")):
-        pattern = recognition.get(kind, {}).get(key)
-        if pattern is not None:
+    for kind, rule in recognition.items():
+        if not isinstance(rule, dict):
+            continue
+        for key, pattern in rule.items():
+            if not (key.endswith("pattern") or key.endswith("exclude")) or not isinstance(pattern, str):
+                continue
             try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise HardwareDBError(path, f"recognition.{kind}.{key}", f"invalid regular expression: {exc}") from None
+                problem = _pattern_problem(pattern)
+            except (re.error, RecursionError, OverflowError) as exc:
+                problem = f"invalid regular expression: {exc}"
+            if problem:
+                raise HardwareDBError(path, f"recognition.{kind}.{key}", problem)
     if recognition.get("cuda", {}).get("require_sm_count") and data["compute"]["units"]["value"] is None:
         raise HardwareDBError(path, "recognition.cuda.require_sm_count",
                               "needs a known compute.units value to compare with")
+
+
+def _pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` may not be used for recognition, or None. Matching runs on every call's
+    first use of a device, so a pattern must not backtrack catastrophically: no repeat inside a
+    repeat, no alternation inside a repeat (``(a+)+``, ``(a|a)*``), no back-references, at most
+    :data:`MAX_PATTERN_REPEATS` repeats and :data:`MAX_PATTERN_CHARS` characters. Names are
+    matched on their first :data:`~moe_hal.hwdb.matching.MAX_NAME_CHARS` characters, so what
+    remains is polynomial in a bounded length."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        return f"a regular expression of at most {MAX_PATTERN_CHARS} characters, got {len(pattern)}"
+    repeats = 0
+
+    def walk(items, inside_repeat: bool) -> str | None:
+        nonlocal repeats
+        for op, arg in items:
+            if op in (_sre.MAX_REPEAT, _sre.MIN_REPEAT, _sre.POSSESSIVE_REPEAT):
+                low, high, sub = arg
+                if high > 1:
+                    if inside_repeat:
+                        return "nested repeats (such as (a+)+) backtrack catastrophically"
+                    repeats += 1
+                problem = walk(sub, inside_repeat or high > 1)
+            elif op is _sre.BRANCH:
+                if inside_repeat:
+                    return "an alternation inside a repeat (such as (a|b)*) may backtrack catastrophically"
+                problem = next((p for p in (walk(b, inside_repeat) for b in arg[1]) if p), None)
+            elif op is _sre.SUBPATTERN:
+                problem = walk(arg[-1], inside_repeat)
+            elif op in (_sre.ASSERT, _sre.ASSERT_NOT):
+                problem = walk(arg[1], inside_repeat)
+            elif op in (_sre.GROUPREF, _sre.GROUPREF_EXISTS):
+                problem = "back-references are not allowed"
+            else:
+                problem = None
+            if problem:
+                return problem
+        return None
+
+    problem = walk(_sre_parser.parse(pattern), False)
+    if problem is None and repeats > MAX_PATTERN_REPEATS:
+        problem = f"at most {MAX_PATTERN_REPEATS} repeats, got {repeats}"
+    return problem
 
 
 def _yaml_files_in(directory: Path) -> list[Path]:

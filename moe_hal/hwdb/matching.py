@@ -20,6 +20,10 @@ from .loading import ENV_VAR, all
 
 __all__ = ["decide", "match", "match_cpu", "match_cuda", "match_npu"]
 
+#: Observed names are matched on this many characters at most: with the limits the loader puts on
+#: recognition patterns (no nested repeats, at most three), matching then takes bounded time.
+MAX_NAME_CHARS = 256
+
 
 def decide(candidates: list[HardwareEntry], seen: str, rejected: list[str], kind: str) -> Match:
     """The :class:`Match` for a device described by ``seen``: the one candidate entry; none when
@@ -49,9 +53,9 @@ def match_cuda(name: str, major: int, minor: int, sm_count: int | None = None) -
     candidates, rejected = [], []
     for entry in all():
         rule = entry.raw["recognition"].get("cuda")
-        if rule is None or not re.search(rule["name_pattern"], name, re.IGNORECASE):
+        if rule is None or not re.search(rule["name_pattern"], name[:MAX_NAME_CHARS], re.IGNORECASE):
             continue
-        if "name_exclude" in rule and re.search(rule["name_exclude"], name, re.IGNORECASE):
+        if "name_exclude" in rule and re.search(rule["name_exclude"], name[:MAX_NAME_CHARS], re.IGNORECASE):
             continue
         if rule["compute_capability"] != cc:
             rejected.append(f"{entry.id} matches the name but has compute capability {rule['compute_capability']}, not {cc}")
@@ -76,7 +80,7 @@ def match_npu(soc_name: str, soc_version: int | None = None) -> Match:
         if rule is None:
             continue
         versions = rule.get("soc_versions")
-        if not re.fullmatch(rule["soc_name_pattern"], soc_name.strip()):
+        if not re.fullmatch(rule["soc_name_pattern"], soc_name.strip()[:MAX_NAME_CHARS]):
             if soc_version is not None and versions and soc_version in versions:
                 by_version.append(entry)
             continue
@@ -105,7 +109,7 @@ def match_cpu(model: str | None = None, logical_cpus: int | None = None) -> Matc
         pattern = rule.get("model_pattern")
         if pattern is None:
             generic.append(entry)
-        elif re.search(pattern, model, re.IGNORECASE):
+        elif re.search(pattern, model[:MAX_NAME_CHARS], re.IGNORECASE):
             specific.append(entry)
     return decide(specific or generic, seen, [], "CPU")
 
