@@ -23,15 +23,22 @@ def is_positive_number(x: Any) -> bool:
     return is_number(x) and x > 0
 
 
+#: Largest integer argument accepted (2**53: every smaller int is exact as a float, and products of
+#: a few of them stay far below the float range, so the arithmetic can neither overflow nor round).
+MAX_INT = 2 ** 53
+
+
 def checked_int(x: Any, name: str, minimum: int) -> int:
     if not isinstance(x, bool):
         try:
             value = operator.index(x)  # int, numpy and torch integer scalars
         except TypeError:
             value = None
-        if value is not None and value >= minimum:
+        if value is not None and minimum <= value <= MAX_INT:
             return value
-    raise ArgumentError(name, "a positive int" if minimum else "a non-negative int", x)
+    kind = "a positive int" if minimum else "a non-negative int"
+    raise ArgumentError(name, f"{kind} <= 2**53", x if not isinstance(x, int) or x.bit_length() < 64
+                        else f"an int of {x.bit_length()} bits")
 
 
 def positive_int(x: Any, name: str) -> int:
@@ -43,7 +50,8 @@ def group_counts(counts: Any) -> tuple[int, ...]:
         raise ArgumentError("counts", "a sequence of non-negative ints", type(counts).__name__)
     if hasattr(counts, "tolist"):  # numpy arrays and host tensors
         counts = counts.tolist()
-    if type(counts) in (list, tuple) and counts and all(type(c) is int for c in counts) and min(counts) >= 0:
+    if type(counts) in (list, tuple) and counts and all(type(c) is int for c in counts) \
+            and min(counts) >= 0 and max(counts) <= MAX_INT:
         return tuple(counts)
     out = tuple(checked_int(c, f"counts[{g}]", 0) for g, c in enumerate(counts))
     if not out:

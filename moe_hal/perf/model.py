@@ -269,7 +269,7 @@ class Call:
             bw_eff = min(bw, min(tiles, S) * h.bw_per_core)
         t_mem = bytes_kernel / bw_eff
         p = self.overlap_p
-        t_body = max(t_comp, t_mem) if p is None else (t_comp ** p + t_mem ** p) ** (1.0 / p)
+        t_body = max(t_comp, t_mem) if p is None else _p_norm(t_comp, t_mem, p)
         bound_of = {c: "empty" if c == 0 else ("compute" if tc > tm else "memory") for c, (tc, tm) in terms.items()}
         t_serial = sum(max(tc, tm) * hist[c] for c, (tc, tm) in terms.items() if c)
         return Estimate(
@@ -285,6 +285,15 @@ class Call:
             ridge_m=rates.flops * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=roof_bw, num_cores=S,
             impl=h.impl, achieved_flops=rates.flops, achieved_bandwidth=bw, tile_overhead=rates.tile_overhead,
             basis=rates.basis)
+
+
+def _p_norm(x: float, y: float, p: float) -> float:
+    """``(x^p + y^p)^(1/p)`` for non-negative ``x``, ``y``, computed relative to the larger one so
+    that a large ``p`` neither underflows (seconds to the power 1e6 are 0.0) nor overflows."""
+    big = max(x, y)
+    if big == 0.0:
+        return 0.0
+    return big * ((x / big) ** p + (y / big) ** p) ** (1.0 / p)
 
 
 def _round_robin_makespan(runs: Iterable[tuple[int, float]], cores: int) -> float:
