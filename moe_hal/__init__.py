@@ -30,9 +30,9 @@ _EXPORTS = {
     "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
 }
 _SUBMODULES = frozenset({
-    "api", "backend", "builtin", "checks", "conformance", "dtypes", "environment", "errors", "hookspecs", "hwdb",
-    "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection", "timing",
-    "workloads",
+    "api", "backend", "builtin", "checks", "conformance", "dtypes", "environment", "ep", "errors", "hookspecs",
+    "hwdb", "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection",
+    "timing", "workloads",
 })
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])

@@ -62,6 +62,39 @@ class EnvironmentVariableError(ArgumentError):
     the variable's name."""
 
 
+class EPCapacityError(CapacityError):
+    """Expert-parallel capacity dispatch: one source rank routed more slots to one expert than the
+    per-(source rank, expert) ``capacity``. ``expert`` (global id), ``rank`` (the source rank),
+    ``owner`` (the rank holding the expert), ``count`` and ``capacity`` say which and by how much."""
+
+    def __init__(self, expert: int, rank: int, owner: int, count: int, capacity: int, detail: str | None = None):
+        self.expert, self.rank, self.owner, self.count, self.capacity = expert, rank, owner, count, capacity
+        super().__init__(f"expert {expert} (held by rank {owner}) from rank {rank}",
+                         f"at most capacity = {capacity} routed slots per (source rank, expert)", count, detail)
+
+
+class PeerRankError(MoeHalError, RuntimeError):
+    """An expert-parallel collective was abandoned because another rank failed in it; ``ranks``
+    lists the failing ranks and ``operation`` names the call (the failing rank raises its own error)."""
+
+    def __init__(self, operation: str, ranks: Sequence[int], what: str):
+        self.operation = operation
+        self.ranks = list(ranks)
+        super().__init__(f"{operation}: rank(s) {self.ranks} failed ({what}); this rank stopped with them "
+                         "instead of waiting in the collective")
+
+
+class SpawnError(MoeHalError, RuntimeError):
+    """A local multi-process run (``moe_hal.ep.spawn_local``) failed; ``failures`` maps each failing
+    rank to what happened to it (its error and traceback, its exit code, or the timeout)."""
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = dict(sorted(failures.items()))
+        lines = [f"{len(self.failures)} rank(s) failed:"]
+        lines += [f"--- rank {r}: {text}" for r, text in self.failures.items()]
+        super().__init__("\n".join(lines))
+
+
 class BackendError(MoeHalError, RuntimeError):
     """Base of backend errors (selection, and a backend failing while it runs a call)."""
 
@@ -97,6 +130,15 @@ class NoBackendError(BackendError):
     def __init__(self, explanation: str):
         self.explanation = explanation
         super().__init__("no backend can run this call\n" + explanation)
+
+
+class TransportUnavailableError(BackendError):
+    """No expert-parallel transport can serve the call (or the one named cannot); ``explanation``
+    lists every transport and why it is not eligible."""
+
+    def __init__(self, explanation: str):
+        self.explanation = explanation
+        super().__init__("no expert-parallel transport can serve this call\n" + explanation)
 
 
 class PluginError(MoeHalError, RuntimeError):

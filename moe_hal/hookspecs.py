@@ -67,3 +67,11 @@ def moe_hal_probe_device(device_type: str, index: int | None) -> Match | None:
     ``npu`` rules are applied by :func:`moe_hal.hwdb.match_cuda` / :func:`~moe_hal.hwdb.match_npu`;
     a plugin adding a device type reads its own ``recognition.<device_type>`` block from
     :func:`moe_hal.hwdb.all` and reports through :func:`moe_hal.hwdb.decide`."""
+
+
+@hookspec
+def moe_hal_ep_transports(register: Callable[[object], None]) -> None:
+    """Declare expert-parallel transports: call ``register(spec)`` once per
+    :class:`moe_hal.ep.TransportSpec`. Called once per process, on the first expert-parallel
+    selection; every implementation is called (none stops the others), and a duplicate name makes
+    both ineligible. The spec names its implementation lazily (``"package.module:Class"``)."""

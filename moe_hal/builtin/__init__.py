@@ -53,3 +53,10 @@ TORCH = BackendSpec(
 def moe_hal_register_backends(register):
     register(REFERENCE)
     register(TORCH)
+
+
+@hookimpl
+def moe_hal_ep_transports(register):
+    from ..ep.transport import BUILTIN as EP_ALL_TO_ALL_SINGLE
+
+    register(EP_ALL_TO_ALL_SINGLE)

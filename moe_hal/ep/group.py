@@ -1,0 +1,95 @@
+"""EPGroup: which rank holds which expert, over one ``torch.distributed`` process group."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ArgumentError, LayoutError
+
+
+class EPGroup:
+    """An expert-parallel group: ``num_experts`` experts sharded over the ranks of ``process_group``.
+
+    ``process_group``: a ``torch.distributed`` process group (None: the default group, which must be
+    initialized). ``placement``: int ``[E]`` (sequence or tensor), ``placement[e]`` = rank holding
+    expert ``e``; uneven placements and ranks holding no expert are allowed. Default: contiguous
+    blocks, rank ``r`` holds experts ``[r * E // W, (r + 1) * E // W)`` (``E / W`` each when W
+    divides E).
+
+    Rank ``r``'s **local experts** are the experts it holds in increasing global id; local index
+    ``l`` is the position in that list, and ``w_local[l]`` is the weight of ``local_experts[l]``.
+    Everything here is host-side metadata; building an EPGroup communicates nothing.
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, num_experts: int = 0,
+                 placement: Sequence[int] | torch.Tensor | None = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise ArgumentError("process_group", "an initialized torch.distributed process group "
+                                "(call torch.distributed.init_process_group first)", "not initialized")
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+            raise ArgumentError("num_experts", "a positive int", num_experts)
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
+        self.rank: int = dist.get_rank(self.process_group)
+        self.world_size: int = dist.get_world_size(self.process_group)
+        if self.rank < 0:
+            raise ArgumentError("process_group", "a group this process belongs to", "a group without this rank")
+        self.backend: str = str(dist.get_backend(self.process_group))
+        self.num_experts = num_experts
+        self.placement: tuple[int, ...] = self._check_placement(placement)
+        #: global expert ids held by each rank, increasing
+        self.experts_of_rank: tuple[tuple[int, ...], ...] = tuple(
+            tuple(e for e, r in enumerate(self.placement) if r == rank) for rank in range(self.world_size))
+        #: position of each expert in (holding rank, local index) order: the order rows are sent in
+        order = [e for rank_experts in self.experts_of_rank for e in rank_experts]
+        self.expert_position: tuple[int, ...] = tuple(order.index(e) for e in range(num_experts))
+        #: first position of each rank's experts in that order (length world_size + 1)
+        self.position_start: tuple[int, ...] = tuple(
+            sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1))
+        self._position_tensors: dict[torch.device, torch.Tensor] = {}
+
+    def _check_placement(self, placement) -> tuple[int, ...]:
+        E, W = self.num_experts, self.world_size
+        if placement is None:
+            return tuple(next(r for r in range(W) if e < (r + 1) * E // W) for e in range(E))
+        if isinstance(placement, torch.Tensor):
+            if placement.dtype.is_floating_point or placement.dtype == torch.bool or placement.dim() != 1:
+                raise LayoutError("placement", f"a 1-D integer tensor [{E}]", f"{placement.dtype} "
+                                  f"{tuple(placement.shape)}")
+            placement = placement.tolist()
+        try:
+            values = tuple(int(p) for p in placement)
+        except (TypeError, ValueError):
+            raise LayoutError("placement", f"{E} ints (expert -> rank)", type(placement).__name__) from None
+        if len(values) != E:
+            raise LayoutError("placement", f"{E} entries (one rank per expert)", len(values))
+        bad = next((e for e, r in enumerate(values) if not 0 <= r < W), None)
+        if bad is not None:
+            raise LayoutError(f"placement[{bad}]", f"a rank in [0, {W})", values[bad])
+        return values
+
+    @property
+    def local_experts(self) -> tuple[int, ...]:
+        """Global ids of the experts this rank holds, increasing."""
+        return self.experts_of_rank[self.rank]
+
+    @property
+    def num_local_experts(self) -> int:
+        return len(self.local_experts)
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        """int64 ``[E]`` :attr:`expert_position` on ``device`` (cached)."""
+        t = self._position_tensors.get(device)
+        if t is None:
+            t = torch.tensor(self.expert_position, dtype=torch.int64, device=device)
+            self._position_tensors[device] = t
+        return t
+
+    def __repr__(self) -> str:
+        return (f"EPGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+                f"num_experts={self.num_experts}, local_experts={list(self.local_experts)})")
+
+
+__all__ = ["EPGroup"]
