@@ -27,7 +27,19 @@ _EXPORTS = {
     "spawn_local": "launch",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "OVERFLOW_POLICIES",
+    "EPDispatch",
+    "EPGroup",
+    "Transport",
+    "TransportSelection",
+    "TransportSpec",
+    "combine",
+    "dispatch",
+    "select",
+    "spawn_local",
+    "transport_specs",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -43,7 +55,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .dispatch import OVERFLOW_POLICIES, EPDispatch, combine, dispatch  # noqa: F401
-    from .group import EPGroup  # noqa: F401
-    from .launch import spawn_local  # noqa: F401
-    from .transport import Transport, TransportSelection, TransportSpec, select, transport_specs  # noqa: F401
+    from .dispatch import OVERFLOW_POLICIES, EPDispatch, combine, dispatch
+    from .group import EPGroup
+    from .launch import spawn_local
+    from .transport import (
+        Transport,
+        TransportSelection,
+        TransportSpec,
+        select,
+        transport_specs,
+    )

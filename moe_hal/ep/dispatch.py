@@ -45,7 +45,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ArgumentError, DTypeError, EPCapacityError, PeerRankError, ShapeError
+from ..errors import (
+    ArgumentError,
+    DTypeError,
+    EPCapacityError,
+    PeerRankError,
+    ShapeError,
+)
 from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment
 from ..quant import QuantizedTensor
 from ..routing import _check_routing, _raise_bad_id
@@ -460,4 +466,4 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     return _CombineRows.apply(expert_out, weights, d)
 
 
-__all__ = ["EPDispatch", "OVERFLOW_POLICIES", "combine", "dispatch"]
+__all__ = ["OVERFLOW_POLICIES", "EPDispatch", "combine", "dispatch"]

@@ -12,7 +12,8 @@ import datetime
 import queue as queue_module
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,4 +118,4 @@ def _stop(p) -> None:
     p.close()
 
 
-__all__ = ["spawn_local", "FAILURE_GRACE_S"]
+__all__ = ["FAILURE_GRACE_S", "spawn_local"]

@@ -270,8 +270,8 @@ def _render(sel: TransportSelection) -> str:
     how = f"forced by transport={sel.forced!r}" if sel.forced else "highest priority among the eligible"
     lines = [f"expert-parallel transport: {spec.name} ({how})",
              f"  call: process group backend {sel.pg_backend!r}, mode {sel.mode!r}, graph capture {sel.graph}",
-             f"  promises: needs_host_sync={spec.needs_host_sync}, graph_safe={spec.graph_safe}, "
-             f"modes={sorted(spec.modes)}, process group backends={list(spec.process_group_backends)}",
+             (f"  promises: needs_host_sync={spec.needs_host_sync}, graph_safe={spec.graph_safe}, "
+             f"modes={sorted(spec.modes)}, process group backends={list(spec.process_group_backends)}"),
              f"  from: {spec.plugin or '?'} — {spec.description}"]
     others = [c for c in sel.candidates if c.name != spec.name]
     if others:
