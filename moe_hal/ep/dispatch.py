@@ -41,6 +41,7 @@ every dispatch and combine it ran, in the same order (as for any collective in a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -137,7 +138,8 @@ def _exchange(sel: TransportSelection, group: EPGroup, parts: list[torch.Tensor]
               recv_splits: list[int]) -> list[torch.Tensor]:
     """All-to-all of row tensors that share their row count, as one buffer of byte rows."""
     rows = parts[0].shape[0]
-    views = [p.contiguous().view(torch.uint8).reshape(rows, -1) for p in parts]
+    views = [p.contiguous().view(torch.uint8).reshape(rows, math.prod(p.shape[1:]) * p.element_size())
+             for p in parts]
     send = views[0] if len(views) == 1 else torch.cat(views, dim=1)
     recv = send.new_empty(sum(recv_splits), send.shape[1])
     sel.transport.all_to_all(recv, send, recv_splits, send_splits, group.process_group)
@@ -173,7 +175,7 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor) -> torch.Tensor:
     m = d._maps
     back = _gather(flat, m.row_of_recv, 0, m.dense)
     ret, = _exchange(d._selection, d.group, [back], m.recv_splits, m.send_splits)
-    return _gather(ret, m.send_row_of_slot, 0).view(d.num_tokens, d.top_k, -1)
+    return _gather(ret, m.send_row_of_slot, 0).view(d.num_tokens, d.top_k, ret.shape[1])
 
 
 def _layout_rows(d: EPDispatch) -> tuple[int, ...]:
@@ -199,20 +201,27 @@ class _DispatchRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_a: torch.Tensor):
         d = ctx.d
-        per_slot = _from_experts(d, grad_a.reshape(-1, grad_a.shape[-1]))
+        per_slot = _from_experts(d, grad_a.reshape(-1, grad_a.shape[-1]))   # copies an expanded zero
         return _sum_slots(per_slot, None).to(grad_a.dtype), None
 
 
 class _CombineRows(torch.autograd.Function):
-    """(expert_out in the local layout, topk_weights ``[T, k]``) -> y ``[T, N]`` on the source rank."""
+    """(expert_out in the local layout, topk_weights ``[T, k]``) -> y ``[T, N]`` on the source rank.
+
+    ``anchor`` is the dispatch's ``a`` when it is differentiable: combine's backward hands it a zero
+    gradient, so the dispatch's backward (a collective) runs on *every* rank even where the GEMM
+    between them left the graph (a rank whose experts received no row may get an output that does
+    not depend on ``a``) — otherwise the other ranks would wait in it forever."""
 
     @staticmethod
-    def forward(ctx, expert_out: torch.Tensor, weights: torch.Tensor, d: EPDispatch) -> torch.Tensor:
+    def forward(ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None,
+                d: EPDispatch) -> torch.Tensor:
         per_slot = _from_experts(d, expert_out.reshape(-1, expert_out.shape[-1]))
         kept = (d._maps.send_row_of_slot >= 0).view(d.num_tokens, d.top_k)
         w = torch.where(kept, weights.to(torch.float32), 0.0)
         ctx.save_for_backward(per_slot, w)
         ctx.d, ctx.out_shape, ctx.out_dtype, ctx.w_dtype = d, expert_out.shape, expert_out.dtype, weights.dtype
+        ctx.anchor = None if anchor is None else (anchor.shape, anchor.dtype, anchor.device)
         return _sum_slots(per_slot, w).to(expert_out.dtype)
 
     @staticmethod
@@ -226,14 +235,16 @@ class _CombineRows(torch.autograd.Function):
         send = send * _gather(w.reshape(-1, 1), m.slot_of_send_row, 0, m.dense)
         recv, = _to_experts(d, [send.to(ctx.out_dtype)])
         grad_out = _arrange(d, recv).view(ctx.out_shape)
-        return grad_out, grad_w, None
+        grad_anchor = None
+        if ctx.anchor is not None:
+            shape, dtype, device = ctx.anchor
+            grad_anchor = torch.zeros((), dtype=dtype, device=device).expand(shape)
+        return grad_out, grad_w, grad_anchor, None
 
 
 # -- planning ------------------------------------------------------------------------------------
 
 def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow):
-    if not isinstance(group, EPGroup):
-        raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
     if mode not in ("exact", "capacity"):
         raise ArgumentError("mode", "'exact' or 'capacity'", mode)
     if overflow not in OVERFLOW_POLICIES:
@@ -392,6 +403,8 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
     same ``H`` and dtype (``T`` may differ, 0 included). See the module docstring for ordering,
     host syncs and the failure protocol.
     """
+    if not isinstance(group, EPGroup):     # without a group there is nobody to tell
+        raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
     graph = isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     sel = select(group, mode if mode in ("exact", "capacity") else "exact", graph=graph, transport=transport)
     local_error: Exception | None = None
@@ -463,7 +476,8 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     weights = d.topk_weights
     if weights is None:
         weights = torch.ones(d.num_tokens, d.top_k, dtype=torch.float32, device=expert_out.device)
-    return _CombineRows.apply(expert_out, weights, d)
+    anchor = d.a if isinstance(d.a, torch.Tensor) and d.a.requires_grad else None
+    return _CombineRows.apply(expert_out, weights, anchor, d)
 
 
 __all__ = ["OVERFLOW_POLICIES", "EPDispatch", "combine", "dispatch"]
