@@ -4,6 +4,9 @@
   against. Slow by design.
 * ``torch`` — ``torch.nn.functional.grouped_mm`` with the fix-ups our contracts need; the default
   on the CPU.
+
+It also registers the built-in expert-parallel transport, ``all_to_all_single``
+(:data:`moe_hal.ep.transport.BUILTIN`), through the ``moe_hal_ep_transports`` hook.
 """
 
 from __future__ import annotations
