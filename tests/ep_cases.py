@@ -57,13 +57,24 @@ def make(seed: int, rank: int, tokens: list[int], E: int, k: int, *, ints: bool 
     return Problem(x, ids, w, experts, lo, lo + tokens[rank])
 
 
+def expert_gemm(a: torch.Tensor, experts: torch.Tensor, layout) -> torch.Tensor:
+    """A differentiable grouped GEMM in plain torch (gradient cases test ep's autograd, not the
+    GEMM's): ``a[r] @ experts[g].T`` per row of a contiguous layout (zero rows outside groups), or
+    a batched product for the masked layout (rows past masked_m are computed but never read)."""
+    if isinstance(layout, moe_hal.MaskedLayout):
+        return torch.bmm(a, experts.transpose(1, 2))
+    m = layout.m_indices()
+    return torch.einsum("rh,rnh->rn", a, experts[m.clamp(min=0)]) * (m >= 0)[:, None].to(a.dtype)
+
+
 def single_process(p: Problem, E: int, alignment: int = 8, grads: bool = True):
-    """The oracle: the global problem on one process with moe_hal.routing and moe_hal.grouped_gemm."""
+    """The oracle: the global problem on one process with moe_hal.routing dispatch/combine and a
+    grouped GEMM (moe_hal.grouped_gemm without gradients, :func:`expert_gemm` with)."""
     x = p.x.clone().requires_grad_(grads)
     w = p.w.clone().requires_grad_(grads)
     experts = p.experts.clone().requires_grad_(grads)
     d = routing.dispatch(x, p.ids, E, alignment=alignment, topk_weights=w)
-    y = routing.combine(moe_hal.grouped_gemm(d.a, experts, d.layout), d)
+    y = routing.combine((expert_gemm if grads else moe_hal.grouped_gemm)(d.a, experts, d.layout), d)
     if grads:
         (y.float() * _probe(y)).sum().backward()
         return y.detach(), x.grad, w.grad, experts.grad
@@ -87,7 +98,7 @@ def run_ep(p: Problem, g: ep.EPGroup, mode: str = "exact", alignment: int = 8, c
     w = p.w[p.lo:p.hi].clone().requires_grad_(grads)
     local = p.experts[list(g.local_experts)].clone().requires_grad_(grads)
     d = ep.dispatch(x, p.ids[p.lo:p.hi], w, g, mode=mode, alignment=alignment, capacity=capacity, **kw)
-    out = (gemm or moe_hal.grouped_gemm)(d.a, local, d.layout)
+    out = (gemm or (expert_gemm if grads else moe_hal.grouped_gemm))(d.a, local, d.layout)
     y = ep.combine(out, d)
     if grads:
         (y.float() * _probe_rows(y, p.lo)).sum().backward()
@@ -153,11 +164,6 @@ def _max_pair_count(p: Problem, g: ep.EPGroup, tokens: list[int]) -> int:
     return max(counts)
 
 
-def _masked_gemm(a, experts, layout):
-    """Sync-free GEMM for the masked layout in the no-host-sync case (rows past masked_m included)."""
-    return torch.bmm(a, experts.transpose(1, 2))
-
-
 class NoHostSync(TorchFunctionMode):
     """Fails on every operation that reads device values on the host or sizes an output from them."""
 
@@ -190,6 +196,8 @@ def cases(rank: int, world: int) -> dict:
         p = make(1, rank, tok, E, 3, skip=0.2)
         d = check(p, g, E)
         segments_match(d, p, g, E, 8)
+        check(p, g, E, grads=False)                   # forward through moe_hal.grouped_gemm
+        check(p, g, E, grads=False, mode="capacity", capacity=_max_pair_count(p, g, tok))
 
     def exact_float_fp32_deterministic():
         p = make(2, rank, tok, E, 3, ints=False)
@@ -308,9 +316,9 @@ def cases(rank: int, world: int) -> dict:
             else:
                 raise AssertionError("the no-host-sync mode does not catch .item()")
             d = ep.dispatch(x, ids, w, g, mode="capacity", capacity=cap)
-            y = ep.combine(_masked_gemm(d.a, local, d.layout), d)
+            y = ep.combine(expert_gemm(d.a, local, d.layout), d)
             d2 = ep.dispatch(x, ids, w, g, mode="capacity", capacity=1, overflow="drop")
-            ep.combine(_masked_gemm(d2.a, local, d2.layout), d2)
+            ep.combine(expert_gemm(d2.a, local, d2.layout), d2)
         ref_y = single_process(p, E, grads=False)[0]
         assert torch.equal(y, ref_y[p.lo:p.hi])
 

@@ -183,6 +183,7 @@ def test_builtin_transport_declares_its_promises(world1):
     assert sel.name == "all_to_all_single"
     assert sel.spec.needs_host_sync is False and sel.spec.graph_safe is False
     assert "needs_host_sync=False, graph_safe=False" in sel.explain()
+    assert "fake_vendor_link: [process_group_backend]" in sel.explain()     # the test vendor's, via the hook
     with pytest.raises(TransportUnavailableError, match="not_graph_safe"):
         ep.select(g, "exact", graph=True)
 
@@ -209,3 +210,19 @@ def test_dispatch_moves_data_through_the_selected_transport(transport_plugin):
     y = ep.combine(d.a * 2, d)
     assert d.transport == "fake_graph" and CountingTransport.calls == 3   # counts, rows there, rows back
     assert torch.equal(y, 2 * x)
+
+
+def test_cli_run_ep_verifies_against_one_process(tmp_path, monkeypatch, capsys):
+    from moe_hal.cli import main
+
+    monkeypatch.setenv("MOE_HAL_PLUGINS", "")
+    out = tmp_path / "ep.json"
+    assert main(["run", "--ep", "2", "--tokens", "96", "--n", "32", "--k", "128", "--repeat", "0",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "verified against the single-process result" in printed and "rows sent to rank" in printed
+    import json
+
+    r = json.loads(out.read_text())
+    assert r["verified"] and [x["tokens"] for x in r["ranks"]] == [48, 48]
+    assert sum(sum(x["received_from"]) for x in r["ranks"]) == sum(x["slots_routed"] for x in r["ranks"])

@@ -44,6 +44,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(smoke, full; 'none' to skip; default smoke)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
+    p.add_argument("--ep", type=int, default=0, metavar="W",
+                   help="run it expert-parallel on W local gloo processes, verified against one process")
+    p.add_argument("--ep-mode", choices=("exact", "capacity"), default="exact",
+                   help="expert-parallel dispatch mode (capacity: exactly full, the largest rank/expert count)")
+    p.add_argument("--ep-timeout", type=float, default=600.0, help="seconds before the W processes are stopped")
     p.set_defaults(func=run)
 
 
@@ -93,6 +98,10 @@ def build(args):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ep:
+        from .run_ep import run_ep
+
+        return run_ep(args)
     import torch
 
     import moe_hal

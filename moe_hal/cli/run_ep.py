@@ -1,0 +1,153 @@
+"""``moe-hal run --ep W``: the main job expert-parallel on W local gloo processes.
+
+Each rank takes its block of the main job's tokens, dispatches them with :mod:`moe_hal.ep` to the
+ranks holding their experts (contiguous blocks of experts per rank), runs the grouped GEMM on its
+local experts and combines the results back. The parent computes the single-process result of the
+same global problem (:mod:`moe_hal.routing` dispatch -> grouped GEMM -> combine), compares every
+rank's tokens with it and prints per-rank token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+
+def _problem(spec: dict):
+    """The global problem of the main job (same seeds as ``moe-hal run``), and rank blocks of tokens."""
+    import torch
+
+    from .. import dtypes
+    from ..quant import quantize_fp8
+    from .run import route
+
+    fp8 = spec["dtype"].lower() in ("fp8", "fp8_e4m3", "e4m3")
+    dtype = torch.bfloat16 if fp8 else dtypes.parse(spec["dtype"])
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    topk_ids, topk_weights = route(spec["tokens"], spec["experts"], spec["topk"], spec["dist"], spec["seed"])
+    hidden = torch.randn(spec["tokens"], spec["k"], generator=g).to(dtype)
+    weights = (torch.randn(spec["experts"], spec["n"], spec["k"], generator=g) / math.sqrt(spec["k"])).to(dtype)
+    if fp8:
+        hidden, weights = quantize_fp8(hidden, block=(1, 128)), quantize_fp8(weights, block=(128, 128))
+    W, T = spec["world"], spec["tokens"]
+    bounds = [r * T // W for r in range(W + 1)]
+    return hidden, weights, topk_ids, topk_weights, bounds
+
+
+def _rows(x, lo: int, hi: int):
+    from ..quant import QuantizedTensor
+
+    if isinstance(x, QuantizedTensor):
+        return QuantizedTensor(x.data[lo:hi], x.scale[lo:hi], x.block, x.scale_format)
+    return x[lo:hi]
+
+
+def _rank_job(rank: int, world: int, spec: dict) -> dict:
+    import moe_hal
+    from moe_hal import ep
+
+    hidden, weights, topk_ids, topk_weights, bounds = _problem(spec)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    g = ep.EPGroup(None, spec["experts"])
+    local = list(g.local_experts)
+    w_local = _rows(weights, local[0], local[-1] + 1) if local else _rows(weights, 0, 0)
+
+    def step():
+        d = ep.dispatch(_rows(hidden, lo, hi), topk_ids[lo:hi], topk_weights[lo:hi], g, mode=spec["mode"],
+                        alignment=spec["alignment"], capacity=spec["capacity"])
+        return d, ep.combine(moe_hal.grouped_gemm(d.a, w_local, d.layout), d)
+
+    t0 = time.perf_counter()
+    d, y = step()
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(spec["repeat"]):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"rank": rank, "tokens": hi - lo, "slots_routed": int((topk_ids[lo:hi] >= 0).sum()),
+            "sent_to": d.send_counts.tolist(), "received_from": d.recv_counts.tolist(),
+            "local_experts": [local[0], local[-1]] if local else [],
+            "rows_per_local_expert": _counts(d.layout), "transport": d.transport,
+            "first_call_s": first_s, "median_s": sorted(times)[len(times) // 2] if times else first_s,
+            "y": y.float().numpy()}
+
+
+def _counts(layout) -> list[int]:
+    if hasattr(layout, "counts_list"):
+        return list(layout.counts_list)
+    return [int(v) for v in layout.masked_m.tolist()]
+
+
+def run_ep(args) -> int:
+    import torch
+
+    import moe_hal
+    from moe_hal import ep, routing
+    from moe_hal.conformance.tolerances import calc_diff
+
+    from ..errors import ArgumentError
+    from .run import CALC_DIFF_MAX
+
+    if args.ep < 1:
+        raise ArgumentError("--ep", "a positive number of local processes", args.ep)
+    spec = {"world": args.ep, "mode": args.ep_mode, "experts": args.experts, "n": args.n, "k": args.k,
+            "tokens": args.tokens, "topk": args.topk, "dtype": args.dtype, "dist": args.dist, "seed": args.seed,
+            "alignment": args.alignment, "repeat": max(args.repeat, 0), "capacity": None}
+    hidden, weights, topk_ids, topk_weights, bounds = _problem(spec)
+    if args.ep_mode == "capacity":   # exactly full: the largest (source rank, expert) count
+        spec["capacity"] = max(int((topk_ids[bounds[r]:bounds[r + 1]] == e).sum())
+                               for r in range(args.ep) for e in range(args.experts))
+    t0 = time.perf_counter()
+    per_rank = ep.spawn_local(_rank_job, args.ep, (spec,), timeout_s=args.ep_timeout)
+    wall_s = time.perf_counter() - t0
+    d = routing.dispatch(hidden, topk_ids, args.experts, alignment=args.alignment, topk_weights=topk_weights)
+    want = routing.combine(moe_hal.grouped_gemm(d.a, weights, d.layout), d).float()
+    got = torch.cat([torch.from_numpy(r.pop("y")) for r in per_rank])
+    in_dtype = "fp8_e4m3" if isinstance(hidden, moe_hal.QuantizedTensor) else moe_hal.dtypes.name_of(hidden.dtype)
+    diff = calc_diff(got, want)
+    ok = diff <= CALC_DIFF_MAX[in_dtype] and bool(torch.isfinite(got).all()) and got.shape == want.shape
+    result = {"ep": args.ep, "mode": args.ep_mode, "capacity": spec["capacity"], "experts": args.experts,
+              "n": args.n, "k": args.k, "tokens": args.tokens, "topk": args.topk, "dtype": in_dtype,
+              "dist": args.dist, "alignment": args.alignment, "seed": args.seed, "spawn_wall_s": wall_s,
+              "ranks": per_rank, "calc_diff": diff, "calc_diff_max": CALC_DIFF_MAX[in_dtype],
+              "max_abs_err": float((got - want).abs().max()) if got.numel() else 0.0,
+              "bit_identical": bool(torch.equal(got, want)), "verified": ok,
+              "reference": "single process: moe_hal.routing dispatch -> grouped_gemm -> combine"}
+    text = json.dumps(result, indent=2)
+    if args.json:
+        print(text)
+    else:
+        _print(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0 if ok else 1
+
+
+def _print(r: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    console.print(f"[bold]moe-hal run --ep {r['ep']}[/bold] ({escape(r['mode'])} mode"
+                  + (f", capacity {r['capacity']}" if r["capacity"] is not None else "")
+                  + f"): {r['experts']} experts over {r['ep']} gloo ranks, N={r['n']}, K={r['k']}, "
+                  f"{r['tokens']} tokens x top-{r['topk']} ({escape(r['dist'])} routing), {escape(r['dtype'])}")
+    t = Table("rank", "tokens", "slots", "rows sent to rank 0..", "rows received from rank 0..", "experts",
+              "rows/expert min-max", "ms")
+    for x in r["ranks"]:
+        rows = x["rows_per_local_expert"]
+        experts = f"{x['local_experts'][0]}..{x['local_experts'][1]}" if x["local_experts"] else "-"
+        t.add_row(str(x["rank"]), str(x["tokens"]), str(x["slots_routed"]), " ".join(map(str, x["sent_to"])),
+                  " ".join(map(str, x["received_from"])), experts, f"{min(rows)}-{max(rows)}" if rows else "-",
+                  f"{x['median_s'] * 1e3:.1f}")
+    console.print(t)
+    console.print(f"transport: {escape(r['ranks'][0]['transport'])}; against the {escape(r['reference'])}: "
+                  f"calc_diff {r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e}), max abs err "
+                  f"{r['max_abs_err']:.3e}, bit-identical: {'yes' if r['bit_identical'] else 'no'}")
+    console.print("[green]verified against the single-process result[/green]" if r["verified"]
+                  else "[red]FAILED verification[/red]")
