@@ -220,7 +220,7 @@ def test_cli_run_ep_verifies_against_one_process(tmp_path, monkeypatch, capsys):
     assert main(["run", "--ep", "2", "--tokens", "96", "--n", "32", "--k", "128", "--repeat", "0",
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "verified against the single-process result" in printed and "rows sent to rank" in printed
+    assert "verified against the single-process result" in printed
     import json
 
     r = json.loads(out.read_text())

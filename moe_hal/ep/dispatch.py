@@ -78,7 +78,12 @@ class _Maps:
     row_of_recv: torch.Tensor         # int64 [R]: layout row of each received row, -1 if empty
     send_splits: list[int]            # rows to each rank
     recv_splits: list[int]            # rows from each rank
-    dense: bool                       # exact mode: no empty send or received rows
+    # Which maps hold no -1 (their gathers skip the masking): exact mode fills every send and
+    # received row; its layout rows when there is no alignment padding; its slots when none is -1.
+    dense_send: bool
+    dense_recv: bool
+    dense_rows: bool
+    dense_slots: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,13 +158,15 @@ def _exchange(sel: TransportSelection, group: EPGroup, parts: list[torch.Tensor]
 
 def _sum_slots(per_slot: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     """fp32 ``[T, C]``: ``sum_j weights[:, j] * per_slot[:, j]`` in the order j = 0 .. k-1, with a
-    separate multiply and add per term (bit-reproducible whatever T and the placement)."""
-    acc = per_slot.new_zeros(per_slot.shape[0], per_slot.shape[2], dtype=torch.float32)
-    for j in range(per_slot.shape[1]):
-        term = per_slot[:, j].to(torch.float32)
-        if weights is not None:
-            term = term * weights[:, j:j + 1]
-        acc = acc + term
+    separate multiply and add per term (bit-reproducible whatever T and the placement). ``weights``
+    is fp32, so each product is computed in fp32 (type promotion) without a separate cast pass."""
+    T, k, C = per_slot.shape
+    if k == 0:
+        return per_slot.new_zeros(T, C, dtype=torch.float32)
+    first = per_slot[:, 0]
+    acc = first * weights[:, 0:1] if weights is not None else first.to(torch.float32, copy=True)
+    for j in range(1, k):
+        acc.add_(per_slot[:, j] * weights[:, j:j + 1] if weights is not None else per_slot[:, j])
     return acc
 
 
@@ -173,9 +180,9 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor) -> torch.Tensor:
     """Rows of the local layout ``[layout rows, C]`` -> per-slot rows ``[T, k, C]`` on the source
     rank (zeros for slots not sent); the backward direction."""
     m = d._maps
-    back = _gather(flat, m.row_of_recv, 0, m.dense)
+    back = _gather(flat, m.row_of_recv, 0, m.dense_recv)
     ret, = _exchange(d._selection, d.group, [back], m.recv_splits, m.send_splits)
-    return _gather(ret, m.send_row_of_slot, 0).view(d.num_tokens, d.top_k, ret.shape[1])
+    return _gather(ret, m.send_row_of_slot, 0, m.dense_slots).view(d.num_tokens, d.top_k, ret.shape[1])
 
 
 def _layout_rows(d: EPDispatch) -> tuple[int, ...]:
@@ -185,7 +192,7 @@ def _layout_rows(d: EPDispatch) -> tuple[int, ...]:
 
 
 def _arrange(d: EPDispatch, recv: torch.Tensor, fill: float = 0) -> torch.Tensor:
-    return _gather(recv, d._maps.recv_of_row, fill).view(*_layout_rows(d), *recv.shape[1:])
+    return _gather(recv, d._maps.recv_of_row, fill, d._maps.dense_rows).view(*_layout_rows(d), *recv.shape[1:])
 
 
 class _DispatchRows(torch.autograd.Function):
@@ -194,7 +201,7 @@ class _DispatchRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         ctx.d = d
-        send = _gather(x, d._maps.token_of_send_row, 0, d._maps.dense)
+        send = _gather(x, d._maps.token_of_send_row, 0, d._maps.dense_send)
         recv, = _to_experts(d, [send])
         return _arrange(d, recv)
 
@@ -217,8 +224,9 @@ class _CombineRows(torch.autograd.Function):
     def forward(ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None,
                 d: EPDispatch) -> torch.Tensor:
         per_slot = _from_experts(d, expert_out.reshape(-1, expert_out.shape[-1]))
-        kept = (d._maps.send_row_of_slot >= 0).view(d.num_tokens, d.top_k)
-        w = torch.where(kept, weights.to(torch.float32), 0.0)
+        w = weights.to(torch.float32)
+        if not d._maps.dense_slots:
+            w = torch.where((d._maps.send_row_of_slot >= 0).view(d.num_tokens, d.top_k), w, 0.0)
         ctx.save_for_backward(per_slot, w)
         ctx.d, ctx.out_shape, ctx.out_dtype, ctx.w_dtype = d, expert_out.shape, expert_out.dtype, weights.dtype
         ctx.anchor = None if anchor is None else (anchor.shape, anchor.dtype, anchor.device)
@@ -231,8 +239,8 @@ class _CombineRows(torch.autograd.Function):
         g = grad_y.to(torch.float32)
         grad_w = (per_slot.to(torch.float32) * g[:, None, :]).sum(-1).to(ctx.w_dtype)
         # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
-        send = _gather(g, m.token_of_send_row, 0, m.dense)
-        send = send * _gather(w.reshape(-1, 1), m.slot_of_send_row, 0, m.dense)
+        send = _gather(g, m.token_of_send_row, 0, m.dense_send)
+        send = send * _gather(w.reshape(-1, 1), m.slot_of_send_row, 0, m.dense_send)
         recv, = _to_experts(d, [send.to(ctx.out_dtype)])
         grad_out = _arrange(d, recv).view(ctx.out_shape)
         grad_anchor = None
@@ -326,7 +334,8 @@ def _exact_maps(host: list[list[int]], group: EPGroup, order: torch.Tensor, k: i
     slot_of_send_row = order[:sent]
     send_row_of_slot = torch.full_like(order, -1).scatter_(0, slot_of_send_row, torch.arange(sent, device=device))
     maps = _Maps(torch.div(slot_of_send_row, k, rounding_mode="floor"), slot_of_send_row, send_row_of_slot,
-                 recv_of_row, row_of_recv, send_splits, recv_splits, dense=True)
+                 recv_of_row, row_of_recv, send_splits, recv_splits, dense_send=True, dense_recv=True,
+                 dense_rows=layout.num_rows == received, dense_slots=sent == order.shape[0])
     return maps, layout
 
 
@@ -371,7 +380,7 @@ def _capacity_maps(gathered: torch.Tensor, row: torch.Tensor, key: torch.Tensor,
         recv_of_row = torch.full((L * max_m,), -1, dtype=torch.int64, device=device)
     sizes = [(ps[d + 1] - ps[d]) * cap for d in range(W)]
     maps = _Maps(token_of_send_row, slot_of_send_row, send_row_of_slot, recv_of_row, row_of_recv,
-                 sizes, [L * cap] * W, dense=False)
+                 sizes, [L * cap] * W, dense_send=False, dense_recv=False, dense_rows=False, dense_slots=False)
     return maps, MaskedLayout(masked_m.to(torch.int32), max_m, check=False)
 
 
@@ -447,7 +456,7 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
     d = EPDispatch(None, layout, mode, group, sel.name, topk_weights, send_counts, recv_counts, dropped,
                    tokens, k, maps, sel)
     if isinstance(x, QuantizedTensor):
-        send = _gather_hidden(x, maps.token_of_send_row, maps.dense)
+        send = _gather_hidden(x, maps.token_of_send_row, maps.dense_send)
         data, scale = _to_experts(d, [send.data.view(torch.uint8), send.scale])
         a = QuantizedTensor(_arrange(d, data).view(torch.float8_e4m3fn), _arrange(d, scale, 1.0), x.block,
                             x.scale_format)
