@@ -85,6 +85,8 @@ class Signature:
     largest G, or None. ``b_majors``: accepted memory orders of ``b[G, N, K]`` (``"k"``: K
     contiguous, the nn.Linear layout; ``"n"``: a transposed view of ``[G, K, N]``; ``"strided"``:
     neither). Every field is checked when the signature is built (:class:`ArgumentError`).
+    ``alignment_power_of_two``: the kernels need a contiguous / K-grouped layout's alignment to be
+    a power of two (layouts accept any positive int; such a backend refuses the others with a reason).
     """
 
     ops: frozenset[str]
@@ -96,6 +98,7 @@ class Signature:
     n_multiple: int = 1
     max_groups: int | None = None
     b_majors: frozenset[str] = frozenset({"k", "n"})
+    alignment_power_of_two: bool = False
 
     def __post_init__(self) -> None:
         for name in ("ops", "dtypes", "out_dtypes", "scale_formats", "b_majors"):
@@ -118,6 +121,8 @@ class Signature:
                 raise ArgumentError(f"Signature.{name}", "a positive int", repr(getattr(self, name)))
         if self.max_groups is not None and (not _is_int(self.max_groups) or self.max_groups < 0):
             raise ArgumentError("Signature.max_groups", "None or a non-negative int", repr(self.max_groups))
+        if not isinstance(self.alignment_power_of_two, bool):
+            raise ArgumentError("Signature.alignment_power_of_two", "a bool", repr(self.alignment_power_of_two))
 
     def mismatches(self, problem: "Problem") -> list[Reason]:
         """Every field of this signature that does not admit ``problem``."""
@@ -146,6 +151,10 @@ class Signature:
         if self.max_groups is not None and problem.num_groups > self.max_groups:
             out.append(Reason("shape_constraint", f"at most {self.max_groups} groups",
                               f"G <= {self.max_groups}", problem.num_groups))
+        alignment = getattr(problem.layout, "alignment", None)
+        if self.alignment_power_of_two and alignment is not None and alignment & (alignment - 1):
+            out.append(Reason("alignment_unsupported", "the layout's alignment must be a power of two",
+                              "a power of two", alignment))
         if problem.b_major is not None and problem.b_major not in self.b_majors:
             out.append(Reason("layout_unsupported", "memory order of b is not supported",
                               self.b_majors, problem.b_major))

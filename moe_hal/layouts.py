@@ -14,6 +14,7 @@ group's end and the next start, and rows past ``align(psum[-1], alignment)``, be
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping, Set as AbstractSet
 from typing import Iterable, Sequence
@@ -32,14 +33,21 @@ def align(x: int, alignment: int) -> int:
 
 
 def _check_alignment(alignment: object, argument: str = "alignment") -> int:
-    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 \
-            or alignment & (alignment - 1):
-        raise LayoutError(argument, "a positive power of two", alignment)
+    """Any positive int (DeepGEMM's SM100 tests use 224, 160, 96); a backend that needs a power of
+    two declares it (``Signature.alignment_power_of_two``) and refuses the call with a reason."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+        raise LayoutError(argument, "a positive int", alignment)
     return alignment
 
 
 #: Largest row index or offset the int32 psum / m_indices forms can hold.
 INT32_MAX = 2 ** 31 - 1
+
+
+def _check_count(value: object, argument: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise LayoutError(argument, "a non-negative int", value)
+    return value
 
 
 def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
@@ -77,6 +85,26 @@ class SegmentLayout:
     op: str = ""
 
     def __init__(self, counts: Sequence[int], starts: Sequence[int], alignment: int, num_rows: int):
+        """Checked raw constructor: ``starts[g]`` must be ``align(starts[g-1] + counts[g-1],
+        alignment)`` (0 for ``g = 0``) and ``num_rows`` at least the aligned end of the last group,
+        so that segments never overlap and never pass ``num_rows``. Prefer :meth:`from_counts`,
+        :meth:`from_psum` or ``from_m_indices``, which compute ``starts`` for you."""
+        alignment = _check_alignment(alignment)
+        counts = [_check_count(c, f"counts[{g}]") for g, c in enumerate(counts)]
+        starts = list(starts)
+        if len(starts) != len(counts):
+            raise LayoutError("starts", f"{len(counts)} group starts (one per count)", len(starts))
+        end = 0
+        for g, (start, count) in enumerate(zip(starts, counts)):
+            expected = align(end, alignment)
+            if isinstance(start, bool) or not isinstance(start, int) or start != expected:
+                raise LayoutError(f"starts[{g}]", f"{expected} (align(end of group {g - 1}, {alignment}))"
+                                  if g else "0", start, "segments follow each other at the alignment")
+            end = start + count
+        _check_count(num_rows, "num_rows")
+        if num_rows < align(end, alignment):
+            raise LayoutError("num_rows", f"an int >= {align(end, alignment)} (the aligned end of the last group)",
+                              num_rows)
         self._counts = tuple(counts)
         self._starts = tuple(starts)
         self._ends = tuple(s + c for s, c in zip(self._starts, self._counts))
@@ -262,33 +290,25 @@ class ContiguousLayout(SegmentLayout):
 
     @classmethod
     def from_m_indices(cls, m_indices: torch.Tensor, num_groups: int, alignment: int | None = None):
-        """Layout from an int32 ``[M]`` tensor of group ids per row, -1 on rows of no group.
+        """Layout from an int32 ``[M]`` tensor of group ids per row, -1 on rows of no group, in the
+        canonical form: each group's rows form one run, groups in ascending order, group ``g``
+        starting at ``align(end of g-1, alignment)``.
 
-        Each group's rows must form one run, groups in ascending order, group ``g`` starting at
-        ``align(end of g-1, alignment)``. With ``alignment=None`` the smallest power of two that
-        fits is inferred (1 when there is no padding). A device tensor is copied to the host.
+        With ``alignment=None`` the smallest alignment that fits is inferred (1 when there is no
+        padding). A device tensor is copied to the host. Other valid DeepGEMM forms (unsorted
+        groups, a group split into several runs, -1 blocks between groups) are refused here:
+        :meth:`from_m_indices_permuted` converts those, returning the row permutation.
         """
-        if not isinstance(m_indices, torch.Tensor):
-            raise LayoutError("m_indices", "an int32 tensor", type(m_indices).__name__)
-        if m_indices.dtype not in (torch.int32, torch.int64):
-            raise DTypeError("m_indices", "torch.int32", m_indices.dtype)
-        if m_indices.dim() != 1:
-            raise ShapeError("m_indices", "a 1-D tensor [M]", tuple(m_indices.shape))
-        if isinstance(num_groups, bool) or not isinstance(num_groups, int) or num_groups < 0:
-            raise LayoutError("num_groups", "a non-negative int", num_groups)
-        ids = m_indices.to("cpu", torch.int64)
-        bad = (ids < -1) | (ids >= num_groups)
-        if bool(bad.any()):
-            row = int(torch.nonzero(bad)[0])
-            raise LayoutError(f"m_indices[{row}]", f"a group id in [0, {num_groups}) or -1", int(ids[row]))
+        ids = cls._host_m_indices(m_indices, num_groups)
         num_rows = ids.numel()
         rows = torch.nonzero(ids >= 0).flatten()
         vals = ids[rows]
+        hint = "; ContiguousLayout.from_m_indices_permuted accepts any order and returns the row permutation"
         descending = torch.nonzero(vals[1:] < vals[:-1]).flatten()
         if descending.numel():
             row = int(rows[descending[0] + 1])
             raise LayoutError(f"m_indices[{row}]", "group ids in ascending order (one run per group)",
-                              int(ids[row]))
+                              int(ids[row]), hint.lstrip("; "))
         counts = torch.bincount(vals, minlength=num_groups).tolist()
         first = [-1] * num_groups
         if vals.numel():
@@ -300,18 +320,60 @@ class ContiguousLayout(SegmentLayout):
             if count and int(ids[start + count - 1]) != g:
                 row = start + int(torch.nonzero(ids[start:start + count] != g)[0])
                 raise LayoutError(f"m_indices[{row}]", f"{g} (the rows of group {g} must be contiguous)",
-                                  int(ids[row]))
+                                  int(ids[row]), hint.lstrip("; "))
         if alignment is None:
-            alignment = 1
-            while not cls._fits(counts, first, alignment, num_rows):
-                alignment *= 2
-                if alignment > max(num_rows, 1):
-                    raise LayoutError("m_indices", "groups placed at align(previous end, A) for a "
-                                      "power-of-two A", "an irregular placement")
+            # Every non-first start is a multiple of the alignment: try the divisors of their gcd.
+            starts = [f for f in first if f > 0]
+            common = math.gcd(*starts) if starts else 1
+            fitting = [d for d in range(1, common + 1) if common % d == 0 and cls._fits(counts, first, d, num_rows)]
+            if not fitting:
+                raise LayoutError("m_indices", "groups placed at align(previous end, A) for some alignment A",
+                                  "an irregular placement", hint.lstrip("; "))
+            alignment = fitting[0]
         elif not cls._fits(counts, first, _check_alignment(alignment), num_rows):
             raise LayoutError("m_indices", f"each group to start at align(previous end, {alignment})",
-                              "a different placement")
+                              "a different placement", hint.lstrip("; "))
         return cls(counts, cls._place(counts, alignment), alignment, num_rows)
+
+    @classmethod
+    def from_m_indices_permuted(cls, m_indices: torch.Tensor, num_groups: int,
+                                alignment: int = 1) -> tuple["ContiguousLayout", torch.Tensor]:
+        """Any per-row ``m_indices`` (int32 ``[M]``, group id of each row, -1 on rows of no group;
+        groups in any order, split into any number of runs, -1 blocks anywhere) -> the canonical
+        layout plus the row permutation that realises it.
+
+        Returns ``(layout, source_rows)``: ``layout = from_counts(counts, alignment)`` with
+        ``counts[g]`` the number of rows whose id is ``g``; ``source_rows`` is an int64 host tensor
+        ``[layout.num_rows]`` giving, for each row of the canonical layout, the row of the original
+        tensor it takes (rows of one group keep their original order), and -1 on rows of no group.
+        So ``a_canonical[r] = a[source_rows[r]]`` and the result rows scatter back with
+        ``d[source_rows[r]] = out[r]``; rows with ``m_indices == -1`` belong to no group.
+        """
+        ids = cls._host_m_indices(m_indices, num_groups)
+        valid = torch.nonzero(ids >= 0).flatten()
+        groups, order = torch.sort(ids[valid], stable=True)
+        counts = torch.bincount(groups, minlength=num_groups).tolist()
+        layout = cls.from_counts(counts, alignment)
+        source_rows = torch.full((layout.num_rows,), -1, dtype=torch.int64)
+        source_rows[layout.valid_rows_on("cpu")] = valid[order]
+        return layout, source_rows
+
+    @staticmethod
+    def _host_m_indices(m_indices: object, num_groups: object) -> torch.Tensor:
+        """Checked int64 host copy of ``m_indices`` (ids in ``[-1, num_groups)``)."""
+        if not isinstance(m_indices, torch.Tensor):
+            raise LayoutError("m_indices", "an int32 tensor", type(m_indices).__name__)
+        if m_indices.dtype not in (torch.int32, torch.int64):
+            raise DTypeError("m_indices", "torch.int32", m_indices.dtype)
+        if m_indices.dim() != 1:
+            raise ShapeError("m_indices", "a 1-D tensor [M]", tuple(m_indices.shape))
+        _check_count(num_groups, "num_groups")
+        ids = m_indices.to("cpu", torch.int64)
+        bad = (ids < -1) | (ids >= num_groups)
+        if bool(bad.any()):
+            row = int(torch.nonzero(bad)[0])
+            raise LayoutError(f"m_indices[{row}]", f"a group id in [0, {num_groups}) or -1", int(ids[row]))
+        return ids
 
     @staticmethod
     def _place(counts: list[int], alignment: int) -> list[int]:

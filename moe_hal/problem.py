@@ -11,7 +11,7 @@ import torch
 from . import dtypes
 from .errors import AliasError, ArgumentError, DeviceError, DTypeError, LayoutError, ShapeError
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout
-from .quant import QuantizedTensor
+from .quant import QuantizedTensor, to_tensor_origin
 
 Operand = torch.Tensor | QuantizedTensor
 _NAMES = dtypes.NAMES
@@ -137,6 +137,8 @@ class Problem:
         if b.device != device:
             raise DeviceError("b", f"device {device} (that of a)", b.device)
 
+        if a_q:
+            a, b = _row_block_origin(a, "a", layout), _row_block_origin(b, "b", layout)
         if isinstance(layout, ContiguousLayout):
             problem = cls._contiguous(a, b, layout, c, out_dtype, device)
         elif isinstance(layout, MaskedLayout):
@@ -214,6 +216,37 @@ class Problem:
             if out is not None and out_dtype is None and c.dtype != out.dtype:
                 raise DTypeError("c", f"{out.dtype} (the dtype of out)", c.dtype)
         return cls("k_grouped", a, b, layout, c, _out_dtype(a, out_dtype, c), device, g, m, n, t, None)
+
+
+def _row_block_origin(q: QuantizedTensor, name: str, layout) -> QuantizedTensor:
+    """``q`` with row blocks counted from row 0 (what backends read), after checking that its block
+    origin agrees with a K-grouped ``layout``: per-group blocks must name exactly the layout's
+    groups, and scales that would also fit per-group blocks with a different meaning must say
+    which origin they use (LayoutError: the silent misreading of DeepGEMM's K-grouped scales)."""
+    if isinstance(layout, KGroupedLayout) and q.data.dim() == 2:
+        rows = q.data.shape[0]
+        segments = tuple((s, e) for _, s, e in layout.segments())
+        if q.row_groups is None and q.block[0] > 1 and rows == layout.num_rows:
+            per_group = QuantizedTensor.scale_shape(tuple(q.data.shape), q.block, segments)
+            if per_group == tuple(q.scale.shape):
+                in_groups = layout.valid_rows_on("cpu")
+                tensor_rows = in_groups // q.block[0]
+                group_rows = torch.repeat_interleave(torch.cumsum(torch.tensor(
+                    [0] + [-(-(e - s) // q.block[0]) for s, e in segments[:-1]], dtype=torch.int64), 0),
+                    torch.tensor([e - s for s, e in segments], dtype=torch.int64))
+                group_rows = group_rows + (in_groups - torch.repeat_interleave(
+                    torch.tensor([s for s, _ in segments], dtype=torch.int64),
+                    torch.tensor([e - s for s, e in segments], dtype=torch.int64))) // q.block[0]
+                if not torch.equal(tensor_rows, group_rows):
+                    raise LayoutError(f"{name}.row_groups", "the block origin stated: the scale shape fits both "
+                                      f"blocks of {q.block[0]} rows from row 0 and blocks restarting at each group "
+                                      "(DeepGEMM's K-grouped scales), which mean different things here",
+                                      None, f"pass row_groups={segments[:3]}{'...' if len(segments) > 3 else ''} "
+                                      f"(layout groups) or (({0}, {rows}),) (row 0), or use quantize_fp8")
+        elif q.row_groups is not None and q.row_groups != ((0, rows),) and q.row_groups != segments:
+            raise LayoutError(f"{name}.row_groups", f"the layout's groups {segments[:4]}"
+                              f"{'...' if len(segments) > 4 else ''} or ((0, {rows}),)", q.row_groups)
+    return to_tensor_origin(q) if q.row_groups is not None else q
 
 
 def _check_operand(x, name: str) -> None:

@@ -25,6 +25,28 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+RowGroups = tuple[tuple[int, int], ...]
+
+
+def _check_row_groups(row_groups: object, data: torch.Tensor, argument: str = "QuantizedTensor.row_groups") -> RowGroups:
+    """Checked ``((start, end), ...)``: sorted, disjoint ranges inside the rows of 2-D ``data``."""
+    if data.dim() != 2:
+        raise ShapeError(argument, "None for data of rank > 2 (row groups apply to 2-D data)", tuple(data.shape))
+    rows = data.shape[0]
+    try:
+        groups = tuple((s, e) for s, e in row_groups)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ShapeError(argument, "a sequence of (start, end) int pairs", row_groups) from None
+    previous_end = 0
+    for i, (start, end) in enumerate(groups):
+        ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end))
+        if not ints or not previous_end <= start <= end <= rows:
+            raise ShapeError(f"{argument}[{i}]", f"ints {previous_end} <= start <= end <= {rows} "
+                             "(sorted, disjoint ranges inside the rows of data)", (start, end))
+        previous_end = end
+    return groups
+
+
 @dataclass(frozen=True, eq=False)
 class QuantizedTensor:
     """An fp8 e4m3 tensor with block scales.
@@ -35,12 +57,26 @@ class QuantizedTensor:
     ``block``: ``(rows, cols)`` covered by one scale, e.g. ``(1, 128)`` for activations,
     ``(128, 128)`` for weights, ``(128, 1)`` for K-grouped operands blocked along the token axis.
     ``scale_format``: ``"fp32"`` or ``"ue8m0"`` (all scales are powers of two).
+
+    ``row_groups``: where row blocks start (the *block origin*; 2-D ``data`` only).
+
+    * ``None`` (default): blocks of ``block[0]`` rows counted from row 0 of ``data``.
+    * ``((start, end), ...)``: the rows are in groups (sorted, disjoint ``[start, end)`` ranges)
+      and row blocks restart at each group's start, DeepGEMM's K-grouped scale layout: group ``i``
+      has ``ceil((end - start) / block[0])`` scale rows, stored one group after another, so
+      ``scale.shape[-2] == sum(ceil((end - start) / block[0]))``. Rows outside every group have no
+      scale (their values are 0). ``((0, R),)`` states the row-0 origin explicitly.
+
+    A K-grouped call checks the origin against its layout: per-group blocks must name exactly the
+    layout's groups, and scales that fit both origins with different meanings must say which they
+    use (see :func:`to_group_origin`, :func:`to_tensor_origin` to convert).
     """
 
     data: torch.Tensor
     scale: torch.Tensor
     block: tuple[int, int]
     scale_format: str = "fp32"
+    row_groups: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, torch.Tensor) or self.data.dtype != torch.float8_e4m3fn:
@@ -55,7 +91,9 @@ class QuantizedTensor:
         object.__setattr__(self, "block", block)
         if self.scale_format not in SCALE_FORMATS:
             raise ShapeError("QuantizedTensor.scale_format", f"one of {SCALE_FORMATS}", self.scale_format)
-        expected = self.scale_shape(tuple(self.data.shape), block)
+        if self.row_groups is not None:
+            object.__setattr__(self, "row_groups", _check_row_groups(self.row_groups, self.data))
+        expected = self.scale_shape(tuple(self.data.shape), block, self.row_groups)
         if tuple(self.scale.shape) != expected:
             raise ShapeError("QuantizedTensor.scale", f"shape {expected} for data {tuple(self.data.shape)} "
                              f"and block {block}", tuple(self.scale.shape))
@@ -64,10 +102,26 @@ class QuantizedTensor:
                               self.scale.device)
 
     @staticmethod
-    def scale_shape(data_shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
-        """Logical scale shape for ``data_shape`` blocked by ``block`` over its last two dims."""
+    def scale_shape(data_shape: tuple[int, ...], block: tuple[int, int],
+                    row_groups: tuple[tuple[int, int], ...] | None = None) -> tuple[int, ...]:
+        """Logical scale shape for ``data_shape`` blocked by ``block`` over its last two dims
+        (row blocks restarting at each of ``row_groups`` when given)."""
         *lead, rows, cols = data_shape
+        if row_groups is not None:
+            return (*lead, sum(_ceil_div(e - s, block[0]) for s, e in row_groups), _ceil_div(cols, block[1]))
         return (*lead, _ceil_div(rows, block[0]), _ceil_div(cols, block[1]))
+
+    def scale_rows(self) -> torch.Tensor:
+        """int64 ``[R]`` on the host: the scale row of each data row (-1 outside every row group)."""
+        rows = self.data.shape[-2]
+        if self.row_groups is None:
+            return torch.arange(rows, dtype=torch.int64) // self.block[0]
+        index = torch.full((rows,), -1, dtype=torch.int64)
+        first = 0
+        for start, end in self.row_groups:
+            index[start:end] = first + torch.arange(end - start, dtype=torch.int64) // self.block[0]
+            first += _ceil_div(end - start, self.block[0])
+        return index
 
     @property
     def shape(self) -> torch.Size:
@@ -85,9 +139,15 @@ class QuantizedTensor:
         return self.data.dim()
 
     def expanded_scale(self) -> torch.Tensor:
-        """Scales broadcast to ``data.shape`` (fp32), one value per element."""
+        """Scales broadcast to ``data.shape`` (fp32), one value per element (0 on rows outside
+        every row group)."""
         rows, cols = self.data.shape[-2:]
-        s = self.scale.repeat_interleave(self.block[0], dim=-2)[..., :rows, :]
+        if self.row_groups is None:
+            s = self.scale.repeat_interleave(self.block[0], dim=-2)[..., :rows, :]
+        else:
+            index = self.scale_rows().to(self.scale.device)
+            padded = torch.cat([self.scale, self.scale.new_zeros(1, self.scale.shape[-1])])
+            s = padded.index_select(0, torch.where(index >= 0, index, self.scale.shape[0]))
         return s.repeat_interleave(self.block[1], dim=-1)[..., :cols]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -120,7 +180,14 @@ def _check_block(block: object, argument: str = "block") -> tuple[int, int]:
     return rows, cols
 
 
-def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool = False) -> QuantizedTensor:
+#: ``quantize_fp8`` rounding modes: ``"divide"`` computes ``x / scale`` (one correctly rounded fp32
+#: division; the default), ``"reciprocal"`` computes ``x * (1 / scale)`` like DeepGEMM's casts
+#: (``per_token_cast_to_fp8`` and friends), so fp8 codes are byte-identical with DeepGEMM's.
+ROUNDINGS = ("divide", "reciprocal")
+
+
+def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool = False, *,
+                 rounding: str = "divide", row_groups: RowGroups | None = None) -> QuantizedTensor:
     """Block-scaled fp8 e4m3 quantization of ``x`` over its last two dimensions.
 
     ``x``: float32 / bfloat16 / float16 of rank >= 2, any strides, any device.
@@ -136,6 +203,16 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
     so ``data.shape == x.shape`` and ``scale.shape == (..., ceil(R / rows), ceil(C / cols))``.
     Non-finite inputs are not checked (that would cost a host sync); they give NaN in their block.
 
+    ``rounding`` (keyword): ``"divide"`` (default) stores ``fp8(x / scale)``; ``"reciprocal"``
+    stores ``fp8(x * (1 / scale))``, DeepGEMM's formula. The two differ by one fp8 code on rare
+    exact ties with fp32 scales (about 0.05% of codes); with ``ue8m0`` scales (powers of two) they
+    are identical. Use ``"reciprocal"`` to reproduce DeepGEMM's bytes.
+
+    ``row_groups`` (keyword, 2-D ``x``): quantize each ``[start, end)`` row range on its own, row
+    blocks restarting at its start (DeepGEMM's ``k_grouped_per_channel_cast_to_fp8`` with
+    ``block=(128, 1)``); rows outside every group are stored as 0 and have no scale. See
+    :attr:`QuantizedTensor.row_groups`.
+
     Returns a :class:`QuantizedTensor` with contiguous ``data`` and fp32 ``scale``.
     """
     if not isinstance(x, torch.Tensor):
@@ -145,6 +222,18 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
     if x.dim() < 2:
         raise ShapeError("x", "a tensor of rank >= 2", tuple(x.shape))
     br, bc = _check_block(block)
+    if rounding not in ROUNDINGS:
+        raise ShapeError("rounding", f"one of {ROUNDINGS}", rounding)
+    if row_groups is not None:
+        groups = _check_row_groups(row_groups, x, "row_groups")
+        data = torch.zeros(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        scales = [x.new_empty(0, _ceil_div(x.shape[1], bc), dtype=torch.float32)]
+        for start, end in groups:
+            if end > start:
+                part = quantize_fp8(x[start:end], (br, bc), ue8m0, rounding=rounding)
+                data[start:end] = part.data
+                scales.append(part.scale)
+        return QuantizedTensor(data, torch.cat(scales), (br, bc), "ue8m0" if ue8m0 else "fp32", groups)
     *lead, rows, cols = x.shape
     sr, sc = _ceil_div(rows, br), _ceil_div(cols, bc)
     pad_r, pad_c = sr * br - rows, sc * bc - cols
@@ -168,7 +257,11 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
         scale_rows[i:i + step] = chunk_scale
         # |x / scale| <= 448 up to one fp32 rounding, which the round-to-nearest fp8 cast maps to
         # 448: no clamp pass is needed.
-        quotient = chunk.to(torch.float32, copy=True).div_(chunk_scale[:, None, :, None])
+        quotient = chunk.to(torch.float32, copy=True)
+        if rounding == "divide":
+            quotient.div_(chunk_scale[:, None, :, None])
+        else:
+            quotient.mul_(torch.reciprocal(chunk_scale)[:, None, :, None])
         data_rows[i:i + step].copy_(quotient)
     if pad_r or pad_c:
         data = data[..., :rows, :cols].contiguous()
@@ -180,6 +273,67 @@ def dequantize(q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.
     if not isinstance(q, QuantizedTensor):
         raise DTypeError("q", "a moe_hal.QuantizedTensor", type(q).__name__)
     return q.dequantize(dtype)
+
+
+# -- block origin: row-0 blocks <-> per-group blocks ---------------------------------------------
+
+
+def to_tensor_origin(q: QuantizedTensor) -> QuantizedTensor:
+    """The same values with row blocks counted from row 0 (``row_groups == ((0, R),)``), exactly.
+
+    A per-group operand (``q.row_groups`` with ranges) becomes blocks of ``d`` rows with ``d`` the
+    gcd of ``block[0]`` and every non-empty group's start: each such block then lies inside one
+    per-group block, so its scale is that block's scale and ``data`` is shared unchanged (no
+    rounding). Blocks outside every group get scale 1.0 (their data is 0). With DeepGEMM's usual
+    128-aligned group starts and ``gran_k = 128``, ``d = 128``. An operand already counted from
+    row 0 is returned as is.
+    """
+    if not isinstance(q, QuantizedTensor):
+        raise DTypeError("q", "a moe_hal.QuantizedTensor", type(q).__name__)
+    rows = q.data.shape[-2]
+    if q.row_groups is None or q.row_groups == ((0, rows),):
+        return q
+    step = math.gcd(q.block[0], *(s for s, e in q.row_groups if e > s))
+    source = q.scale_rows()[::step]                           # per-group scale row of each new block
+    padded = torch.cat([q.scale, q.scale.new_ones(1, q.scale.shape[-1])])
+    scale = padded.index_select(0, torch.where(source >= 0, source, q.scale.shape[0]).to(q.scale.device))
+    return QuantizedTensor(q.data, scale, (step, q.block[1]), q.scale_format, ((0, rows),))
+
+
+def to_group_origin(q: QuantizedTensor, row_groups: RowGroups, block_rows: int | None = None, *,
+                    rounding: str = "divide") -> QuantizedTensor:
+    """The operand with row blocks of ``block_rows`` (default ``q.block[0]``) restarting at each of
+    ``row_groups`` (DeepGEMM's K-grouped layout, ``block_rows = gran_k``).
+
+    Exact (data shared, scales gathered) when every new block lies inside one block of ``q``, e.g.
+    row-0 blocks of 128 rows and group starts that are multiples of 128. Otherwise the values are
+    dequantized and quantized again per group with ``q``'s scale format and ``rounding``: one extra
+    fp8 rounding of the rows whose block changes. Rows outside every group become 0.
+    """
+    if not isinstance(q, QuantizedTensor):
+        raise DTypeError("q", "a moe_hal.QuantizedTensor", type(q).__name__)
+    groups = _check_row_groups(row_groups, q.data, "row_groups")
+    br = q.block[0] if block_rows is None else _check_block((block_rows, 1))[0]
+    block = (br, q.block[1])
+    q0 = to_tensor_origin(q)
+    source = q0.scale_rows()
+    picks, exact = [], True
+    for start, end in groups:
+        for first in range(start, end, br):
+            rows = source[first:min(first + br, end)]
+            exact = exact and bool((rows == rows[0]).all())
+            picks.append(int(rows[0]))
+    if exact:
+        data = q.data
+        outside = torch.ones(q.data.shape[0], dtype=torch.bool)
+        for start, end in groups:
+            outside[start:end] = False
+        if bool(outside.any()):
+            data = q.data.clone()
+            data.view(torch.uint8)[outside.to(data.device)] = 0
+        scale = q0.scale.index_select(0, torch.tensor(picks, dtype=torch.int64, device=q.scale.device))
+        return QuantizedTensor(data, scale.reshape(-1, q.scale.shape[-1]), block, q.scale_format, groups)
+    return quantize_fp8(q0.dequantize(), block, q.scale_format == "ue8m0", rounding=rounding, row_groups=groups)
 
 
 _EXP_MASK, _MANT_MASK = 0xFF, 0x7FFFFF
@@ -369,6 +523,6 @@ def unpack_ue8m0x2(packed: torch.Tensor, sk: int) -> torch.Tensor:
     return _unpack_bytes(packed, sk, 2, torch.int16, "packed")
 
 
-__all__ = ["AMAX_FLOOR", "QuantizedTensor", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize", "from_tma_aligned",
-           "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
-           "tma_aligned_size", "unpack_ue8m0", "unpack_ue8m0x2"]
+__all__ = ["AMAX_FLOOR", "QuantizedTensor", "ROUNDINGS", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize",
+           "from_tma_aligned", "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
+           "tma_aligned_size", "to_group_origin", "to_tensor_origin", "unpack_ue8m0", "unpack_ue8m0x2"]

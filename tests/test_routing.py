@@ -292,7 +292,7 @@ def test_validation_errors():
     with pytest.raises(ArgumentError, match="num_experts"):
         dispatch(x, ids, -1)
     with pytest.raises(LayoutError, match="alignment"):
-        dispatch(x, ids, 4, alignment=3)
+        dispatch(x, ids, 4, alignment=0)
     with pytest.raises(ShapeError, match="topk_weights"):
         dispatch(x, ids, 4, topk_weights=torch.ones(4, 3))
     with pytest.raises(DTypeError, match="topk_weights"):
