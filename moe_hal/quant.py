@@ -213,7 +213,8 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
     ``block=(128, 1)``); rows outside every group are stored as 0 and have no scale. See
     :attr:`QuantizedTensor.row_groups`.
 
-    Returns a :class:`QuantizedTensor` with contiguous ``data`` and fp32 ``scale``.
+    Returns a :class:`QuantizedTensor` with contiguous ``data`` and fp32 ``scale`` (for 2-D ``x``
+    with ``block[0] > 1``, ``row_groups = ((0, R),)``: the row-0 block origin, stated).
     """
     if not isinstance(x, torch.Tensor):
         raise DTypeError("x", "a float32/bfloat16/float16 tensor", type(x).__name__)
@@ -265,7 +266,10 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
         data_rows[i:i + step].copy_(quotient)
     if pad_r or pad_c:
         data = data[..., :rows, :cols].contiguous()
-    return QuantizedTensor(data, scale, (br, bc), "ue8m0" if ue8m0 else "fp32")
+    # Blocks of several rows counted from row 0, stated explicitly: a K-grouped call never has to
+    # guess the origin of scales this function made.
+    origin = ((0, rows),) if x.dim() == 2 and br > 1 else None
+    return QuantizedTensor(data, scale, (br, bc), "ue8m0" if ue8m0 else "fp32", origin)
 
 
 def dequantize(q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
