@@ -13,7 +13,12 @@ from moe_hal.backend import Signature
 from moe_hal.errors import LayoutError, ShapeError
 from moe_hal.layouts import ContiguousLayout, KGroupedLayout, SegmentLayout
 from moe_hal.problem import Problem
-from moe_hal.quant import QuantizedTensor, quantize_fp8, to_group_origin, to_tensor_origin
+from moe_hal.quant import (
+    QuantizedTensor,
+    quantize_fp8,
+    to_group_origin,
+    to_tensor_origin,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::moe_hal.errors.MoeHalWarning")
 

@@ -80,6 +80,10 @@ def test_every_deepgemm_function_is_provided_with_its_signature_or_refused_by_na
         assert ours.default == expected, f"{name}({ours.name}=...)"
 
 
+def test_every_exported_name_exists():
+    assert [name for name in dg.__all__ if name not in vars(dg)] == []
+
+
 @pytest.mark.parametrize("alias, target", sorted(TABLE["aliases"].items()))
 def test_aliases_are_the_same_function(alias, target):
     assert getattr(dg, alias) is getattr(dg, target)
@@ -212,8 +216,10 @@ def test_install_makes_import_deep_gemm_resolve_to_the_shim():
     with _installed():
         module = importlib.import_module("deep_gemm")
         assert module is dg
-        from deep_gemm.utils.layout import get_mn_major_tma_aligned_tensor  # SGLang's import
         from deep_gemm.testing import calc_diff as imported_calc_diff
+        from deep_gemm.utils.layout import (
+            get_mn_major_tma_aligned_tensor,  # SGLang's import
+        )
 
         assert get_mn_major_tma_aligned_tensor is dg.get_mn_major_tma_aligned_tensor
         assert imported_calc_diff is calc_diff
@@ -309,16 +315,15 @@ def test_set_num_sms_as_a_scoped_override():
     before = dg.get_num_sms()
     with _configure_num_sms(dg, 3):
         assert dg.get_num_sms() == 3
-        with pytest.raises(RuntimeError):
-            with _configure_num_sms(dg, 5):
-                raise RuntimeError("kernel failed inside the override")
+        with pytest.raises(RuntimeError), _configure_num_sms(dg, 5):
+            raise RuntimeError("kernel failed inside the override")
         assert dg.get_num_sms() == 3
     assert dg.get_num_sms() == before
 
 
 def test_torchao_style_v1_calls():
     """torchao's blockwise-fp8 benchmarks call the v1 names with column-major aligned scales."""
-    a, b, d = _fp8_case(m=256, n=64, k=256, groups=1)
+    a, b, _ = _fp8_case(m=256, n=64, k=256, groups=1)
     a_scale = dg.get_col_major_tma_aligned_tensor(a[1])
     assert a_scale.stride() == (1, 256)
     out = torch.empty(256, 64, dtype=torch.bfloat16)
@@ -330,3 +335,45 @@ def test_torchao_style_v1_calls():
     grouped = torch.empty_like(out)
     dg.m_grouped_gemm_fp8_fp8_bf16_nt_contiguous((a[0], a_scale), b, grouped, m_indices)
     assert torch.equal(grouped, expected)
+
+
+# -- scale-layout helpers beyond DeepGEMM's layout test -------------------------------------------------
+def test_packing_with_a_psum_layout_never_reads_gap_rows():
+    dg.set_mk_alignment_for_contiguous_layout(32)
+    sf = dg.ceil_to_ue8m0(torch.rand(96, 9) + 0.1)
+    psum = torch.tensor([20, 40], dtype=torch.int32)                  # groups [0, 20), [32, 40); rest gaps
+    gappy = sf.clone()
+    gappy[20:32], gappy[40:] = float("nan"), float("nan")
+    packed = dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(gappy, psum)
+    full = dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(sf)
+    rows = torch.cat([torch.arange(0, 20), torch.arange(32, 40)])
+    assert torch.equal(packed[rows], full[rows]) and bool((packed[20:32] == 0).all())
+
+
+def test_transform_sf_into_required_layout_follows_the_arch():
+    sfa = torch.rand(100, 3) + 0.1                                    # (1, 128) activation scales, K = 300
+    sfb = dg.ceil_to_ue8m0(torch.rand(2, 3) + 0.1)                    # (128, 128) weight scales, N = 200
+    dg.set_arch_major(9)
+    aligned = dg.transform_sf_into_required_layout(sfa, 100, 300, (1, 128, 128), is_sfa=True)
+    assert aligned.stride() == (1, 100) and torch.equal(aligned, sfa)
+    assert dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128), is_sfa=False) is sfb
+    dg.set_arch_major(10)
+    packed = dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128), is_sfa=False)
+    per_row = sfb.repeat_interleave(128, dim=0)[:200]                 # broadcast to one row per N
+    assert torch.equal(packed, dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row))
+    with pytest.raises(DeepGEMMError, match="is_sfa"):
+        dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128))
+
+
+def test_packed_ue8m0_operands_compute_like_their_fp32_powers_of_two():
+    a, b, _ = _fp8_case()
+    a = (a[0], dg.ceil_to_ue8m0(a[1]))
+    b = (b[0], dg.ceil_to_ue8m0(b[1]))
+    m_indices = torch.tensor([0] * 64 + [1] * 64, dtype=torch.int32)
+    d_fp32, d_packed = torch.empty(128, 32, dtype=torch.bfloat16), torch.empty(128, 32, dtype=torch.bfloat16)
+    dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d_fp32, m_indices)
+    per_row_b = b[1].repeat_interleave(128, dim=1)[:, :32]
+    packed = ((a[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(a[1])),
+              (b[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row_b)))
+    dg.m_grouped_fp8_gemm_nt_contiguous(*packed, d_packed, m_indices)   # default recipe (1, 1, 128)
+    assert torch.equal(d_fp32, d_packed)

@@ -16,7 +16,7 @@ from types import ModuleType
 
 import torch
 
-from . import passthrough, settings, testing, utils
+from . import settings, testing, utils
 from .errors import DeepGEMMError, NotProvidedError
 from .gemm import (
     bf16_gemm_nn,
@@ -203,22 +203,40 @@ def uninstall() -> None:
             sys.modules[name] = module
 
 
-# == what is not provided ==========================================================================
-#: DeepGEMM 2.6 entry points outside grouped/dense GEMM and scale layouts.
-NOT_PROVIDED = ("cublaslt_gemm_nt", "cublaslt_gemm_nn", "cublaslt_gemm_tn", "cublaslt_gemm_tt",
-                "fp8_gemm_nt_skip_head_mid", "einsum", "fp8_einsum", "fp8_fp4_mqa_logits",
-                "get_paged_mqa_logits_metadata", "fp8_fp4_paged_mqa_logits", "fp8_mqa_logits",
-                "fp8_paged_mqa_logits", "tf32_hc_prenorm_gemm", "transform_k_grouped_sf_into_required_layout",
-                "SymmBuffer", "get_symm_buffer_for_mega_moe", "transform_weights_for_mega_moe",
-                "fp8_fp4_mega_moe", "bf16_mega_moe", "mega", "legacy", "use_deterministic_algorithms")
-
-__all__ = sorted(n for n, v in dict(globals()).items()
-                 if not n.startswith("_") and callable(v) and not isinstance(v, type) and n not in (
-                     "install", "uninstall") and getattr(v, "__module__", "").startswith(__name__)) + [
-    "DeepGEMMError", "NotProvidedError", "install", "uninstall"]
+#: DeepGEMM's names this module provides, then the moe_hal extras.
+__all__ = [
+    # grouped GEMMs and their aliases
+    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked", "k_grouped_bf16_gemm_tn_contiguous",
+    # dense GEMMs
+    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
+    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
+    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    # v1 names
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "gemm_fp8_fp8_bf16_nt",
+    "get_col_major_tma_aligned_tensor",
+    # layouts and utils
+    "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "transform_sf_into_required_layout",
+    "ceil_div", "align", "ceil_to_ue8m0", "per_token_cast_to_fp8", "per_channel_cast_to_fp8",
+    "per_block_cast_to_fp8",
+    # settings
+    "set_num_sms", "get_num_sms", "set_tc_util", "get_tc_util", "set_pdl", "get_pdl", "set_ignore_compile_dims",
+    "set_block_size_multiple_of", "set_mk_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
+    # moe_hal extras
+    "scoped_settings", "set_passthrough", "set_backend", "set_arch_major", "install", "uninstall",
+    "DeepGEMMError", "NotProvidedError",
+]
 
 
 def __getattr__(name: str):
+    """Any other DeepGEMM entry point (attention, einsum, mega-MoE, ...): a NotProvidedError."""
     if name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     raise NotProvidedError(name, [n for n in __all__ if n[0].islower()])
