@@ -116,7 +116,27 @@ def test_the_fast_fit_arithmetic_is_the_model_itself():
     table = calibration.fit(cases)
     for case in cases[::7]:
         prepared = calibration._prepare([case])[0]
-        overhead = table.seconds("tile_overhead", case.device, prepared.architecture, case.impl)
-        launch = table.seconds("launch", case.device, prepared.architecture, case.impl)
+        overhead = table.figure("tile_overhead", case.device, prepared.architecture, case.impl)
+        launch = table.figure("launch", case.device, prepared.architecture, case.impl)
         fast = calibration._fast_predict(prepared, table, overhead.value, launch.value)[0]
         assert calibration.predict(case, table).t_predicted == pytest.approx(fast, rel=1e-9)
+
+
+def test_a_per_core_cap_and_l2_bandwidth_in_an_overlay_are_loaded(tmp_path):
+    # the fields issue 14 found missing: a measured per-SM streaming cap and L2 bandwidth
+    overlay = {"schema_version": 1, "overlay_of": "nvidia-h20", "achieved": {"probe_impl": {
+        "bandwidth_per_unit": {"value": 10, "unit": "GB/s", "basis": "measured", "source": "test",
+                               "date": "2026-12-02", "method": "test", "tool": "pytest"},
+        "l2_bandwidth": {"value": 5, "unit": "TB/s", "basis": "measured", "source": "test",
+                         "date": "2026-12-02", "method": "test", "tool": "pytest"}}}}
+    path = tmp_path / "h20-probe.yaml"
+    path.write_text(yaml.safe_dump(overlay))
+    try:
+        hwdb.add_overlay(path, "test")
+        est = perf.estimate([16, 16], 4096, 7168, "nvidia-h20", "fp8", 64, 128, op="masked", impl="probe_impl")
+        assert "measured" in est.basis["bw_per_core"] and "measured" in est.basis["l2_bandwidth"]
+        # 2 groups x 32 n-blocks = 64 tiles on 78 SMs: at most 64 x 10 GB/s
+        assert est.tiles == 64
+        assert est.t_memory == pytest.approx(est.bytes_kernel / min(est.achieved_bandwidth, 64 * 10e9))
+    finally:
+        hwdb.reload(forget_overlays=True)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError
-from .efficiency import FAMILY_OF_OP, Achieved, EfficiencyTable
+from .efficiency import FAMILY_OF_OP, FRACTIONS, SECONDS, Achieved, EfficiencyTable
 from .hardware import Hardware
 from .model import Estimate, estimate
 
@@ -347,8 +347,9 @@ def overlays(table: EfficiencyTable, *, method: str, tool: str, date: str | None
     for r in table:
         doc = docs.setdefault(r.device, {"schema_version": 1, "overlay_of": r.device, "achieved": {}})
         impl = doc["achieved"].setdefault(r.impl, {})
-        q: dict[str, Any] = {"value": round(r.value, 4) if r.kind in ("compute", "bandwidth") else round(r.value * 1e6, 3),
-                             "unit": "fraction" if r.kind in ("compute", "bandwidth") else "us",
+        value, unit = ((round(r.value, 4), "fraction") if r.kind in FRACTIONS else
+                       (round(r.value * 1e6, 3), "us") if r.kind in SECONDS else (round(r.value / 1e9, 3), "GB/s"))
+        q: dict[str, Any] = {"value": value, "unit": unit,
                              "basis": r.basis, "cases": r.cases, "source": r.source, "method": method,
                              "date": day, "tool": tool}
         if r.kind == "compute":

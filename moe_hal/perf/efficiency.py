@@ -10,7 +10,10 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``bandwidth``: fraction of the datasheet memory bandwidth a streaming kernel reaches;
 * ``tile_overhead``: seconds each output tile costs beyond its MMA time (pipeline fill and
   epilogue), which is what makes short and small tiles less efficient;
-* ``launch``: fixed seconds per call (launch and prologue).
+* ``launch``: fixed seconds per call (launch and prologue);
+* ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
+  with fewer tiles than cores; ``l2_bandwidth``: aggregate L2-to-core bytes/s (a tile then takes
+  at least the time to load its operands from L2).
 
 Figures live in the hardware DB under ``achieved.<impl>`` (fitted from published measurements or
 measured by calibration, ``hwdb/measured/``). :class:`EfficiencyTable` answers "which figure
@@ -23,7 +26,8 @@ leave-one-source-out validation, so the validation tests exactly what prediction
 3. the same architecture instead of the same device (1, then 2);
 4. the architecture and dtype, then the architecture, best implementation.
 
-A level needs at least :data:`MIN_CASES` measured cases behind it. Without ``impl`` every level
+A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
+stands on its own). Without ``impl`` every level
 takes the best implementation known. Each answer carries its basis and the level it came from.
 """
 
@@ -47,8 +51,12 @@ FAMILY_OF_OP = {"contiguous": "grouped_contiguous", "masked": "grouped_masked", 
 CLASS_OF_FAMILY = {"dense": "forward", "grouped_contiguous": "forward", "grouped_masked": "forward",
                    "k_grouped": "weight_gradient"}
 
-#: Kinds of achieved figure: fractions (compute, bandwidth) and seconds (tile_overhead, launch).
-KINDS = ("compute", "bandwidth", "tile_overhead", "launch")
+#: Kinds of achieved figure: fractions (compute, bandwidth), seconds (tile_overhead, launch) and
+#: rates in bytes/s (bandwidth_per_unit, l2_bandwidth).
+KINDS = ("compute", "bandwidth", "tile_overhead", "launch", "bandwidth_per_unit", "l2_bandwidth")
+FRACTIONS = ("compute", "bandwidth")
+SECONDS = ("tile_overhead", "launch")
+RATES = ("bandwidth_per_unit", "l2_bandwidth")
 
 #: A fallback level is used only with at least this many measured cases behind it.
 MIN_CASES = 2
@@ -58,8 +66,9 @@ MIN_CASES = 2
 class Achieved:
     """One achieved figure of one implementation on one device.
 
-    ``value``: a fraction of the datasheet figure (``compute``, ``bandwidth``) or seconds
-    (``tile_overhead``, ``launch``). ``dtype``/``family`` only for ``compute``. ``cases``: how
+    ``value``: a fraction of the datasheet figure (``compute``, ``bandwidth``), seconds
+    (``tile_overhead``, ``launch``) or bytes/s (``bandwidth_per_unit``, ``l2_bandwidth``).
+    ``dtype``/``family`` only for ``compute``. ``cases``: how
     many measured cases it summarises. ``basis``: ``fitted`` or ``measured``; ``source``: where.
     """
 
@@ -82,7 +91,7 @@ class Achieved:
                                 (self.dtype, self.family))
         if not (isinstance(self.value, (int, float)) and math.isfinite(self.value) and self.value >= 0):
             raise ArgumentError("Achieved.value", "a finite number >= 0", self.value)
-        if self.kind in ("compute", "bandwidth") and not 0 < self.value <= 1:
+        if self.kind in FRACTIONS and not 0 < self.value <= 1:
             raise ArgumentError("Achieved.value", "a fraction in (0, 1] of the datasheet figure", self.value)
 
 
@@ -133,9 +142,12 @@ class EfficiencyTable:
             levels.append(("architecture", architecture, "streaming", lambda r: True))
         return self._resolve("bandwidth", levels, impl, impl_only_first=True)
 
-    def seconds(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
-        """``tile_overhead`` or ``launch`` seconds: this implementation, then any, on this device,
-        then on the architecture."""
+    def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
+        """A time (``tile_overhead``, ``launch``) or a rate (``bandwidth_per_unit``,
+        ``l2_bandwidth``): this implementation, then the best known, on this device, then on the
+        architecture."""
+        if kind not in SECONDS + RATES:
+            raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
         levels = [("device", device, kind, lambda r: True)]
         if architecture:
             levels.append(("architecture", architecture, kind, lambda r: True))
@@ -149,19 +161,24 @@ class EfficiencyTable:
             for r in here:
                 by_impl.setdefault(r.impl, []).append(r)
             try_impl = impl is not None and not (impl_only_first and index > 0)
-            if try_impl and impl in by_impl and _cases(by_impl[impl]) >= MIN_CASES:
+            if try_impl and impl in by_impl and _enough(by_impl[impl]):
                 return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
-            if _cases(here) >= MIN_CASES:
-                usable = {i: rs for i, rs in by_impl.items() if _cases(rs) >= 1}
-                best_impl = max(usable, key=lambda i: _weighted_median(usable[i]) * (1 if kind in
-                                ("compute", "bandwidth") else -1))
-                return _summary(usable[best_impl], f"best known implementation ({best_impl}) on {where} {name}, "
-                                                   f"{scope}")
+            if _enough(here):
+                # best: the highest fraction or rate, the shortest time
+                sign = -1 if kind in SECONDS else 1
+                best_impl = max(by_impl, key=lambda i: sign * _weighted_median(by_impl[i]))
+                return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, "
+                                                    f"{scope}")
         return None
 
 
 def _cases(records: list[Achieved]) -> int:
     return sum(r.cases for r in records)
+
+
+def _enough(records: list[Achieved]) -> bool:
+    """A measured figure stands on its own; fitted ones need :data:`MIN_CASES` cases behind them."""
+    return bool(records) and (_cases(records) >= MIN_CASES or any(r.basis == "measured" for r in records))
 
 
 def _weighted_median(records: list[Achieved]) -> float:
@@ -187,7 +204,7 @@ def _summary(records: list[Achieved], level: str) -> Resolved:
 # ---------------------------------------------------------------------------------------------
 # From the hardware DB
 # ---------------------------------------------------------------------------------------------
-_SECONDS = {"us": 1e-6, "ns": 1e-9}
+_SI = {"us": 1e-6, "ns": 1e-9, "GB/s": 1e9, "TB/s": 1e12}
 
 
 def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieved]:
@@ -203,10 +220,10 @@ def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieve
             q = figures["bandwidth"]
             out.append(Achieved(entry_id, architecture, impl, "bandwidth", float(q["value"]), int(q.get("cases", 1)),
                                 q["basis"], q["source"]))
-        for kind in ("tile_overhead", "launch"):
+        for kind in SECONDS + RATES:
             if kind in figures:
                 q = figures[kind]
-                out.append(Achieved(entry_id, architecture, impl, kind, float(q["value"]) * _SECONDS[q["unit"]],
+                out.append(Achieved(entry_id, architecture, impl, kind, float(q["value"]) * _SI[q["unit"]],
                                     int(q.get("cases", 1)), q["basis"], q["source"]))
     return out
 
@@ -228,13 +245,17 @@ def table_from_entries(entries: Iterable) -> EfficiencyTable:
 @dataclass(frozen=True)
 class Rates:
     """What one call of ``dtype`` and ``op`` on a :class:`~moe_hal.perf.Hardware` is predicted
-    with: FLOP/s and bytes/s a kernel achieves, seconds per tile and per call, and in ``basis``
-    where each came from (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``, ``launch``)."""
+    with: FLOP/s and bytes/s a kernel achieves, seconds per tile and per call, the per-core
+    streaming cap and the L2 bandwidth (None: not modelled), and in ``basis`` where each came from
+    (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``, ``launch``, ``bw_per_core``,
+    ``l2_bandwidth``)."""
 
     flops: float
     bandwidth: float
     tile_overhead: float
     launch: float
+    bw_per_core: float | None
+    l2_bandwidth: float | None
     basis: Mapping[str, str]
 
     @classmethod
@@ -268,7 +289,7 @@ class Rates:
                                   f"on {device}")
         if hw.tile_overhead is not None:
             overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
-        elif (found := table.seconds("tile_overhead", device, arch, impl)) is not None:
+        elif (found := table.figure("tile_overhead", device, arch, impl)) is not None:
             overhead, basis["tile_overhead"] = found.value, f"{found.basis}; {found.level}"
         else:
             overhead, basis["tile_overhead"] = 0.0, "not known: 0"
@@ -276,11 +297,21 @@ class Rates:
             launch, basis["launch"] = float(t_fixed), "given (t_fixed)"
         elif hw.t_fixed:
             launch, basis["launch"] = hw.t_fixed, "given (Hardware.t_fixed)"
-        elif (found := table.seconds("launch", device, arch, impl)) is not None:
+        elif (found := table.figure("launch", device, arch, impl)) is not None:
             launch, basis["launch"] = found.value, f"{found.basis}; {found.level}"
         else:
             launch, basis["launch"] = 0.0, "not known: 0"
-        return cls(flops, bandwidth, overhead, launch, MappingProxyType(basis))
+        caps: dict[str, float | None] = {}
+        for kind, given in (("bandwidth_per_unit", hw.bw_per_core), ("l2_bandwidth", hw.l2_bandwidth)):
+            name = "bw_per_core" if kind == "bandwidth_per_unit" else kind
+            if given is not None:
+                caps[name], basis[name] = given, "given (Hardware)"
+            elif (found := table.figure(kind, device, arch, impl)) is not None:
+                caps[name], basis[name] = found.value, f"{found.basis}; {found.level}"
+            else:
+                caps[name], basis[name] = None, "not modelled"
+        return cls(flops, bandwidth, overhead, launch, caps["bw_per_core"], caps["l2_bandwidth"],
+                   MappingProxyType(basis))
 
 
 def _source_word(source: str | None) -> str:

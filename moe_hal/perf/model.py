@@ -209,7 +209,7 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
-        l2_per_core = h.l2_bandwidth / S if h.l2_bandwidth else None
+        l2_per_core = rates.l2_bandwidth / S if rates.l2_bandwidth else None
 
         def tile_time(depth: int) -> float:
             """Seconds one core spends on one tile with reduction depth ``depth``: its MMA (or
@@ -265,8 +265,8 @@ class Call:
         waves = ceil_div(tiles, S)
         wave_eff = tiles / (waves * S) if waves else 1.0
         bw_eff = bw
-        if h.bw_per_core is not None and tiles:
-            bw_eff = min(bw, min(tiles, S) * h.bw_per_core)
+        if rates.bw_per_core is not None and tiles:
+            bw_eff = min(bw, min(tiles, S) * rates.bw_per_core)
         t_mem = bytes_kernel / bw_eff
         p = self.overlap_p
         t_body = max(t_comp, t_mem) if p is None else _p_norm(t_comp, t_mem, p)
