@@ -232,6 +232,9 @@ def print_report(report: dict[str, Any]) -> None:
                   f"({prob['active_groups']} active), {prob['rows']} {'tokens' if prob['op'] == 'k_grouped' else 'rows'}"
                   f" ({escape(prob['histogram'])})")
     console.print(f"ridge M* = {report['ridge_m']:.0f} rows; plain roofline (ideal) = {_us(report['t_roofline'])} us")
+    basis = report["ranked"][0]["basis"]
+    for term in ("compute", "bandwidth", "tile_overhead", "launch"):
+        console.print(f"  prediction {term}: {escape(basis[term])}")
     table = Table(title="per tile (times in us)", show_lines=False)
     for col in ("tile", "occ M", "occ N", "tiles", "waves", "wave eff", "T_comp", "T_mem", "ideal",
                 "predicted", "vs ideal", "serial", "bound"):

@@ -167,8 +167,9 @@ class EfficiencyTable:
                 # best: the highest fraction or rate, the shortest time
                 sign = -1 if kind in SECONDS else 1
                 best_impl = max(by_impl, key=lambda i: sign * _weighted_median(by_impl[i]))
-                return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, "
-                                                    f"{scope}")
+                who = "every implementation (fitted jointly)" if best_impl == "*" else \
+                    f"best known implementation ({best_impl})"
+                return _summary(by_impl[best_impl], f"{who} on {where} {name}, {scope}")
         return None
 
 
@@ -290,7 +291,7 @@ class Rates:
         if hw.tile_overhead is not None:
             overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
         elif (found := table.figure("tile_overhead", device, arch, impl)) is not None:
-            overhead, basis["tile_overhead"] = found.value, f"{found.basis}; {found.level}"
+            overhead, basis["tile_overhead"] = found.value, f"{found.value * 1e6:.2f} us ({found.basis}; {found.level})"
         else:
             overhead, basis["tile_overhead"] = 0.0, "not known: 0"
         if t_fixed is not None:
@@ -298,7 +299,7 @@ class Rates:
         elif hw.t_fixed:
             launch, basis["launch"] = hw.t_fixed, "given (Hardware.t_fixed)"
         elif (found := table.figure("launch", device, arch, impl)) is not None:
-            launch, basis["launch"] = found.value, f"{found.basis}; {found.level}"
+            launch, basis["launch"] = found.value, f"{found.value * 1e6:.2f} us ({found.basis}; {found.level})"
         else:
             launch, basis["launch"] = 0.0, "not known: 0"
         caps: dict[str, float | None] = {}
@@ -307,7 +308,7 @@ class Rates:
             if given is not None:
                 caps[name], basis[name] = given, "given (Hardware)"
             elif (found := table.figure(kind, device, arch, impl)) is not None:
-                caps[name], basis[name] = found.value, f"{found.basis}; {found.level}"
+                caps[name], basis[name] = found.value, f"{found.value / 1e9:.1f} GB/s ({found.basis}; {found.level})"
             else:
                 caps[name], basis[name] = None, "not modelled"
         return cls(flops, bandwidth, overhead, launch, caps["bw_per_core"], caps["l2_bandwidth"],
