@@ -64,3 +64,19 @@ def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path):
     assert "in-sample" in text and "target (in-sample" in text and "h800-readme0-contig" in text
     data = json.loads(out.read_text())
     assert len(data["per_case"]) == data["cases"]
+
+
+def test_the_advisor_tie_band_covers_the_model_error(loso):
+    from moe_hal import perf
+
+    assert perf.TIE_BAND >= loso["summary"]["all"]["model_median"]
+
+
+def test_the_committed_results_match_a_fresh_run(loso):
+    # bench/results/model_validation_published.json is what docs/perf-model.md quotes
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[1] / "bench" / "results" /
+                            "model_validation_published.json").read_text())
+    for key in ("model_median", "model_worst", "roofline_median", "roofline_worst"):
+        assert committed["summary"]["all"][key] == pytest.approx(loso["summary"]["all"][key], abs=1e-9), key
