@@ -111,6 +111,8 @@ class EfficiencyTable:
 
     def __init__(self, records: Iterable[Achieved] = ()):
         self.records: tuple[Achieved, ...] = tuple(records)
+        # answers by question: the records never change, and backends ask once per grouped GEMM
+        self._answers: dict[tuple, Resolved | None] = {}
 
     def __bool__(self) -> bool:
         return bool(self.records)
@@ -121,6 +123,13 @@ class EfficiencyTable:
     def compute(self, device: str, architecture: str | None, impl: str | None, dtype: str,
                 family: str) -> Resolved | None:
         """Achieved fraction of the dtype's datasheet peak for a call of ``family``."""
+        key = ("compute", device, architecture, impl, dtype, family)
+        if key not in self._answers:
+            self._answers[key] = self._compute(device, architecture, impl, dtype, family)
+        return self._answers[key]
+
+    def _compute(self, device: str, architecture: str | None, impl: str | None, dtype: str,
+                 family: str) -> Resolved | None:
         cls = CLASS_OF_FAMILY[family]
         places = [("device", device)] + ([("architecture", architecture)] if architecture else [])
         levels = []
@@ -137,10 +146,13 @@ class EfficiencyTable:
         """Achieved fraction of the datasheet memory bandwidth. Streaming is a property of the
         device more than of the kernel, so after this implementation on this device comes the
         best one on this device, then on the architecture."""
-        levels = [("device", device, "streaming", lambda r: True)]
-        if architecture:
-            levels.append(("architecture", architecture, "streaming", lambda r: True))
-        return self._resolve("bandwidth", levels, impl, impl_only_first=True)
+        key = ("bandwidth", device, architecture, impl)
+        if key not in self._answers:
+            levels = [("device", device, "streaming", lambda r: True)]
+            if architecture:
+                levels.append(("architecture", architecture, "streaming", lambda r: True))
+            self._answers[key] = self._resolve("bandwidth", levels, impl, impl_only_first=True)
+        return self._answers[key]
 
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """A time (``tile_overhead``, ``launch``) or a rate (``bandwidth_per_unit``,
@@ -148,10 +160,13 @@ class EfficiencyTable:
         architecture."""
         if kind not in SECONDS + RATES:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
-        levels = [("device", device, kind, lambda r: True)]
-        if architecture:
-            levels.append(("architecture", architecture, kind, lambda r: True))
-        return self._resolve(kind, levels, impl)
+        key = (kind, device, architecture, impl)
+        if key not in self._answers:
+            levels = [("device", device, kind, lambda r: True)]
+            if architecture:
+                levels.append(("architecture", architecture, kind, lambda r: True))
+            self._answers[key] = self._resolve(kind, levels, impl)
+        return self._answers[key]
 
     def _resolve(self, kind: str, levels, impl: str | None, impl_only_first: bool = False) -> Resolved | None:
         mine = [r for r in self.records if r.kind == kind]
