@@ -377,3 +377,18 @@ def test_packed_ue8m0_operands_compute_like_their_fp32_powers_of_two():
               (b[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row_b)))
     dg.m_grouped_fp8_gemm_nt_contiguous(*packed, d_packed, m_indices)   # default recipe (1, 1, 128)
     assert torch.equal(d_fp32, d_packed)
+
+
+def test_k_grouped_packed_ue8m0_scales_compute_like_their_fp32_powers_of_two():
+    dg.set_mk_alignment_for_contiguous_layout(128)
+    ks = [256, 0, 384]
+    layout = torch.tensor(ks, dtype=torch.int32)
+    x, y = torch.randn(sum(ks), 16), torch.randn(sum(ks), 24)
+    qx, qy = dg.per_channel_cast_to_fp8(x, True), dg.per_channel_cast_to_fp8(y, True)
+    d_fp32 = torch.zeros(3, 16, 24)
+    dg.k_grouped_fp8_gemm_tn_contiguous(qx, qy, d_fp32, ks, layout, d_fp32)
+    packed = [(q[0], dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(q[1], layout, ks, 128, 128))
+              for q in (qx, qy)]
+    d_packed = torch.zeros(3, 16, 24)
+    dg.k_grouped_fp8_gemm_tn_contiguous(*packed, d_packed, ks, layout, d_packed)
+    assert torch.equal(d_fp32, d_packed) and bool((d_packed[1] == 0).all())

@@ -1,6 +1,6 @@
 """DeepGEMM's test structure (``test_deepgemm_cases.py``) on the plugin backends at small sizes:
-``cuda_sm90``/``cuda_sm100`` with their kernels under the Triton interpreter, ``ascend`` on its CPU
-emulator. Each runs in its own process, since both modes must be chosen before triton or the
+``cuda_sm90``/``cuda_sm100`` with their kernels under the Triton interpreter, ``ascend`` and
+``ascend_950`` on the CPU emulator. Each runs in its own process, since both modes must be chosen before triton or the
 plugin is imported (as the plugins' own test suites do)."""
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ MODES = {
                          "MOE_HAL_COMPAT_BACKENDS": "cuda_sm90,cuda_sm100"},
     "ascend_emulated": {"MOE_HAL_ASCEND_EMULATE": "1", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
                         "MOE_HAL_PLUGINS": "ascend", "MOE_HAL_COMPAT_BACKENDS": "ascend"},
+    # the emulator posing as an Ascend 950PR: fp8 M-grouped calls in the op's native G-B mode
+    "ascend_950_emulated": {"MOE_HAL_ASCEND_EMULATE": "Ascend950PR_9579", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0",
+                            "MOE_HAL_PLUGINS": "ascend", "MOE_HAL_COMPAT_BACKENDS": "ascend_950"},
 }
 
 
