@@ -11,7 +11,7 @@ The public names below load on first access (PEP 562), so ``import moe_hal`` its
 neither torch nor any plugin, and never a vendor stack (torch_npu, triton, cuda-python); plugins
 are discovered on the first call that needs them. Submodules: ``layouts``, ``quant``,
 ``routing``, ``hwdb``, ``perf``, ``workloads``, ``timing``, ``prepared``, ``conformance``, ``errors``,
-``plugins``.
+``plugins``, ``ops`` (the ``torch.ops.moe_hal`` custom ops), ``nn`` (MoE layers).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ _EXPORTS = {
     "grouped_gemm": "api", "select": "api", "explain": "api", "backends": "api", "get_backend": "api",
     "Backend": "backend", "BackendSpec": "backend", "DeviceInfo": "backend", "Reason": "backend",
     "Signature": "backend", "hookimpl": "hookspecs", "ContiguousLayout": "layouts",
-    "KGroupedLayout": "layouts", "MaskedLayout": "layouts", "Problem": "problem",
+    "KGroupedLayout": "layouts", "MaskedLayout": "layouts", "PsumLayout": "device_layout", "Problem": "problem",
     "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
 }
 _SUBMODULES = frozenset({
-    "api", "backend", "builtin", "checks", "conformance", "dtypes", "environment", "ep", "errors", "hookspecs",
-    "hwdb", "layouts", "notices", "perf", "plugins", "prepared", "problem", "quant", "routing", "selection",
-    "timing", "workloads",
+    "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
+    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugins", "prepared", "problem",
+    "quant", "routing", "selection", "timing", "workloads",
 })
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])
@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
     from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401
     from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401
     from .backend import Backend, BackendSpec, DeviceInfo, Reason, Signature  # noqa: F401
+    from .device_layout import PsumLayout  # noqa: F401
     from .hookspecs import hookimpl  # noqa: F401
     from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401
     from .problem import Problem  # noqa: F401

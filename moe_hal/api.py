@@ -4,16 +4,35 @@ from __future__ import annotations
 
 import torch
 
+from . import ops as _ops
 from . import plugins
 from . import selection as _select
 from .backend import Backend, BackendSpec
 from .errors import BackendRunError, BackendUnavailableError, MoeHalError, NoBackendError
 from .problem import Operand, Problem
+from .quant import QuantizedTensor
 from .selection import Preference, Selection
 
 # Module-level bindings keep the per-call path to two plain calls.
 _build = Problem.build
 _select_backend = _select.select
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_is_autocast_enabled = torch.is_autocast_enabled
+_op_call = _ops.call
+_PsumLayout = _ops.PsumLayout
+
+
+def _needs_ops(a, b, layout, c) -> bool:
+    """True when the call must go through the custom ops: inside a compiled graph, with a
+    device-only layout, when a gradient is needed, or under autocast."""
+    if _is_compiling() or type(layout) is _PsumLayout:
+        return True
+    if _is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+                               or getattr(c, "requires_grad", False)
+                               or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))):
+        return True
+    return _is_autocast_enabled(a.device.type)
 
 
 def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
@@ -37,6 +56,11 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
     backend by name, or restricts the choice to a list in preference order (overrides
     ``MOE_HAL_BACKEND``). NaN and Inf are computed through, never rejected.
 
+    Differentiable for fp32/bf16/fp16 operands, autocast-aware and ``torch.compile(fullgraph=True)``
+    safe: those calls (and a :class:`~moe_hal.device_layout.PsumLayout`) go through the custom ops
+    ``torch.ops.moe_hal.*`` (:mod:`moe_hal.ops`); other calls run the backend directly. fp8
+    operands are forward only (:class:`~moe_hal.errors.GradientError`).
+
     Raises a :mod:`moe_hal.errors` ``ArgumentError`` subclass for invalid input (``out`` is then
     untouched), :class:`~moe_hal.errors.BackendUnavailableError` when a named backend cannot run
     the call, :class:`~moe_hal.errors.NoBackendError` when no backend can, and
@@ -44,6 +68,8 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
     (the original exception chained; ``out`` may then be partially written) or returns a result
     that breaks the output contract.
     """
+    if _needs_ops(a, b, layout, c):
+        return _op_call(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend)
     problem = _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
     return run_checked(_select_backend(problem, backend).backend, problem, out)
 

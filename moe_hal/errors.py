@@ -8,7 +8,8 @@ from the matching builtin (``ValueError``/``TypeError``) so generic handlers kee
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 class MoeHalError(Exception):
@@ -93,6 +94,16 @@ class SpawnError(MoeHalError, RuntimeError):
         lines = [f"{len(self.failures)} rank(s) failed:"]
         lines += [f"--- rank {r}: {text}" for r, text in self.failures.items()]
         super().__init__("\n".join(lines))
+
+
+class GradientError(MoeHalError, RuntimeError):
+    """A gradient was requested through an operation that has none (fp8 operands are forward only)."""
+
+    def __init__(self, argument: str, expected: Any, actual: Any):
+        self.argument = argument
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"{argument}: expected {expected}, got {actual}")
 
 
 class BackendError(MoeHalError, RuntimeError):

@@ -1,7 +1,7 @@
 """The built-in backends, registered through the same hook a vendor plugin implements.
 
 * ``reference`` — float64 per-group products on any device; the oracle every backend is checked
-  against. Slow by design.
+  against. Slow by design. The only backend that takes fp64 operands (float64 gradient checks).
 * ``torch`` — ``torch.nn.functional.grouped_mm`` with the fix-ups our contracts need; the default
   on the CPU.
 
@@ -32,7 +32,7 @@ REFERENCE = BackendSpec(
     tier="reference",
     priority=-1000,
     impl="moe_hal.builtin.reference:ReferenceBackend",
-    signatures=_EVERYTHING,
+    signatures=(*_EVERYTHING, Signature(ops=_ALL_OPS, dtypes={"fp64"}, out_dtypes={"fp64"})),
     deterministic=True,
     description="float64 per-group products; the oracle (slow)",
 )
