@@ -32,7 +32,8 @@ def _needs_ops(a, b, layout, c) -> bool:
                                or getattr(c, "requires_grad", False)
                                or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))):
         return True
-    return _is_autocast_enabled(a.device.type)
+    device = getattr(a, "device", None)      # invalid operands are refused later, by Problem.build
+    return device is not None and _is_autocast_enabled(device.type)
 
 
 def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,

@@ -1,0 +1,94 @@
+"""Host overhead the custom-op path (``torch.ops.moe_hal.*``) adds to a plain ``moe_hal.grouped_gemm``.
+
+``moe_hal.grouped_gemm`` runs the backend directly when no gradient, autocast or compiled graph is
+involved; otherwise it goes through the ``torch.library`` ops (:mod:`moe_hal.ops`). This script
+times, at tiny sizes where the call is all host overhead, in one process and interleaved:
+
+* ``plain``: ``moe_hal.grouped_gemm(a, b, layout)`` with nothing requiring grad,
+* ``op``: the same call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
+  dispatcher, the autograd kernel's no-grad branch, and rebuilding the host layout,
+* ``op_autograd``: the op with operands that require grad (records the backward node; the
+  backward itself is not timed),
+
+for the contiguous (host layout and :class:`~moe_hal.PsumLayout`), masked and K-grouped layouts.
+``added_us = op - plain``. Never run as a test.
+
+    python bench/bench_op_overhead.py [--json bench/results/op_overhead_cpu.json] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+import warnings
+
+import torch
+from bench_overhead import timed
+
+import moe_hal
+from moe_hal import ops
+
+
+def cases(gen: torch.Generator) -> dict[str, tuple]:
+    """name -> (a, b, layout, c) at the tiny size of bench_overhead.py (8 groups, 16 x 16)."""
+    counts = [2, 5, 3, 9, 4, 6, 2, 7]
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=1)
+    klay = moe_hal.KGroupedLayout.from_counts(counts, alignment=1)
+    mlay = moe_hal.MaskedLayout(torch.tensor(counts, dtype=torch.int32), 9, check=False)
+    a = torch.randn(lay.num_rows, 16, generator=gen)
+    b = torch.randn(8, 16, 16, generator=gen)
+    return {
+        "contiguous": (a, b, lay, None),
+        "contiguous_psum_layout": (a, b, moe_hal.PsumLayout(lay.psum, "contiguous", 1), None),
+        "masked": (torch.randn(8, 9, 16, generator=gen), b, mlay, None),
+        "k_grouped_c": (a, torch.randn(lay.num_rows, 16, generator=gen), klay, torch.randn(8, 16, 16, generator=gen)),
+    }
+
+
+def measure(name: str, a, b, lay, c, iters: int, repeats: int) -> dict:
+    ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+    fns = {
+        "op": lambda: ops.call(a, b, lay, c=c),
+        "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
+    }
+    if not isinstance(lay, moe_hal.PsumLayout):        # a PsumLayout always takes the op path
+        fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
+    t = timed(fns, iters, repeats)
+    host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
+    row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name,
+           **{f"{k}_us": v * 1e6 for k, v in t.items()}}
+    if "plain" in t:
+        row["added_us"] = (t["op"] - t["plain"]) * 1e6
+        row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=15, help="timing rounds (median over them)")
+    p.add_argument("--iters", type=int, default=2000, help="calls per round")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: host overhead, not throughput)")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore", moe_hal.errors.MoeHalWarning)
+    gen = torch.Generator().manual_seed(0)
+    results = [measure(name, *args_, iters=args.iters, repeats=args.repeats) for name, args_ in cases(gen).items()]
+    for r in results:
+        text = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
+        print(text)
+    if args.json:
+        meta = {"torch": torch.__version__, "moe_hal": moe_hal.__version__, "threads": torch.get_num_threads(),
+                "machine": platform.platform(), "processor": platform.processor(), "date": time.strftime("%Y-%m-%d"),
+                "load_avg_1m": os.getloadavg()[0], "command": "python bench/bench_op_overhead.py "
+                f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads}"}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "results": results}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
