@@ -26,10 +26,10 @@ import time
 import warnings
 
 import torch
-from bench_overhead import timed
 
 import moe_hal
 from moe_hal import ops
+from moe_hal.timing import host_seconds_per_call
 
 
 def cases(gen: torch.Generator) -> dict[str, tuple]:
@@ -56,7 +56,7 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int) -> dict:
     }
     if not isinstance(lay, moe_hal.PsumLayout):        # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
-    t = timed(fns, iters, repeats)
+    t = host_seconds_per_call(fns, iters=iters, repeats=repeats)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name,
            **{f"{k}_us": v * 1e6 for k, v in t.items()}}
