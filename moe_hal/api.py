@@ -8,6 +8,7 @@ from . import ops as _ops
 from . import plugins
 from . import selection as _select
 from .backend import Backend, BackendSpec
+from .device_layout import PsumLayout
 from .errors import BackendRunError, BackendUnavailableError, MoeHalError, NoBackendError
 from .problem import Operand, Problem
 from .quant import QuantizedTensor
@@ -19,8 +20,7 @@ _select_backend = _select.select
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch.is_autocast_enabled
-_op_call = _ops.call
-_PsumLayout = _ops.PsumLayout
+_PsumLayout = PsumLayout
 
 
 def _needs_ops(a, b, layout, c) -> bool:
@@ -32,8 +32,18 @@ def _needs_ops(a, b, layout, c) -> bool:
                                or getattr(c, "requires_grad", False)
                                or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))):
         return True
-    device = getattr(a, "device", None)      # invalid operands are refused later, by Problem.build
-    return device is not None and _is_autocast_enabled(device.type)
+    # Operands of other types are refused later, by Problem.build.
+    if not isinstance(a, (torch.Tensor, QuantizedTensor)):
+        return False
+    device_type = a.device.type
+    has_autocast = _HAS_AUTOCAST.get(device_type)
+    if has_autocast is None:
+        has_autocast = _HAS_AUTOCAST[device_type] = torch.amp.is_autocast_available(device_type)
+    return has_autocast and _is_autocast_enabled(device_type)
+
+
+#: device type -> whether torch has autocast for it (asking a type without raises, e.g. "meta")
+_HAS_AUTOCAST: dict[str, bool] = {}
 
 
 def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
@@ -70,7 +80,7 @@ def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = N
     that breaks the output contract.
     """
     if _needs_ops(a, b, layout, c):
-        return _op_call(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend)
+        return _ops.call(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend)
     problem = _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
     return run_checked(_select_backend(problem, backend).backend, problem, out)
 

@@ -42,6 +42,8 @@ from typing import Any
 
 import torch
 
+# api imports this module, so api is partly initialised here: its names are read at call time.
+from . import api as _api
 from . import selection as _selection
 from .device_layout import PsumLayout
 from .errors import DTypeError, GradientError, LayoutError, ShapeError
@@ -127,9 +129,10 @@ def _backend(backend: str | None):
 
 
 def run_plain(a, b, layout, *, c=None, out=None, out_dtype=None, backend=None) -> torch.Tensor:
-    """Validate and run one call on the selected backend (the path without custom ops)."""
+    """Validate and run one call on the selected backend, its result checked (the path without
+    custom ops)."""
     problem = Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
-    return _selection.select(problem, backend).backend.run(problem, out)
+    return _api.run_checked(_selection.select(problem, backend).backend, problem, out)
 
 
 # -- eager kernels --------------------------------------------------------------------------------------
