@@ -1,0 +1,87 @@
+"""The MoE layer: route → dispatch → grouped GEMM → SwiGLU → grouped GEMM → combine (+ shared expert)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import ArgumentError, CapacityError
+from .dispatch import Dispatched, combine, dispatch_contiguous, dispatch_masked
+from .experts import GroupedExperts
+from .router import TopKRouter
+
+LAYOUTS = ("contiguous", "masked", "auto")
+
+
+class MoE(nn.Module):
+    """A Mixture-of-Experts block on moe_hal's grouped GEMMs.
+
+    ``forward(x[..., H]) -> y[..., H]``: the router picks ``top_k`` experts per token; tokens are
+    dispatched to expert-grouped rows (:meth:`dispatch`), the experts run two grouped GEMMs, and
+    :meth:`combine` sums each token's expert outputs weighted by the router; ``shared_expert``
+    (any module ``[T, H] -> [T, H]``), if given, is added.
+
+    ``layout``: ``"contiguous"`` (``T * k`` rows, segments aligned to ``alignment``),
+    ``"masked"`` (``[E, masked_capacity, H]`` with ``masked_m`` on the device: the decode form,
+    fixed shapes for CUDA graphs; at most ``masked_capacity`` tokens per call) or ``"auto"``
+    (masked when the call has at most ``masked_capacity`` tokens, contiguous otherwise).
+
+    :attr:`tokens_per_expert` (int64 ``[E]`` buffer) holds the last forward's slots per expert,
+    for load-balancing losses and correction-bias updates. Works forward and backward on every
+    backend that takes the layout, and under ``torch.compile(fullgraph=True)``: nothing here reads
+    a device value on the host.
+    """
+
+    def __init__(self, router: TopKRouter, experts: GroupedExperts, shared_expert: nn.Module | None = None,
+                 layout: str = "contiguous", alignment: int = 1, masked_capacity: int = 32):
+        super().__init__()
+        if layout not in LAYOUTS:
+            raise ArgumentError("layout", f"one of {LAYOUTS}", layout)
+        if router.num_experts != experts.num_experts:
+            raise ArgumentError("experts.num_experts", f"{router.num_experts} (router.num_experts)",
+                                experts.num_experts)
+        if router.hidden != experts.hidden:
+            raise ArgumentError("experts.hidden", f"{router.hidden} (router.hidden)", experts.hidden)
+        self.router, self.experts, self.shared_expert = router, experts, shared_expert
+        self.layout, self.alignment, self.masked_capacity = layout, alignment, masked_capacity
+        self.register_buffer("tokens_per_expert", torch.zeros(router.num_experts, dtype=torch.int64),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = x.reshape(-1, x.shape[-1])
+        topk_weights, topk_ids, _ = self.router(hidden)
+        d = self.dispatch(hidden, topk_ids)
+        with torch.no_grad():
+            self.tokens_per_expert.copy_(d.tokens_per_expert)
+        y = self.combine(self.experts(d.a, d.layout, d.row_expert), d, topk_weights)
+        if self.shared_expert is not None:
+            y = y + self.shared_expert(hidden)
+        return y.view(x.shape)
+
+    # -- the seam an expert-parallel dispatch replaces -------------------------------------------------------
+    def dispatch(self, hidden: torch.Tensor, topk_ids: torch.Tensor) -> Dispatched:
+        """Expert-grouped rows of ``hidden[T, H]`` for ``topk_ids[T, k]``, in this layer's layout."""
+        tokens = hidden.shape[0]
+        masked = self.layout == "masked" or (self.layout == "auto" and tokens <= self.masked_capacity)
+        if not masked:
+            return dispatch_contiguous(hidden, topk_ids, self.experts.num_experts, self.alignment)
+        if tokens > self.masked_capacity:
+            raise CapacityError("x", f"at most masked_capacity = {self.masked_capacity} tokens for the masked layout",
+                                tokens)
+        return dispatch_masked(hidden, topk_ids, self.experts.num_experts, self.masked_capacity)
+
+    def combine(self, expert_out: torch.Tensor, d: Dispatched, topk_weights: torch.Tensor) -> torch.Tensor:
+        """``y[T, H]``: each token's expert outputs weighted by ``topk_weights``."""
+        return combine(expert_out, d, topk_weights)
+
+    @classmethod
+    def from_hf(cls, block: nn.Module, layout: str = "contiguous", alignment: int = 1,
+                masked_capacity: int = 32) -> MoE:
+        """An equivalent MoE from a transformers MoE block (Mixtral, Qwen2/3-MoE, DeepSeek-V3;
+        fused or per-expert weights), with copies of its weights. See :mod:`moe_hal.nn.hf`."""
+        from .hf import from_hf
+
+        return from_hf(block, layout=layout, alignment=alignment, masked_capacity=masked_capacity)
+
+    def extra_repr(self) -> str:
+        return f"layout={self.layout!r}, alignment={self.alignment}, masked_capacity={self.masked_capacity}"
