@@ -232,7 +232,7 @@ class CudaBackend(Backend):
 
         a, b, sa, sb = self._operands(p)
         if p.op == "contiguous":
-            return launch.contiguous(a, b, out, p.layout, plan.config, sa=sa, sb=sb, form=plan.form)
+            return launch.contiguous(a, b, out, p.layout, plan.config, sa=sa, sb=sb)
         if p.op == "masked":
             return launch.masked(a, b, out, p.layout.masked_m, plan.config, sa=sa, sb=sb)
         return launch.k_grouped(a, b, out, p.layout, plan.config, c=p.c, sa=sa, sb=sb)

@@ -1,22 +1,22 @@
-"""Host side of the kernels: grids, tile schedules, strides, and the launches themselves.
+"""Host side of the kernels: grids, device-side layout tensors, strides, and the launches.
 
 Each function takes plain tensors (the fp8 *data* of quantized operands), optional
 :class:`~moe_hal_cuda.scales.Physical` scales, an output tensor and an explicit
 :class:`~moe_hal_cuda.configs.KernelConfig`; the backend picks the config, benchmarks may pass any.
 
-Contiguous calls have two forms:
-
-* ``"schedule"`` (what the backend uses): a tile list built on the host from the layout's
-  counts — per tile its group, first and end row — so tiles start at each group's first row and
-  ``BLOCK_M`` need not divide the layout's alignment; rows of no group are covered by zero tiles.
-  Built once per (layout, BLOCK_M, device) and kept with the layout.
-* ``"m_indices"``: the kernel reads DeepGEMM's per-row group ids from the device
-  (``layout.m_indices(device)``, -1 on rows of no group); ``BLOCK_M`` must divide the alignment.
-  This is the form for callers that hold only a device ``m_indices`` tensor.
+**No host synchronisation.** Nothing here reads a device value on the host: grids come from host
+sizes (row count, group count, ``max_m``, N) and the kernels find their tiles from device tensors
+(:mod:`moe_hal_cuda.kernels`). The only device data built here are a layout's group ends (and, for
+K-grouped calls, starts), uploaded once per layout object with a non-blocking copy
+(:func:`layout_tensor`); a copy cannot be recorded into a CUDA graph, so a contiguous or K-grouped
+call captured in a graph needs one call with its layout before capture (the graph then replays
+that routing). Every small tensor a kernel indexes without a stride argument (``masked_m``, the
+layout tensors) is made contiguous first; everything else has its strides passed.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -27,41 +27,45 @@ import triton  # noqa: E402
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 
-_schedules: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+_layout_tensors: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+
+#: Programs per SM of the persistent masked kernel.
+PROGRAMS_PER_SM = 2
+#: Programs of the persistent masked kernel when it is interpreted (no SMs to fill).
+INTERPRETED_PROGRAMS = 3
 
 
-def _cached(layout, key, build):
-    per_layout = _schedules.setdefault(layout, {})
-    hit = per_layout.get(key)
-    if hit is None:
-        hit = per_layout[key] = build()
+def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
+    """int32 device tensor of a segment layout, cached per layout object and device:
+    ``"psum"`` — ``[G]`` exclusive group ends; ``"bounds"`` — ``[2, G]`` group starts and ends.
+
+    Built from the layout's host tuples and copied with ``non_blocking=True``: from pageable
+    memory the driver stages the bytes before returning, so the host never waits for the device.
+    Inside CUDA-graph capture a copy cannot be recorded: an uncached layout raises there.
+    """
+    device = torch.device(device)
+    per_layout = _layout_tensors.setdefault(layout, {})
+    hit = per_layout.get((kind, device))
+    if hit is not None:
+        return hit
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
+                           "make one call with this layout before capturing (its group bounds are uploaded then)")
+    rows = layout.ends if kind == "psum" else (layout.starts + layout.ends)
+    host = torch.tensor(rows, dtype=torch.int32)
+    if kind == "bounds":
+        host = host.reshape(2, -1)
+    hit = per_layout[(kind, device)] = host.to(device, non_blocking=True)
     return hit
 
 
-def contiguous_schedule(layout, block_m: int, device: torch.device) -> torch.Tensor:
-    """int32 ``[3, tiles]`` (group, first row, end row) covering every row of ``layout`` in row
-    order: each group's rows in ``block_m`` chunks, then the rows of no group (group -1)."""
-
-    def build() -> torch.Tensor:
-        tiles: list[tuple[int, int, int]] = []
-        covered = 0
-        for g, start, end in layout.segments():
-            if end == start:
-                continue
-            tiles.extend((-1, r, min(r + block_m, start)) for r in range(covered, start, block_m))
-            tiles.extend((g, r, min(r + block_m, end)) for r in range(start, end, block_m))
-            covered = end
-        tiles.extend((-1, r, min(r + block_m, layout.num_rows)) for r in range(covered, layout.num_rows, block_m))
-        table = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 3).t().contiguous()
-        return table.to(device)
-
-    return _cached(layout, ("schedule", block_m, torch.device(device)), build)
-
-
-def group_bounds(layout, device: torch.device) -> torch.Tensor:
-    """int32 ``[2, G]``: first and end token of each group of a K-grouped layout (cached)."""
-    return _cached(layout, ("bounds", torch.device(device)), lambda: torch.tensor(
-        [list(layout.starts), list(layout.ends)], dtype=torch.int32).reshape(2, -1).to(device))
+@functools.lru_cache(maxsize=None)
+def resident_programs(device: torch.device) -> int:
+    """Programs of the persistent masked kernel on ``device``: ``PROGRAMS_PER_SM`` per SM (a
+    host-side property, no sync), :data:`INTERPRETED_PROGRAMS` off the GPU."""
+    if device.type != "cuda" or kernels.INTERPRET:
+        return INTERPRETED_PROGRAMS
+    return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _scale_args(s: Physical | None, dims: int, dummy: torch.Tensor):
@@ -78,61 +82,55 @@ def _check_config(config: KernelConfig, scaled: bool) -> None:
 
 
 def _launch_kwargs(config: KernelConfig) -> dict:
-    return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, GROUP_M=config.group_m,
+    return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                 INTERPRET=kernels.INTERPRET, num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, config: KernelConfig, *,
-               sa: Physical | None = None, sb: Physical | None = None, form: str = "schedule") -> torch.Tensor:
+               sa: Physical | None = None, sb: Physical | None = None) -> torch.Tensor:
     """``out[r] = a[r] @ b[group(r)].T`` for ``a[num_rows, K]``, ``b[G, N, K]``, ``out[num_rows, N]``;
-    rows of no group are written as zeros. ``form``: ``"schedule"`` or ``"m_indices"``."""
+    rows of no group are written as zeros."""
     _check_config(config, sa is not None)
     num_rows, k = a.shape
-    n = b.shape[1]
+    groups, n = b.shape[0], b.shape[1]
     if out.numel() == 0:
         return out
-    if form == "schedule":
-        sched = contiguous_schedule(layout, config.block_m, a.device)
-        num_tiles = sched.shape[1]
-        group_ptr, start_ptr, end_ptr, ids = sched[0], sched[1], sched[2], sched[0]
-    elif form == "m_indices":
-        if layout.alignment % config.block_m:
-            raise ValueError(f"the m_indices form needs BLOCK_M ({config.block_m}) to divide the layout's "
-                             f"alignment ({layout.alignment}); use the schedule form")
-        ids = layout.m_indices(a.device)
-        num_tiles = triton.cdiv(num_rows, config.block_m)
-        group_ptr = start_ptr = end_ptr = ids
-    else:
-        raise ValueError(f"form: expected 'schedule' or 'm_indices', got {form!r}")
+    if groups == 0:
+        return out.zero_()
+    psum = layout_tensor(layout, "psum", a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    grid = (num_tiles * triton.cdiv(n, config.block_n),)
+    row_tiles = triton.cdiv(num_rows, config.block_m) + groups   # upper bound; the kernel finds the real ones
+    grid = (row_tiles * triton.cdiv(n, config.block_n),)
     kernels.contiguous_kernel[grid](
-        a, b, out, sa_t, sb_t, group_ptr, start_ptr, end_ptr, ids,
-        num_tiles, num_rows, n, k,
+        a, b, out, sa_t, sb_t, psum, groups, layout.alignment, num_rows, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
         *sa_strides, *sb_strides,
-        SB_ROWS=sb_rows, SCALES=kind, USE_SCHEDULE=form == "schedule", **_launch_kwargs(config))
+        SB_ROWS=sb_rows, SCALES=kind, GROUP_M=config.group_m, GROUP_CHUNK=kernels.GROUP_CHUNK,
+        **_launch_kwargs(config))
     return out
 
 
 def masked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor, config: KernelConfig, *,
-           sa: Physical | None = None, sb: Physical | None = None) -> torch.Tensor:
+           sa: Physical | None = None, sb: Physical | None = None, programs: int | None = None) -> torch.Tensor:
     """``out[g, r] = a[g, r] @ b[g].T`` for ``r < masked_m[g]`` (read on the device); other rows of
-    ``out`` are never written. ``a[G, max_m, K]``, ``b[G, N, K]``, ``out[G, max_m, N]``."""
+    ``out`` are never written. ``a[G, max_m, K]``, ``b[G, N, K]``, ``out[G, max_m, N]``.
+    ``programs``: size of the persistent grid (default :func:`resident_programs`)."""
     _check_config(config, sa is not None)
     g, max_m, k = a.shape
     n = b.shape[1]
     if out.numel() == 0:
         return out
+    masked_m = masked_m.contiguous()  # the kernel indexes it as a dense [G] array
     sa_t, sa_strides, kind, _ = _scale_args(sa, 3, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    grid = (g * triton.cdiv(max_m, config.block_m) * triton.cdiv(n, config.block_n),)
+    most = g * triton.cdiv(max_m, config.block_m) * triton.cdiv(n, config.block_n)
+    grid = (min(most, programs or resident_programs(a.device)),)
     kernels.masked_kernel[grid](
-        a, b, out, sa_t, sb_t, masked_m, max_m, n, k,
+        a, b, out, sa_t, sb_t, masked_m, g, max_m, n, k,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
         out.stride(0), out.stride(1), out.stride(2), *sa_strides, *sb_strides,
-        SB_ROWS=sb_rows, SCALES=kind, **_launch_kwargs(config))
+        SB_ROWS=sb_rows, SCALES=kind, GROUP_CHUNK=kernels.GROUP_CHUNK, **_launch_kwargs(config))
     return out
 
 
@@ -145,15 +143,15 @@ def k_grouped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, confi
     groups = out.shape[0]
     if out.numel() == 0:
         return out
-    bounds = group_bounds(layout, a.device)
+    bounds = layout_tensor(layout, "bounds", a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, _ = _scale_args(sb, 2, a)
     c_t = c if c is not None else out
     grid = (groups * triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
     kernels.k_grouped_kernel[grid](
-        a, b, c_t, out, sa_t, sb_t, bounds[0], bounds[1], m, n,
+        a, b, c_t, out, sa_t, sb_t, bounds, m, n,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c_t.stride(0), c_t.stride(1), c_t.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        *sa_strides, *sb_strides,
-        HAS_C=c is not None, SCALES=kind, **_launch_kwargs(config))
+        *sa_strides, *sb_strides, bounds.stride(0),
+        HAS_C=c is not None, SCALES=kind, GROUP_M=config.group_m, **_launch_kwargs(config))
     return out

@@ -15,7 +15,7 @@ from cuda_helpers import assert_matches, magnitude, randn, reference
 
 import moe_hal
 from moe_hal.quant import quantize_fp8
-from moe_hal_cuda import configs, launch, scales
+from moe_hal_cuda import configs, kernels, launch, scales
 
 BACKENDS = ("cuda_sm90", "cuda_sm100")
 ARCH = {"cuda_sm90": "sm90", "cuda_sm100": "sm100"}
@@ -177,32 +177,67 @@ def test_k_grouped_fp8(gen, backend, with_c):
     assert_matches(out, ref, magnitude(qx, qdy, lay, c), lay.num_rows, FP8_THRESHOLD)
 
 
-# -- launch level: several tiles per dimension, both contiguous forms ------------------------------
+# -- launch level: several tiles per dimension, scan chunks, persistent grids ------------------------------
 SMALL = configs.KernelConfig(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2, group_m=2)
 
 
-@pytest.mark.parametrize("form", ["schedule", "m_indices"])
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_contiguous_forms_many_tiles(gen, form, dtype):
-    """Several row, column and K tiles; the schedule form also with BLOCK_M > alignment."""
-    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 40, 17], alignment=16)
+@pytest.mark.parametrize("block_m", [16, 64])
+def test_contiguous_device_schedule_many_tiles(gen, dtype, block_m):
+    """Several row, column and K tiles; BLOCK_M below and above the alignment; padding rows and
+    an over-allocated tail (rows of no group) come out as exact zeros."""
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 40, 17, 0], alignment=16, num_rows=112)
     k, n = 70, 40
-    a, b = randn(gen, lay.num_rows, k, dtype=dtype), randn(gen, 4, n, k, dtype=dtype)
-    out = _poisoned((lay.num_rows, n), torch.float32)
-    launch.contiguous(a, b, out, lay, SMALL, form=form)
+    a, b = randn(gen, lay.num_rows, k, dtype=dtype), randn(gen, 5, n, k, dtype=dtype)
+    config = configs.KernelConfig(block_m, 16, 32, 4, 2, group_m=2)
+    out = launch.contiguous(a, b, _poisoned((lay.num_rows, n), torch.float32), lay, config)
     assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
-    if form == "schedule":
-        big = configs.KernelConfig(64, 32, 32, 4, 2)
-        out2 = _poisoned((lay.num_rows, n), torch.float32)
-        launch.contiguous(a, b, out2, lay, big, form="schedule")
-        assert torch.equal(out, out2), "the tile height changes no value (fp32 sums in one K order)"
+    assert bool((out[_gap_rows(lay)] == 0).all())
+    out_small = launch.contiguous(a, b, _poisoned((lay.num_rows, n), torch.float32), lay, SMALL)
+    assert torch.equal(out, out_small), "the tile height changes no value (fp32 sums in one K order)"
 
 
-def test_m_indices_form_needs_tile_dividing_alignment(gen):
-    lay = moe_hal.ContiguousLayout.from_counts([3, 5], alignment=8)
-    a, b = randn(gen, lay.num_rows, 16), randn(gen, 2, 16, 16)
-    with pytest.raises(ValueError, match="divide"):
-        launch.contiguous(a, b, torch.empty(lay.num_rows, 16), lay, SMALL, form="m_indices")
+def test_contiguous_many_groups_cross_scan_chunks(gen, monkeypatch):
+    """More groups than one scan chunk: tiles are located across chunk boundaries."""
+    monkeypatch.setattr(kernels, "GROUP_CHUNK", 4)
+    counts = [0, 3, 1, 0, 0, 5, 2, 0, 0, 0, 7, 1]
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=2)
+    a, b = randn(gen, lay.num_rows, 24), randn(gen, len(counts), 16, 24)
+    out = launch.contiguous(a, b, _poisoned((lay.num_rows, 16), torch.float32), lay, SMALL)
+    assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), 24, BF16_THRESHOLD)
+    assert bool((out[_gap_rows(lay)] == 0).all())
+
+
+@pytest.mark.parametrize("programs", [1, 2, 7, 1000])
+def test_masked_persistent_grid_any_size(gen, programs, monkeypatch):
+    """The persistent masked kernel covers every real tile whatever the grid size, never writes
+    past masked_m (sentinels stay), and also across scan chunks."""
+    monkeypatch.setattr(kernels, "GROUP_CHUNK", 2)
+    masked_m = torch.tensor([0, 33, 5, 16, 0], dtype=torch.int32)
+    lay = moe_hal.MaskedLayout(masked_m, 40)
+    a, b = randn(gen, 5, 40, 24), randn(gen, 5, 20, 24)
+    out = launch.masked(a, b, torch.full((5, 40, 20), 7.0), masked_m, SMALL, programs=programs)
+    ref = reference(a, b, lay, out_dtype=torch.float32)
+    for g, rows in enumerate(masked_m.tolist()):
+        assert_matches(out[g, :rows], ref[g, :rows], reference(a.abs(), b.abs(), lay)[g, :rows], 24, BF16_THRESHOLD)
+        assert bool((out[g, rows:] == 7.0).all()), f"rows past masked_m[{g}] were written"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_m_strided_view(gen, backend):
+    """Issue 15: an expanded (stride-0) masked_m reads as [2, 2, 2, 2], like every other backend."""
+    masked_m = torch.tensor([2], dtype=torch.int32).expand(4)
+    lay = moe_hal.MaskedLayout(masked_m, 4)
+    a, b = randn(gen, 4, 4, 32, dtype=torch.bfloat16), randn(gen, 4, 16, 32, dtype=torch.bfloat16)
+    out = moe_hal.grouped_gemm(a, b, lay, out=torch.full((4, 4, 16), 5.0, dtype=torch.bfloat16), backend=backend)
+    ref = reference(a, b, lay, out_dtype=torch.float32)
+    assert_matches(out[:, :2], ref[:, :2], reference(a.float().abs(), b.float().abs(), lay)[:, :2], 32,
+                   BF16_THRESHOLD)
+    assert bool((out[:, 2:] == 5.0).all()), "rows past masked_m = 2 were written"
+    every_other = masked_m.new_tensor([2, 9, 2, 9, 2, 9, 2, 9])[::2]          # a stride-2 view
+    out2 = moe_hal.grouped_gemm(a, b, moe_hal.MaskedLayout(every_other, 4, check=False),
+                                out=torch.full((4, 4, 16), 5.0, dtype=torch.bfloat16), backend=backend)
+    assert torch.equal(out2, out)
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
