@@ -11,8 +11,10 @@ A call goes through :meth:`CudaBackend.plan`, which decides
    decode shortcut: the histogram lives on the device and is never read) — and the config table
    supplies the rest of the launch configuration.
 
-Plans are cached per layout (contiguous, K-grouped) or per (signature, max_m, expected_m)
-(masked), so repeated calls with one routing cost a dictionary lookup.
+Plans are cached per (signature, coarse routing histogram) (:func:`histogram_bucket`;
+contiguous, K-grouped) or per (signature, max_m, expected_m) (masked): the advisor runs once per
+bucket, so a new routing every step costs a few host-tuple scans and a dictionary lookup, and the
+launch path reads nothing from the device (``backends/cuda/bench/host_time.py`` measures it).
 
 **Interpreter mode** (``MOE_HAL_CUDA_INTERPRET=1``): the backends accept CPU tensors (and CUDA
 tensors, which the interpreter copies to the host), say ``interpreted`` in ``execution_mode()``
@@ -30,7 +32,6 @@ mode.configure_triton()  # before anything below can import triton (see moe_hal_
 
 import functools  # noqa: E402
 import importlib.util  # noqa: E402
-import weakref  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
@@ -42,8 +43,16 @@ from . import configs, peers, scales  # noqa: E402
 from . import device as cuda_device  # noqa: E402
 
 INTERPRETED_NOTE = "INTERPRETED (Triton interpreter on CPU)"
+KERNEL_NOTES = {
+    "contiguous": "triton contiguous kernel (tiles found on the device from psum; no host sync once the layout "
+                  "is uploaded; CUDA-graph capture replays the captured routing)",
+    "masked": "triton masked kernel (persistent over the tiles masked_m has, read on the device; no host sync; "
+              "CUDA-graph capture replays with new masked_m values)",
+    "k_grouped": "triton K-grouped kernel (group bounds on the device; no host sync once the layout is uploaded; "
+                 "CUDA-graph capture replays the captured routing)",
+}
 _DEFAULT_HEIGHT = {"contiguous": 128, "masked": 64, "k_grouped": 128}
-_MASKED_PLANS_MAX = 256
+_PLANS_MAX = 1024
 
 
 @functools.lru_cache(maxsize=None)
@@ -64,13 +73,22 @@ def _triton_reason() -> Reason | None:
 class Plan:
     """How one call runs. ``path``: ``triton``, ``torch`` or ``deep_gemm``. ``config``: the Triton
     launch configuration (None for peers). ``tile_note``: where the tile came from. ``path_note``:
-    why this path. ``form``: the contiguous kernel's form (``schedule``)."""
+    why this path."""
 
     path: str
     config: configs.KernelConfig | None
     tile_note: str
     path_note: str
-    form: str | None = None
+
+
+def histogram_bucket(layout) -> tuple[int, ...]:
+    """Coarse key of a segment layout's routing histogram — group count and the bit lengths of
+    the row count, the largest group and the number of non-empty groups — so the tile advisor
+    runs once per bucket, not once per routing (every MoE step has a new one). O(G) on host
+    tuples; reads nothing from a device."""
+    counts = layout.counts_list
+    nonempty = len(counts) - counts.count(0)
+    return (len(counts), layout.num_rows.bit_length(), max(counts, default=0).bit_length(), nonempty.bit_length())
 
 
 class CudaBackend(Backend):
@@ -78,6 +96,8 @@ class CudaBackend(Backend):
 
     #: ``sm90`` or ``sm100``: picks the physical scale format and the config-table rows.
     ARCH = ""
+    #: Whether the fp8 MMA reads MN-major operands from shared memory (tcgen05 does, wgmma does not).
+    MN_MAJOR_FP8 = False
     #: Hardware-DB id the advisor models when the kernels are interpreted.
     MODEL_HW = ""
     #: How explain() names the scale format of fp8 calls.
@@ -85,8 +105,7 @@ class CudaBackend(Backend):
 
     def __init__(self, spec):
         super().__init__(spec)
-        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._masked_plans: dict[tuple, Plan] = {}
+        self._plans: dict[tuple, Plan] = {}
         self._hardware: dict[torch.device, tuple[object, str]] = {}
 
     # -- modes ------------------------------------------------------------------------------------
@@ -123,6 +142,11 @@ class CudaBackend(Backend):
         return None
 
     def unsupported(self, problem: Problem) -> list[Reason]:
+        if problem.quantized and problem.op == "k_grouped" and not self.MN_MAJOR_FP8:
+            return [Reason("layout_unsupported", "fp8 K-grouped operands are MN-major (tokens are the reduction "
+                           "axis); this architecture's fp8 MMA (wgmma) reads only K-major operands from shared "
+                           "memory, so they would go through registers every step (not pipelined)",
+                           "bf16/fp16 operands, or another backend", "fp8 K-grouped")]
         if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
             from moe_hal.selection import device_info
 
@@ -137,17 +161,15 @@ class CudaBackend(Backend):
         """The path and tile for ``p`` (cached; see the module docstring)."""
         if p.op == "masked":
             key = (p.signature, p.layout.max_m, p.layout.expected_m)
-            hit = self._masked_plans.get(key)
-            if hit is None:
-                if len(self._masked_plans) >= _MASKED_PLANS_MAX:
-                    self._masked_plans.clear()
-                hit = self._masked_plans[key] = self._make_plan(p)
-            return hit
-        per_layout = self._plans.setdefault(p.layout, {})
-        key = (p.signature, p.m, p.c is not None)
-        hit = per_layout.get(key)
+        else:  # not p.signature: it holds K-grouped calls' token count, new every step
+            key = (p.op, p.in_dtype, p.out_dtype_name, p.scale_format, p.scale_blocks, p.n,
+                   p.m if p.op == "k_grouped" else p.k, p.layout.alignment, p.b_major, p.device, p.c is not None,
+                   histogram_bucket(p.layout))
+        hit = self._plans.get(key)
         if hit is None:
-            hit = per_layout[key] = self._make_plan(p)
+            if len(self._plans) >= _PLANS_MAX:
+                self._plans.clear()
+            hit = self._plans[key] = self._make_plan(p)
         return hit
 
     def _make_plan(self, p: Problem) -> Plan:
@@ -155,14 +177,15 @@ class CudaBackend(Backend):
         if path != "triton":
             return Plan(path, None, "", path_note)
         config, tile_note = self._choose_tile(p)
-        return Plan("triton", config, tile_note, path_note, "schedule" if p.op == "contiguous" else None)
+        return Plan("triton", config, tile_note, path_note)
 
     def _choose_path(self, p: Problem) -> tuple[str, str]:
         if self.interpreter_mode():
             return "triton", "peer libraries need a GPU"
         pref = configs.path_table().get((self.ARCH, p.op, p.in_dtype))
         if pref is None:
-            return "triton", "no measurement shows a peer library faster for this case"
+            return "triton", ("peer choice unmeasured: no committed GPU measurement compares torch grouped_mm or "
+                              "DeepGEMM with this kernel for this case")
         blocked = peers.blocker(pref.path, p)
         if blocked:
             return "triton", f"{pref.path} was measured {pref.speedup:.2f}x faster here, but {blocked}"
@@ -206,10 +229,7 @@ class CudaBackend(Backend):
         plan = self.plan(problem)
         if plan.path != "triton":
             return f"{plan.path} ({plan.path_note})"
-        kernel = {"contiguous": "triton contiguous kernel (host tile schedule)",
-                  "masked": "triton masked kernel (masked_m read on the device, no host sync)",
-                  "k_grouped": "triton K-grouped kernel"}[problem.op]
-        parts = [f"{kernel}, {plan.config.label()} ({plan.tile_note})"]
+        parts = [f"{KERNEL_NOTES[problem.op]}, {plan.config.label()} ({plan.tile_note})"]
         if problem.quantized:
             parts.append(f"fp8 scales: {self.SCALE_NOTE}")
         parts.append(f"triton because {plan.path_note}")
@@ -230,20 +250,57 @@ class CudaBackend(Backend):
             return peers.run(plan.path, p, out)
         from . import launch
 
+        return self.launch(p, plan.config, out)
+
+    def launch(self, p: Problem, config: configs.KernelConfig, out: torch.Tensor) -> torch.Tensor:
+        """Run ``p`` on the Triton kernels with ``config`` (the plan's, or any table entry: the
+        compiled-target check drives every entry through here)."""
+        from . import launch
+
         a, b, sa, sb = self._operands(p)
         if p.op == "contiguous":
-            return launch.contiguous(a, b, out, p.layout, plan.config, sa=sa, sb=sb)
+            return launch.contiguous(a, b, out, p.layout, config, sa=sa, sb=sb)
         if p.op == "masked":
-            return launch.masked(a, b, out, p.layout.masked_m, plan.config, sa=sa, sb=sb)
-        return launch.k_grouped(a, b, out, p.layout, plan.config, c=p.c, sa=sa, sb=sb)
+            return launch.masked(a, b, out, p.layout.masked_m, config, sa=sa, sb=sb)
+        c = p.c if p.c is None or p.c.stride(-1) == 1 else p.c.contiguous()
+        return launch.k_grouped(a, b, out, p.layout, config, c=c, sa=sa, sb=sb)
 
     def _operands(self, p: Problem):
-        """(a, b, a scales, b scales): data tensors and physical scales (None for 16-bit)."""
+        """(a, b, a scales, b scales) as the kernels take them: data tensors with unit inner stride
+        (so every operand load is a vectorised async copy) and physical scales (None for 16-bit).
+
+        M-grouped weights that are not K-major are made K-major once per weight through the
+        prepared cache when fp8 (fp8 MMAs read K-major operands) or neither K- nor N-major (no
+        unit stride to vectorise along); 16-bit N-major weights are read as they are (wgmma and
+        tcgen05 take MN-major 16-bit operands). Activations and K-grouped operands without a unit
+        inner stride are copied per call (rare: the API's own tensors are row-major).
+        """
+        a = p.a.data if p.quantized else p.a
+        b = p.b.data if p.quantized else p.b
+        a = a if a.stride(-1) == 1 else a.contiguous()
+        if p.op == "k_grouped":
+            b = b if b.stride(-1) == 1 else b.contiguous()
+        elif p.b_major == "strided" or (p.quantized and p.b_major != "k"):
+            b = self.prepared_k_major(p.b).data if p.quantized else self.prepared_k_major(p.b)
         if not p.quantized:
-            return p.a, p.b, None, None
+            return a, b, None, None
         sa = scales.activation(p.a, self.ARCH)
         sb = scales.activation(p.b, self.ARCH) if p.op == "k_grouped" else self.prepared_weight_scales(p.b)
-        return p.a.data, p.b.data, sa, sb
+        return a, b, sa, sb
+
+    def prepared_k_major(self, weight):
+        """``weight`` (a tensor or QuantizedTensor ``[G, N, K]``) with K-major data, copied once per
+        weight (:data:`moe_hal.prepared.prepared_cache`)."""
+        from moe_hal.prepared import prepared_cache
+
+        def build(w):
+            if isinstance(w, QuantizedTensor):
+                return w.data.contiguous()
+            return w.contiguous()
+
+        data = prepared_cache.get(self.name, weight, "k_major", build)
+        return QuantizedTensor(data, weight.scale, weight.block, weight.scale_format) \
+            if isinstance(weight, QuantizedTensor) else data
 
     def prepared_weight_scales(self, q: QuantizedTensor) -> scales.Physical:
         """Weight scales in this architecture's physical format, converted once per weight
@@ -265,6 +322,7 @@ class CudaSM90Backend(CudaBackend):
     """Hopper: fp8 scales as fp32, activation side MN-major with TMA-aligned stride."""
 
     ARCH = "sm90"
+    MN_MAJOR_FP8 = False
     MODEL_HW = "nvidia-h200-sxm"
     SCALE_NOTE = "SM90 fp32, activations MN-major TMA-aligned (tma_align_mn_major), weights as given"
 
@@ -273,5 +331,6 @@ class CudaSM100Backend(CudaBackend):
     """Datacenter Blackwell: fp8 scales as packed UE8M0 (four exponents per int32)."""
 
     ARCH = "sm100"
+    MN_MAJOR_FP8 = True
     MODEL_HW = "nvidia-b200"
     SCALE_NOTE = "SM100 packed UE8M0 int32 (pack_ue8m0), weights broadcast per row, decoded in-kernel"

@@ -9,9 +9,11 @@ Where the numbers come from: the shapes follow the public Triton grouped-GEMM de
 project studied (torch inductor's ``triton_mm_grouped`` template prunes BLOCK_M by average rows
 per group; vLLM's ``fused_moe`` defaults use BLOCK_K = 128 for block-fp8 and 4 warps / 3-4 stages;
 reference/torch_and_cuda_peers.md §1.8, §2.3) and the shared-memory budget of one SM (227 KiB on
-SM90/SM100: stages x (BM + BN) x BK x bytes per element must fit). They have **not** been tuned
-on hardware: ``backends/cuda/scripts/gpu_check.py`` times every entry on the device and reports the best fixed
-tile against the advisor's choice.
+SM90/SM100: stages x (BM + BN) x BK x bytes per element must fit), adjusted until every entry
+compiles for its target without register spills and with both MMA operands fed by async copies
+(``backends/cuda/scripts/compile_check.py``, run in CI, fails otherwise). They have **not** been
+tuned on hardware: ``backends/cuda/scripts/gpu_check.py`` times every entry on the device and
+reports the best fixed tile against the advisor's choice.
 
 ``BLOCK_K`` of an fp8 entry divides 128, the scale block along K, so that one K step never
 straddles two scales.
@@ -59,17 +61,25 @@ class KernelConfig:
 
 
 def _table() -> dict[tuple[str, str, int], KernelConfig]:
-    # (BLOCK_M) -> (BLOCK_N, BLOCK_K, warps, stages) for 16-bit and fp8 operands.
-    half = {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 64, 4, 4),
-            128: (256, 64, 8, 3), 256: (128, 64, 8, 3)}
-    fp8 = {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
-           128: (128, 128, 8, 4), 256: (128, 128, 8, 3)}
-    table = {}
-    for arch in ARCHS:
-        for cls, rows in (("16bit", half), ("fp8", fp8)):
-            for bm, (bn, bk, warps, stages) in rows.items():
-                table[(arch, cls, bm)] = KernelConfig(bm, bn, bk, warps, stages)
-    return table
+    # (arch, dtype class) -> {BLOCK_M: (BLOCK_N, BLOCK_K, warps, stages)}. Every entry compiles
+    # without register spills for every call the backends launch with it, and feeds both MMA
+    # operands through async copies (backends/cuda/scripts/compile_check.py checks both in CI).
+    # Why entries differ by arch: SM90 fp8 scales each K step's wgmma result in registers
+    # (a second accumulator-sized tile), so its fp8 tiles are half as wide as SM100's, whose
+    # block-scaled MMA keeps the accumulator in TMEM; SM100's TMEM-to-register epilogue of an fp32
+    # output needs 8 warps (or a narrower tile) to stay within 255 registers per thread.
+    rows = {
+        ("sm90", "16bit"): {16: (64, 128, 4, 4), 32: (64, 64, 4, 4), 64: (128, 64, 4, 4),
+                            128: (256, 64, 8, 3), 256: (128, 64, 8, 3)},
+        ("sm90", "fp8"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
+                          128: (64, 128, 4, 4), 256: (64, 128, 8, 3)},
+        ("sm100", "16bit"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 64, 8, 4),
+                             128: (128, 64, 8, 4), 256: (64, 64, 8, 3)},
+        ("sm100", "fp8"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
+                           128: (128, 128, 8, 4), 256: (128, 128, 8, 3)},
+    }
+    return {(arch, cls, bm): KernelConfig(bm, bn, bk, warps, stages)
+            for (arch, cls), entries in rows.items() for bm, (bn, bk, warps, stages) in entries.items()}
 
 
 TABLE: dict[tuple[str, str, int], KernelConfig] = _table()

@@ -110,13 +110,13 @@ def _accumulate(acc, a, b, k0, sa_ptr, sa_idx, sa_stride_idx, sa_stride_k, sa_ma
     return acc
 
 
-@triton.jit(do_not_specialize=["num_groups", "alignment", "num_rows"])
+@triton.jit(do_not_specialize=["num_groups", "alignment", "num_rows", "sb_rows"])
 def contiguous_kernel(
     a_ptr, b_ptr, out_ptr, sa_ptr, sb_ptr, psum_ptr,
     num_groups, alignment, num_rows, N, K,
     stride_am, stride_ak, stride_bg, stride_bn, stride_bk, stride_om, stride_on,
     stride_sa_m, stride_sa_k, stride_sb_g, stride_sb_n, stride_sb_k,
-    SB_ROWS: tl.constexpr, SCALES: tl.constexpr,
+    sb_rows, SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     GROUP_CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -125,7 +125,8 @@ def contiguous_kernel(
     ``psum``: int32 ``[G]`` on the device, the exclusive end row of each group (DeepGEMM's psum);
     group ``g`` starts at ``align(psum[g-1], alignment)``. Program ``p`` takes row tile ``t`` (in
     grouped order): the ``t``-th ``BLOCK_M`` chunk of the concatenated group spans (see the
-    module docstring). ``SB_ROWS``: rows of ``b`` per weight scale (128 or 1).
+    module docstring). ``sb_rows``: rows of ``b`` per weight scale (128 or 1; a runtime
+    value, so both weight recipes share one compiled variant).
     """
     num_n = (N + BLOCK_N - 1) // BLOCK_N
     bound = (num_rows + BLOCK_M - 1) // BLOCK_M + num_groups
@@ -162,7 +163,7 @@ def contiguous_kernel(
     col_ok = cols < N
     b_base = b_ptr + g64 * stride_bg
     sb_base = sb_ptr + g64 * stride_sb_g
-    sb_idx = cols // SB_ROWS
+    sb_idx = cols // sb_rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_steps = (K + BLOCK_K - 1) // BLOCK_K * (row0 < group_end).to(tl.int32)  # padding-only tiles skip
     for step in range(0, k_steps):
@@ -180,13 +181,13 @@ def contiguous_kernel(
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_in_span[:, None] & col_ok[None, :])
 
 
-@triton.jit(do_not_specialize=["num_groups", "max_m"])
+@triton.jit(do_not_specialize=["num_groups", "max_m", "sb_rows"])
 def masked_kernel(
     a_ptr, b_ptr, out_ptr, sa_ptr, sb_ptr, masked_m_ptr,
     num_groups, max_m, N, K,
     stride_ag, stride_am, stride_ak, stride_bg, stride_bn, stride_bk, stride_og, stride_om, stride_on,
     stride_sa_g, stride_sa_m, stride_sa_k, stride_sb_g, stride_sb_n, stride_sb_k,
-    SB_ROWS: tl.constexpr, SCALES: tl.constexpr,
+    sb_rows, SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -232,7 +233,7 @@ def masked_kernel(
         b_base = b_ptr + g64 * stride_bg
         sa_base = sa_ptr + g64 * stride_sa_g
         sb_base = sb_ptr + g64 * stride_sb_g
-        sb_idx = cols // SB_ROWS
+        sb_idx = cols // sb_rows
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -247,18 +248,19 @@ def masked_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["has_c"])
 def k_grouped_kernel(
     a_ptr, b_ptr, c_ptr, out_ptr, sa_ptr, sb_ptr, bounds_ptr,
     M, N,
     stride_at, stride_am, stride_bt, stride_bn,
     stride_cg, stride_cm, stride_cn, stride_og, stride_om, stride_on,
-    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, stride_bounds,
-    HAS_C: tl.constexpr, SCALES: tl.constexpr,
+    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, stride_bounds, has_c,
+    SCALES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """K-grouped: ``out[g] = (c[g] if HAS_C else 0) + a[s_g:e_g].T @ b[s_g:e_g]``.
+    """K-grouped: ``out[g] = (c[g] if has_c else 0) + a[s_g:e_g].T @ b[s_g:e_g]`` (``has_c`` is a
+    runtime flag: one compiled variant serves both).
 
     ``a[T, M]``, ``b[T, N]``; group ``g`` owns tokens ``[bounds[0, g], bounds[1, g])`` (device
     int32 ``[2, G]``, row stride ``stride_bounds``). Every ``(g, row tile, column tile)`` is a
@@ -280,7 +282,7 @@ def k_grouped_kernel(
     start = tl.load(bounds_ptr + g)
     end = tl.load(bounds_ptr + stride_bounds + g)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if HAS_C:
+    if has_c != 0:
         c = tl.load(c_ptr + g64 * stride_cg + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
         acc += c.to(tl.float32)

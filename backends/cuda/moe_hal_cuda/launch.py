@@ -23,7 +23,6 @@ import torch
 
 from . import kernels  # first: it sets TRITON_INTERPRET before triton is imported
 
-import triton  # noqa: E402
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 
@@ -68,6 +67,11 @@ def resident_programs(device: torch.device) -> int:
     return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _cdiv(x: int, y: int) -> int:
+    """Ceiling division of host ints (``triton.cdiv`` is a jit function: slower on the host)."""
+    return -(-x // y)
+
+
 def _scale_args(s: Physical | None, dims: int, dummy: torch.Tensor):
     """(tensor, strides padded to ``dims``, kind, rows per scale) for a kernel launch."""
     if s is None:
@@ -100,13 +104,13 @@ def contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, conf
     psum = layout_tensor(layout, "psum", a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    row_tiles = triton.cdiv(num_rows, config.block_m) + groups   # upper bound; the kernel finds the real ones
-    grid = (row_tiles * triton.cdiv(n, config.block_n),)
+    row_tiles = _cdiv(num_rows, config.block_m) + groups   # upper bound; the kernel finds the real ones
+    grid = (row_tiles * _cdiv(n, config.block_n),)
     kernels.contiguous_kernel[grid](
         a, b, out, sa_t, sb_t, psum, groups, layout.alignment, num_rows, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
-        *sa_strides, *sb_strides,
-        SB_ROWS=sb_rows, SCALES=kind, GROUP_M=config.group_m, GROUP_CHUNK=kernels.GROUP_CHUNK,
+        *sa_strides, *sb_strides, sb_rows,
+        SCALES=kind, GROUP_M=config.group_m, GROUP_CHUNK=kernels.GROUP_CHUNK,
         **_launch_kwargs(config))
     return out
 
@@ -124,13 +128,13 @@ def masked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, masked_m: torch.
     masked_m = masked_m.contiguous()  # the kernel indexes it as a dense [G] array
     sa_t, sa_strides, kind, _ = _scale_args(sa, 3, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    most = g * triton.cdiv(max_m, config.block_m) * triton.cdiv(n, config.block_n)
+    most = g * _cdiv(max_m, config.block_m) * _cdiv(n, config.block_n)
     grid = (min(most, programs or resident_programs(a.device)),)
     kernels.masked_kernel[grid](
         a, b, out, sa_t, sb_t, masked_m, g, max_m, n, k,
         a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), *sa_strides, *sb_strides,
-        SB_ROWS=sb_rows, SCALES=kind, GROUP_CHUNK=kernels.GROUP_CHUNK, **_launch_kwargs(config))
+        out.stride(0), out.stride(1), out.stride(2), *sa_strides, *sb_strides, sb_rows,
+        SCALES=kind, GROUP_CHUNK=kernels.GROUP_CHUNK, **_launch_kwargs(config))
     return out
 
 
@@ -147,11 +151,11 @@ def k_grouped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, confi
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, _ = _scale_args(sb, 2, a)
     c_t = c if c is not None else out
-    grid = (groups * triton.cdiv(m, config.block_m) * triton.cdiv(n, config.block_n),)
+    grid = (groups * _cdiv(m, config.block_m) * _cdiv(n, config.block_n),)
     kernels.k_grouped_kernel[grid](
         a, b, c_t, out, sa_t, sb_t, bounds, m, n,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         c_t.stride(0), c_t.stride(1), c_t.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        *sa_strides, *sb_strides, bounds.stride(0),
-        HAS_C=c is not None, SCALES=kind, GROUP_M=config.group_m, **_launch_kwargs(config))
+        *sa_strides, *sb_strides, bounds.stride(0), int(c is not None),
+        SCALES=kind, GROUP_M=config.group_m, **_launch_kwargs(config))
     return out

@@ -78,14 +78,15 @@ def weight(q: QuantizedTensor, arch: str) -> Physical:
 
     SM90 keeps the logical ``[G, ceil(N/bn), SK]`` fp32 tensor (made contiguous). SM100 repeats
     each scale row over the ``bn`` rows it covers and packs UE8M0, checking that every scale is a
-    power of two (:class:`~moe_hal.errors.ScaleFormatError` otherwise).
+    power of two (:class:`~moe_hal.errors.ScaleFormatError` otherwise; skipped for meta tensors,
+    which have no values).
     """
     rows = q.block[0]
     if arch != "sm100":
         return Physical(q.scale.contiguous(), SCALES_FP32, rows)
     n = q.data.shape[-2]
     per_row = q.scale.repeat_interleave(rows, dim=-2)[..., :n, :] if rows > 1 else q.scale
-    return Physical(pack_ue8m0(per_row, check=True), SCALES_UE8M0, 1)
+    return Physical(pack_ue8m0(per_row, check=per_row.device.type != "meta"), SCALES_UE8M0, 1)
 
 
 def physical_scales(q: QuantizedTensor, role: str, arch: str) -> torch.Tensor:

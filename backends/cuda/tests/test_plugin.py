@@ -225,7 +225,7 @@ def test_fp8_needs_the_fp8_feature(monkeypatch):
     select_module = importlib.import_module("moe_hal.selection")
     monkeypatch.setattr(select_module, "device_info", lambda dev: fake)
     be = moe_hal.get_backend("cuda_sm90")
-    problem = types.SimpleNamespace(quantized=True, device=torch.device("cuda", 0))
+    problem = types.SimpleNamespace(quantized=True, op="contiguous", device=torch.device("cuda", 0))
     assert [r.code for r in be.unsupported(problem)] == ["hw_feature_missing"]
     problem.quantized = False
     assert be.unsupported(problem) == []

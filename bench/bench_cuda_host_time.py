@@ -1,0 +1,176 @@
+"""Host time per call of the CUDA backends' launch path with a new routing layout every call,
+measured on the CPU with the Triton launch stubbed (issue 12's target: <= 30 us per call).
+
+What is timed, per call: ``Problem.build`` (the core's validation) + ``CudaBackend.run`` — the
+plan (advisor cached per coarse routing histogram), operand/scale preparation, the layout's
+group-bound tensor, grid and argument assembly — up to the ``kernel[grid](...)`` call, which is
+replaced by a no-op. Two regimes, interleaved in rounds so drifts of a shared machine hit both:
+
+* ``fresh``: every call gets a layout object never seen before, from a routing drawn like a MoE
+  step (the DeepSeek-V3 seed histogram of 32 experts scaled to ~256 tokens per expert, jittered
+  per step; and uniform routing over 256 experts). Layouts are built before timing (building
+  one is the router's cost, reported separately as ``layout_build_us``).
+* ``cached``: the same layout object every call (its device tensors and plan already made).
+
+Operands live on torch's ``meta`` device, which stands in for the GPU: every device operation of
+the path (scale conversion, output allocation, the upload of the layout's group ends) is
+dispatched as on a GPU but computes nothing, so the time is host time only — as on a GPU, where
+those operations are asynchronous. Host time does not depend on N and K, so they are small.
+Nothing here ran on a GPU.
+
+    python bench/bench_cuda_host_time.py [--json bench/results/cuda_host_time_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+os.environ.pop("MOE_HAL_CUDA_INTERPRET", None)  # the native launch path (kernels stubbed below)
+
+import torch  # noqa: E402
+
+import moe_hal  # noqa: E402
+from moe_hal.problem import Problem  # noqa: E402
+from moe_hal.quant import quantize_fp8  # noqa: E402
+
+TARGET_US = 30.0
+#: DeepSeek-V3 seed routing histogram of one MoE layer, 32 experts (relative loads).
+SEED_HISTOGRAM = [9, 3, 14, 6, 2, 11, 7, 5, 16, 4, 8, 12, 1, 10, 6, 3,
+                  13, 5, 9, 7, 2, 15, 4, 8, 11, 6, 3, 10, 5, 12, 7, 9]
+
+
+def _stub_kernels():
+    from moe_hal_cuda import kernels
+
+    class Stub:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    for name in ("contiguous_kernel", "masked_kernel", "k_grouped_kernel"):
+        setattr(kernels, name, Stub())
+
+
+def _backend(arch: str):
+    from moe_hal_cuda import backend, plugin
+
+    spec = dict(zip(("sm90", "sm100"), plugin.specs()))[arch]
+    return (backend.CudaSM90Backend if arch == "sm90" else backend.CudaSM100Backend)(spec)
+
+
+def routings(kind: str, steps: int, gen: torch.Generator) -> list[list[int]]:
+    """Per-step expert counts: ``seed32`` (seed histogram scaled to ~256 tokens/expert, jittered)
+    or ``uniform256`` (8192 tokens x top-8 over 256 experts, multinomial)."""
+    out = []
+    for _ in range(steps):
+        if kind == "seed32":
+            base = torch.tensor(SEED_HISTOGRAM, dtype=torch.float64)
+            weights = base / base.sum() * (256 * 32)
+            jitter = torch.rand(32, generator=gen, dtype=torch.float64) * 0.4 + 0.8
+            out.append([int(v) for v in (weights * jitter).round()])
+        else:
+            picks = torch.randint(0, 256, (8192 * 8,), generator=gen)
+            out.append(torch.bincount(picks, minlength=256).tolist())
+    return out
+
+
+def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, gen) -> dict:
+    be = _backend(arch)
+    counts_per_step = routings(routing, calls + 1, gen)
+    groups = len(counts_per_step[0])
+    k, n = 256, 64
+    ue8m0 = arch == "sm100"
+
+    def operand(*shape, block):
+        x = torch.randn(*shape, generator=gen)
+        if dtype != "fp8":
+            return x.to(torch.bfloat16).to("meta")
+        q = quantize_fp8(x, block, ue8m0=ue8m0)
+        return type(q)(q.data.to("meta"), q.scale.to("meta"), q.block, q.scale_format)
+
+    if op == "contiguous":
+        weight = operand(groups, n, k, block=(128, 128))
+        t0 = time.perf_counter()
+        layouts = [moe_hal.ContiguousLayout.from_counts(c, alignment=128) for c in counts_per_step]
+        build_us = (time.perf_counter() - t0) / len(layouts) * 1e6
+        rows = max(lay.num_rows for lay in layouts)
+        a = operand(rows, k, block=(1, 128))
+        args = [(a[:lay.num_rows] if dtype != "fp8" else
+                 type(a)(a.data[:lay.num_rows], a.scale[:lay.num_rows], a.block, a.scale_format), weight, lay)
+                for lay in layouts]
+    else:  # k_grouped (weight gradients): a[T, M], b[T, N]
+        t0 = time.perf_counter()
+        layouts = [moe_hal.KGroupedLayout.from_counts(c) for c in counts_per_step]
+        build_us = (time.perf_counter() - t0) / len(layouts) * 1e6
+        rows = max(lay.num_rows for lay in layouts)
+        x, dy = operand(rows, 32, block=(128, 1)), operand(rows, n, block=(128, 1))
+
+        def rows_of(t, r):
+            return t[:r] if dtype != "fp8" else type(t)(t.data[:r], t.scale[:-(-r // 128)], t.block, t.scale_format)
+        args = [(rows_of(x, lay.num_rows), rows_of(dy, lay.num_rows), lay) for lay in layouts]
+
+    def call(a, b, lay):
+        p = Problem.build(a, b, lay, out_dtype=torch.float32 if op == "k_grouped" else None)
+        return be.run(p, None)
+
+    call(*args[0])  # weights prepared, the first plan of the bucket made: as after a model's first step
+    fresh_iter = iter(args[1:])
+    samples: dict[str, list[float]] = {"fresh": [], "cached": []}
+    per_round = max(calls // rounds, 1)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            call(*next(fresh_iter))
+        samples["fresh"].append((time.perf_counter() - t0) / per_round * 1e6)
+        t0 = time.perf_counter()
+        for _ in range(per_round):
+            call(*args[0])
+        samples["cached"].append((time.perf_counter() - t0) / per_round * 1e6)
+    fresh, cached = statistics.median(samples["fresh"]), statistics.median(samples["cached"])
+    return {"arch": arch, "op": op, "dtype": dtype, "routing": routing, "groups": groups,
+            "fresh_layout_us": round(fresh, 2), "cached_layout_us": round(cached, 2),
+            "fresh_over_cached": round(fresh / cached, 3), "layout_build_us": round(build_us, 2),
+            "plans_made": len(be._plans), "meets_target": fresh <= TARGET_US}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--calls", type=int, default=1000, help="fresh layouts per case")
+    parser.add_argument("--rounds", type=int, default=10)
+    opts = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    _stub_kernels()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for arch, op, dtype, routing in [("sm90", "contiguous", "bf16", "seed32"), ("sm90", "contiguous", "fp8", "seed32"),
+                                     ("sm90", "contiguous", "bf16", "uniform256"),
+                                     ("sm100", "contiguous", "fp8", "seed32"), ("sm90", "k_grouped", "bf16", "seed32"),
+                                     ("sm100", "k_grouped", "fp8", "seed32")]:
+        row = case(arch, op, dtype, routing, opts.calls, opts.rounds, gen)
+        rows.append(row)
+        print(f"{arch:6} {op:10} {dtype:5} {routing:10} fresh {row['fresh_layout_us']:7.1f} us  "
+              f"cached {row['cached_layout_us']:7.1f} us  ratio {row['fresh_over_cached']:.2f}  "
+              f"plans {row['plans_made']}  {'ok' if row['meets_target'] else 'OVER ' + str(TARGET_US)}")
+    report = {
+        "what": "host time per call of the cuda backends' launch path (Problem.build + backend.run, Triton launch "
+                "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
+        "target_us": TARGET_US, "torch": torch.__version__, "python": platform.python_version(),
+        "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
+        "load_average": list(os.getloadavg()), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": "python bench/bench_cuda_host_time.py --json bench/results/cuda_host_time_cpu.json",
+        "cases": rows,
+    }
+    if opts.json:
+        with open(opts.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    return 0 if all(r["meets_target"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
