@@ -12,11 +12,11 @@ replaced by a no-op. Two regimes, interleaved in rounds so drifts of a shared ma
   one is the router's cost, reported separately as ``layout_build_us``).
 * ``cached``: the same layout object every call (its device tensors and plan already made).
 
-Operands live on torch's ``meta`` device, which stands in for the GPU: every device operation of
-the path (scale conversion, output allocation, the upload of the layout's group ends) is
-dispatched as on a GPU but computes nothing, so the time is host time only — as on a GPU, where
-those operations are asynchronous. Host time does not depend on N and K, so they are small.
-Nothing here ran on a GPU.
+Operands are CPU tensors (host time does not depend on N and K, so they are small); with the
+kernel stubbed, the device operations of the path (output allocation, fp8 activation-scale
+conversion, the layout's group-end upload — a no-op on the CPU, one ``cudaMemcpyAsync`` from
+pageable memory on a GPU, which does not wait for the device) execute on the CPU, so the fp8
+figures include the scale conversion computed here. Nothing here ran on a GPU.
 
     python bench/bench_cuda_host_time.py [--json bench/results/cuda_host_time_cpu.json]
 """
@@ -24,10 +24,10 @@ Nothing here ran on a GPU.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
-import statistics
 import time
 
 os.environ.pop("MOE_HAL_CUDA_INTERPRET", None)  # the native launch path (kernels stubbed below)
@@ -37,11 +37,10 @@ import torch  # noqa: E402
 import moe_hal  # noqa: E402
 from moe_hal.problem import Problem  # noqa: E402
 from moe_hal.quant import quantize_fp8  # noqa: E402
+from moe_hal.timing import host_seconds_per_call  # noqa: E402
+from moe_hal.workloads import synthetic_counts  # noqa: E402
 
 TARGET_US = 30.0
-#: DeepSeek-V3 seed routing histogram of one MoE layer, 32 experts (relative loads).
-SEED_HISTOGRAM = [9, 3, 14, 6, 2, 11, 7, 5, 16, 4, 8, 12, 1, 10, 6, 3,
-                  13, 5, 9, 7, 2, 15, 4, 8, 11, 6, 3, 10, 5, 12, 7, 9]
 
 
 def _stub_kernels():
@@ -62,35 +61,35 @@ def _backend(arch: str):
     return (backend.CudaSM90Backend if arch == "sm90" else backend.CudaSM100Backend)(spec)
 
 
-def routings(kind: str, steps: int, gen: torch.Generator) -> list[list[int]]:
-    """Per-step expert counts: ``seed32`` (seed histogram scaled to ~256 tokens/expert, jittered)
-    or ``uniform256`` (8192 tokens x top-8 over 256 experts, multinomial)."""
-    out = []
-    for _ in range(steps):
-        if kind == "seed32":
-            base = torch.tensor(SEED_HISTOGRAM, dtype=torch.float64)
-            weights = base / base.sum() * (256 * 32)
-            jitter = torch.rand(32, generator=gen, dtype=torch.float64) * 0.4 + 0.8
-            out.append([int(v) for v in (weights * jitter).round()])
-        else:
-            picks = torch.randint(0, 256, (8192 * 8,), generator=gen)
-            out.append(torch.bincount(picks, minlength=256).tolist())
-    return out
+def routings(kind: str, steps: int) -> list[list[int]]:
+    """Per-step expert counts, a different routing each step: ``seed32`` — the project's seed
+    histogram (32 experts) scaled to 256 tokens per expert, with a different expert taking one
+    token from another each step (the same coarse shape, as consecutive MoE steps have);
+    ``uniform256`` — 4096 tokens x top-8 over 256 experts, a fresh draw each step."""
+    if kind == "seed32":
+        base = synthetic_counts("seed", 256 * 32, 32)
+        out = []
+        for step in range(steps):
+            counts = list(base)
+            donor, taker = step % 32, (step * 7 + 3) % 32
+            if counts[donor] and donor != taker:
+                counts[donor] -= 1 + step // 32 % 3
+                counts[taker] += 1 + step // 32 % 3
+            out.append([max(c, 0) for c in counts])
+        return out
+    return [synthetic_counts("uniform", 4096, 256, topk=8, seed=step) for step in range(steps)]
 
 
 def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, gen) -> dict:
     be = _backend(arch)
-    counts_per_step = routings(routing, calls + 1, gen)
+    counts_per_step = routings(routing, calls + calls // 5 + 10)  # more than warm-up + timed calls
     groups = len(counts_per_step[0])
     k, n = 256, 64
     ue8m0 = arch == "sm100"
 
     def operand(*shape, block):
         x = torch.randn(*shape, generator=gen)
-        if dtype != "fp8":
-            return x.to(torch.bfloat16).to("meta")
-        q = quantize_fp8(x, block, ue8m0=ue8m0)
-        return type(q)(q.data.to("meta"), q.scale.to("meta"), q.block, q.scale_format)
+        return quantize_fp8(x, block, ue8m0=ue8m0) if dtype == "fp8" else x.to(torch.bfloat16)
 
     if op == "contiguous":
         weight = operand(groups, n, k, block=(128, 128))
@@ -118,23 +117,17 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
         return be.run(p, None)
 
     call(*args[0])  # weights prepared, the first plan of the bucket made: as after a model's first step
-    fresh_iter = iter(args[1:])
-    samples: dict[str, list[float]] = {"fresh": [], "cached": []}
+    fresh = itertools.cycle(args[1:])        # every fresh call sees a layout object new to the backend
     per_round = max(calls // rounds, 1)
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            call(*next(fresh_iter))
-        samples["fresh"].append((time.perf_counter() - t0) / per_round * 1e6)
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            call(*args[0])
-        samples["cached"].append((time.perf_counter() - t0) / per_round * 1e6)
-    fresh, cached = statistics.median(samples["fresh"]), statistics.median(samples["cached"])
+    seconds = host_seconds_per_call({"fresh": lambda: call(*next(fresh)), "cached": lambda: call(*args[0])},
+                                    iters=per_round, repeats=rounds)
+    fresh_us, cached_us = seconds["fresh"] * 1e6, seconds["cached"] * 1e6
     return {"arch": arch, "op": op, "dtype": dtype, "routing": routing, "groups": groups,
-            "fresh_layout_us": round(fresh, 2), "cached_layout_us": round(cached, 2),
-            "fresh_over_cached": round(fresh / cached, 3), "layout_build_us": round(build_us, 2),
-            "plans_made": len(be._plans), "meets_target": fresh <= TARGET_US}
+            "fresh_layout_us": round(fresh_us, 2), "cached_layout_us": round(cached_us, 2),
+            "fresh_over_cached": round(fresh_us / cached_us, 3), "layout_build_us": round(build_us, 2),
+            "plans_made": len(be._plans),
+            # fp8 rows also execute the activation-scale conversion on the CPU (device work on a GPU)
+            "meets_target": fresh_us <= TARGET_US if dtype != "fp8" else None}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(f"{arch:6} {op:10} {dtype:5} {routing:10} fresh {row['fresh_layout_us']:7.1f} us  "
               f"cached {row['cached_layout_us']:7.1f} us  ratio {row['fresh_over_cached']:.2f}  "
-              f"plans {row['plans_made']}  {'ok' if row['meets_target'] else 'OVER ' + str(TARGET_US)}")
+              f"plans {row['plans_made']}  "
+              f"{'(includes CPU scale conversion)' if row['meets_target'] is None else 'ok' if row['meets_target'] else 'OVER'}")
     report = {
         "what": "host time per call of the cuda backends' launch path (Problem.build + backend.run, Triton launch "
                 "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
@@ -169,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(opts.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
             f.write("\n")
-    return 0 if all(r["meets_target"] for r in rows) else 1
+    return 0 if all(r["meets_target"] is not False for r in rows) else 1
 
 
 if __name__ == "__main__":

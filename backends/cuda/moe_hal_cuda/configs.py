@@ -99,9 +99,20 @@ def lookup(arch: str, dtype_name: str, block_m: int) -> KernelConfig:
     return TABLE[key]
 
 
+#: Rows below which SM100's block-scaled MMA (tcgen05 ``kind::mxf8f6f4.block_scale``, M = 128)
+#: cannot serve a tile: Triton then lowers ``tl.dot_scaled`` to a bf16 MMA on operands rescaled
+#: in registers (the compile table shows which MMA each variant gets).
+SM100_BLOCK_SCALED_MIN_ROWS = 128
+
+
 def candidates(arch: str, dtype_name: str, op: str) -> list[KernelConfig]:
-    """Every configuration the advisor may choose from for ``op``."""
-    return [lookup(arch, dtype_name, bm) for bm in HEIGHTS[op]]
+    """Every configuration the advisor may choose from for ``op``. SM100 fp8 contiguous and
+    K-grouped calls get only tiles the block-scaled MMA serves; masked (decode) calls keep their
+    small tiles, whose scaling Triton does in registers."""
+    heights = HEIGHTS[op]
+    if arch == "sm100" and dtype_class(dtype_name) == "fp8" and op != "masked":
+        heights = tuple(bm for bm in heights if bm >= SM100_BLOCK_SCALED_MIN_ROWS)
+    return [lookup(arch, dtype_name, bm) for bm in heights]
 
 
 # -- measured path preferences -------------------------------------------------------------------

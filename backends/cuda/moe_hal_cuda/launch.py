@@ -16,6 +16,7 @@ layout tensors) is made contiguous first; everything else has its strides passed
 
 from __future__ import annotations
 
+import array
 import functools
 import weakref
 
@@ -38,7 +39,8 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
     """int32 device tensor of a segment layout, cached per layout object and device:
     ``"psum"`` — ``[G]`` exclusive group ends; ``"bounds"`` — ``[2, G]`` group starts and ends.
 
-    Built from the layout's host tuples and copied with ``non_blocking=True``: from pageable
+    Built from the layout's host tuples (through ``array``: a C loop, not one Python int at a time)
+    and copied with ``non_blocking=True``: from pageable
     memory the driver stages the bytes before returning, so the host never waits for the device.
     Inside CUDA-graph capture a copy cannot be recorded: an uncached layout raises there.
     """
@@ -51,7 +53,7 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
         raise RuntimeError("a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
                            "make one call with this layout before capturing (its group bounds are uploaded then)")
     rows = layout.ends if kind == "psum" else (layout.starts + layout.ends)
-    host = torch.tensor(rows, dtype=torch.int32)
+    host = torch.frombuffer(array.array("i", rows), dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
     if kind == "bounds":
         host = host.reshape(2, -1)
     hit = per_layout[(kind, device)] = host.to(device, non_blocking=True)

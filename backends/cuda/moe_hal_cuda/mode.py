@@ -66,4 +66,6 @@ def exclusive_in_interpreter() -> contextlib.AbstractContextManager:
     because the Triton interpreter runs a launch by patching ``triton.language`` module globals and
     a global grid index (triton 3.9 ``runtime/interpreter.py``), so two threads launching at once
     corrupt each other (``InterpreterError``) — first use included. Natively it holds nothing."""
-    return _interpreter_lock if configure_triton() else contextlib.nullcontext()
+    kernels = sys.modules.get("moe_hal_cuda.kernels")   # once imported, its mode is fixed (and cheap to read)
+    interpreted = kernels.INTERPRET if kernels is not None else configure_triton()
+    return _interpreter_lock if interpreted else contextlib.nullcontext()

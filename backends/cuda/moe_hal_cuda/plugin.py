@@ -44,13 +44,25 @@ def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
                       scale_formats=scale_formats, scale_blocks=FP8_K_BLOCKS))
 
 
-def _perf_model(arch: str) -> dict:
-    """What ``moe-hal bench --model`` should assume about the kernels (``BackendSpec.extra``): the
-    tiles of contiguous 16-bit calls (the advisor picks among them per call), no weight traffic
-    for empty experts, no reads of padding rows, masked tiles past ``masked_m`` skipped."""
+def _extra(arch: str) -> dict:
+    """``BackendSpec.extra``: CUDA-graph capture per layout, and what ``moe-hal bench --model``
+    should assume about the kernels: the tiles of contiguous 16-bit calls (the advisor picks among
+    them per call), no weight traffic for empty experts, no reads of padding rows, masked tiles
+    past ``masked_m`` skipped."""
     tiles = [[bm, configs.TABLE[(arch, "16bit", bm)].block_n] for bm in configs.HEIGHTS["contiguous"]]
     return {"perf_model": {"tiles": tiles, "streams_all_experts": False, "reads_padding_rows": False,
-                           "masked_computes_max_m": False}}
+                           "masked_computes_max_m": False},
+            "graph_capture": GRAPH_CAPTURE}
+
+
+#: CUDA-graph capture per layout (``graph_capturable=True`` holds for all three in this sense).
+GRAPH_CAPTURE = {
+    "masked": "capturable; replays read the new masked_m values (no host sync)",
+    "contiguous": "capturable once the layout object has been used outside capture (its group ends are "
+                  "uploaded then); a replay repeats the captured routing",
+    "k_grouped": "capturable once the layout object has been used outside capture; a replay repeats the "
+                 "captured routing",
+}
 
 
 def _description(text: str) -> str:
@@ -72,7 +84,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"wgmma", "tma"}),
         deterministic=True,
         graph_capturable=True,
-        extra=_perf_model("sm90"),
+        extra=_extra("sm90"),
         description=_description("Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"),
     )
@@ -87,7 +99,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"tcgen05", "tma", "ue8m0_scales"}),
         deterministic=True,
         graph_capturable=True,
-        extra=_perf_model("sm100"),
+        extra=_extra("sm100"),
         description=_description("Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"),
     )

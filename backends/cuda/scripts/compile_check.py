@@ -272,6 +272,10 @@ def failures_of(variant: dict) -> list[str]:
         needed = MMA_NEEDED[variant["capability"]]
         if not any(m.startswith(needed) for m in variant["mma"]):
             out.append(f"no {needed} (got {variant['mma'] or 'no MMA'})")
+        fp8 = any(" fp8_e4m3->" in f" {call}" for call in variant["calls"])
+        if variant["capability"] == 100 and fp8 and variant["config"]["block_m"] >= 128 \
+                and not any("block_scale" in m for m in variant["mma"]):
+            out.append(f"fp8 tile without the block-scaled MMA (got {variant['mma']})")
         for operand, ops in variant["operand_loads"].items():
             if not ops or "tt.load" in ops:
                 out.append(f"operand {operand} is loaded without async copy / TMA ({ops or 'no load found'})")
@@ -345,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="where to write the table")
     parser.add_argument("--docs", type=Path, help="rewrite the generated table in this markdown file")
+    parser.add_argument("--check-docs", type=Path, help="fail when this markdown file's table differs from the "
+                        "generated one (CI: the document cannot go stale)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
     parser.add_argument("--no-cache", action="store_true", help="compile every variant, ignoring cached results")
     opts = parser.parse_args(argv)
@@ -382,13 +388,17 @@ def main(argv: list[str] | None = None) -> int:
     opts.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if opts.docs is not None:
         write_docs(opts.docs, report)
+    stale = opts.check_docs is not None and docs_table(opts.check_docs) != markdown_table(report)
+    if stale:
+        print(f"FAIL {opts.check_docs}: its compile table differs from this run's; regenerate it with "
+              f"--docs {opts.check_docs}")
     for v in variants:
         for why in v["failures"]:
             print(f"FAIL {v['kernel']} {v['target']} {_config_label(v['config'])} ({v['calls'][0]}): {why}")
     print(f"compile_check: {len(variants)} distinct variants ({compiled_now} compiled now, the rest cached) from "
           f"{len(launches)} launches, {failed} failing, "
           f"{report['elapsed_s']} s; wrote {opts.json}")
-    return 1 if failed else 0
+    return 1 if failed or stale else 0
 
 
 # -- the generated table -----------------------------------------------------------------------------
@@ -397,7 +407,12 @@ def _config_label(c: dict) -> str:
 
 
 def _dtypes(calls: list[str]) -> str:
-    return ", ".join(sorted({c.split()[1] for c in calls}))
+    """``dtype->out`` and, where it matters, the memory order of ``b`` of the calls (``b:strided``
+    calls run on a K-major copy, so they share the ``b:k`` variant)."""
+    def short(call: str) -> str:
+        words = call.split()
+        return " ".join([words[1]] + [w for w in words[2:] if w.startswith("b:")])
+    return ", ".join(sorted({short(c) for c in calls}))
 
 
 def _feeds(v: dict) -> str:
@@ -416,7 +431,7 @@ def markdown_table(report: dict) -> str:
         f"{report['variants_compiled']} distinct variants from {report['launches_recorded']} recorded launches, "
         f"{report['variants_failed']} failing. Compiled for the target, never run on it.",
         "",
-        "| kernel | target | BM x BN x BK, warps, stages | calls (dtype->out) | regs | spills (B) | smem (KiB) "
+        "| kernel | target | BM x BN x BK, warps, stages | calls (dtype->out, b order) | regs | spills (B) | smem (KiB) "
         "| TMEM cols | MMA | operands |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -432,6 +447,14 @@ def markdown_table(report: dict) -> str:
                      f"| {_dtypes(v['calls'])} | {v['registers']} | {spills} | {v['shared_bytes'] / 1024:.1f} "
                      f"| {v['tmem_columns']} | {mma} | {_feeds(v)} |")
     return "\n".join(lines)
+
+
+def docs_table(path: Path) -> str:
+    """The table between the markers of ``path`` (empty when it has none)."""
+    text = path.read_text(encoding="utf-8")
+    if DOCS_BEGIN not in text or DOCS_END not in text:
+        return ""
+    return text.split(DOCS_BEGIN, 1)[1].split(DOCS_END, 1)[0].strip("\n")
 
 
 def write_docs(path: Path, report: dict) -> None:

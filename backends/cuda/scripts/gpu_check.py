@@ -3,29 +3,37 @@
     python backends/cuda/scripts/gpu_check.py --out $OUT/gpu_check.json          # on a GPU (backends/cuda/scripts/gpu_check.sh runs it)
     python backends/cuda/scripts/gpu_check.py --cpu-smoke --out /tmp/smoke.json   # tiny shapes, Triton interpreter, no GPU
 
-Sections, each recorded in the JSON report (and skipped, with the reason, when the time budget
-``--budget`` runs out):
+Sections, in this order, each recorded in the JSON report (rewritten after every case and every
+section; a section is skipped, with the reason, when the time budget ``--budget`` runs out):
 
+0. **GPU-only checks** first: no host sync with a new routing every call on every layout
+   (``torch.cuda.set_sync_debug_mode("error")``), CUDA-graph capture and replay of masked calls
+   (new ``masked_m`` values) and of contiguous calls, selection on the real device;
 1. **correctness** of every kernel against the float64 reference on the device: contiguous,
    masked and K-grouped, bf16 / fp16 / fp8 with SM90 (fp32) and SM100 (packed UE8M0) scale
    formats — the SM100-format kernels run on whatever GPU this is, which is *not* SM100 hardware
-   unless the report says so — plus N/K edge sizes, empty groups, skewed routing, masked sentinel
-   rows, the ``m_indices`` form, no host sync in the masked path, and CUDA-graph capture and
-   replay of a masked call with new ``masked_m`` values;
+   unless the report says so (and ``tl.dot_scaled`` falls back to Triton's emulation off SM100) —
+   plus N/K edge sizes, empty groups, skewed routing, masked sentinel rows, and the SM90 refusal
+   of fp8 K-grouped calls;
 2. **contiguous timings** on DeepSeek-V3 expert shapes (N=4096/K=7168, N=7168/K=2048) for the
    32-expert seed histogram scaled to 8k-64k rows and Zipf routings: our Triton kernel (bf16 and
-   fp8) against ``torch.nn.functional.grouped_mm``, a per-expert ``torch.mm`` loop, and the
-   performance model's ideal (roofline), occupancy-adjusted roofline and prediction;
-3. **tile sweep**: the advisor's tile against every fixed tile of the config table on the same
-   skewed cases;
-4. **masked decode** (4-64 tokens per expert): eager and CUDA-graph replay against the
-   weight-bandwidth floor;
+   fp8) against ``torch.nn.functional.grouped_mm`` (or ``torch._grouped_mm``), a per-expert
+   ``torch.mm`` loop, DeepGEMM when importable, and the performance model's ideal,
+   occupancy-adjusted roofline and prediction; the advisor's tile against every fixed tile of the
+   config table, bf16 and fp8;
+3. **K-grouped timings** (weight gradients) against grouped_mm's 2D x 2D form and a loop;
+4. **masked decode** (4-64 tokens per expert): eager, CUDA-graph replay and a per-expert loop
+   against the weight-bandwidth floor;
 5. **targets**: each target of the issue as a ratio measured in this run, per case and summarised.
+
+The kernel checks drive the backends directly (no plugin selection, no hardware DB), so an image
+without ``jsonschema`` still runs them; the tile advisor and the model figures need the DB and
+say so when it is missing.
 
 Timing: CUDA events around each call, warm-up calls first, the median of the repetitions;
 inputs rotate over enough copies that one set is not in L2 when it is used again (``--l2-factor``
-times the L2 size). It reports; it never asserts. The exit status is 1 when a correctness check
-fails (so a wrapper can tell), 0 otherwise.
+times the L2 size). It reports; it never asserts a speed. The exit status is 1 when a correctness
+or GPU-only check fails or a section crashes (``gpu_check.sh`` passes it on), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ TARGETS = {
     "fp8_vs_our_bf16_at_large_m": (1.5, "t(ours bf16) / t(ours fp8) at the largest row count"),
     "masked_decode_vs_weight_bandwidth_floor": (0.75, "t(weight bytes / bandwidth) / t(ours, graph replay)"),
     "advisor_vs_best_fixed_tile": (1.0, "t(best fixed tile) / t(advisor's tile), skewed routing"),
+    "k_grouped_bf16_vs_torch_grouped_mm_2d2d": (0.9, "t(torch grouped_mm 2D x 2D) / t(ours), bf16 K-grouped"),
 }
 
 
@@ -169,6 +178,37 @@ def _model_hardware(check: Check) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# backends without selection: the kernel checks need no hardware DB (the GPU image may lack jsonschema)
+# ---------------------------------------------------------------------------------------------
+_BACKENDS: dict[str, Any] = {}
+
+
+def backend_object(name: str):
+    """The backend object ``name`` (``cuda_sm90``, ``cuda_sm100``, ``reference``), built from its
+    spec directly: no plugin selection and no hardware-DB lookup, so a missing ``jsonschema`` (the
+    DB's validator) cannot stop the kernel checks. The tile advisor needs the DB: without it the
+    backends use their table's default tile and say so in ``explain()``."""
+    hit = _BACKENDS.get(name)
+    if hit is None:
+        if name == "reference":
+            from moe_hal.builtin import REFERENCE as spec
+            from moe_hal.builtin.reference import ReferenceBackend as cls
+        else:
+            from moe_hal_cuda import backend as cuda_backend, plugin
+
+            spec = {s.name: s for s in plugin.specs()}[name]
+            cls = cuda_backend.CudaSM90Backend if name == "cuda_sm90" else cuda_backend.CudaSM100Backend
+        hit = _BACKENDS[name] = cls(spec)
+    return hit
+
+
+def gemm(a, b, layout, *, backend: str, c=None, out=None, out_dtype=None):
+    """``moe_hal.grouped_gemm(..., backend=name)`` without selection (see :func:`backend`)."""
+    problem = moe_hal.Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
+    return backend_object(backend).run(problem, out)
+
+
+# ---------------------------------------------------------------------------------------------
 # timing
 # ---------------------------------------------------------------------------------------------
 def copies_for(check: Check, bytes_per_set: float) -> int:
@@ -197,9 +237,9 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, threshold: float) -> dict[str
             "passed": finite and diff < threshold}
 
 
-def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]], section: str = "correctness") -> None:
     if check.left() < 5:
-        check.skip("correctness", name, "time budget")
+        check.skip(section, name, "time budget")
         return
     t0 = time.monotonic()
     try:
@@ -208,6 +248,7 @@ def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]]) -> None:
         row = {"name": name, "passed": False, "error": f"{type(exc).__name__}: {exc}",
                "traceback": traceback.format_exc(limit=6)}
     row["seconds"] = round(time.monotonic() - t0, 2)
+    row["section"] = section
     check.report["correctness"].append(row)
     check.flush()
     print(f"  {'ok  ' if row.get('passed') else 'FAIL'} {name} ({row['seconds']} s)"
@@ -240,20 +281,20 @@ def correctness(check: Check) -> None:
             out_dtype = torch.bfloat16 if fp8_format else dtype
             poisoned = torch.full((lay.num_rows, n), float("nan"), dtype=out_dtype, device=check.device)
             if backend == "sm100-format":     # the SM100 kernels on this GPU, through the launcher
-                be = moe_hal.get_backend("cuda_sm100")
+                be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
                 out = launch.contiguous(a.data, b.data, poisoned, lay, cfg, sa=scales.activation(a, "sm100"),
                                         sb=be.prepared_weight_scales(b))
             else:
-                out = moe_hal.grouped_gemm(a, b, lay, out=poisoned, backend=backend)
-            ref = moe_hal.grouped_gemm(a, b, lay, backend="reference", out_dtype=torch.float32)
+                out = gemm(a, b, lay, out=poisoned, backend=backend)
+            ref = gemm(a, b, lay, backend="reference", out_dtype=torch.float32)
             row = _compare(out, ref, threshold)
             gaps = lay.gap_rows_on(check.device)
             row["gap_rows_zero"] = bool((out[gaps] == 0).all()) if gaps.numel() else True
             row["passed"] = row["passed"] and row["gap_rows_zero"]
             row["shape"] = {"G": len(counts), "rows": lay.num_rows, "N": n, "K": k, "alignment": alignment}
             if fp8_format is not None:         # quantization error, for information only
-                exact = moe_hal.grouped_gemm(a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16), lay,
+                exact = gemm(a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16), lay,
                                              backend="reference", out_dtype=torch.float32)
                 row["calc_diff_vs_dequantized_bf16"] = calc_diff(out, exact)
             return row
@@ -267,16 +308,6 @@ def correctness(check: Check) -> None:
         _record(check, f"contiguous/{label}/fp8-sm90-fp32-scales", contiguous("cuda_sm90", None, cnt, alignment, n, kf, "fp32"))
         _record(check, f"contiguous/{label}/fp8-sm100-ue8m0-scales",
                 contiguous("sm100-format", None, cnt, alignment, n, kf, "ue8m0"))
-
-    def m_indices_form():
-        lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=16 if s else 128)
-        a, b = check.randn(lay.num_rows, big_k), check.randn(len(counts), big_n, big_k)
-        cfg = configs.KernelConfig(16, 32, 32, 4, 2) if s else configs.lookup("sm90", "bf16", 64)
-        out = launch.contiguous(a, b, torch.full((lay.num_rows, big_n), float("nan"), dtype=torch.bfloat16,
-                                                 device=check.device), lay, cfg, form="m_indices")
-        return _compare(out, moe_hal.grouped_gemm(a, b, lay, backend="reference", out_dtype=torch.float32), 1e-5)
-
-    _record(check, "contiguous/m_indices-form/bf16", m_indices_form)
 
     g, max_m = (4, 24) if s else (16, 256)
     masked_m_host = torch.randint(0, max_m + 1, (g,), generator=check.gen, dtype=torch.int32)
@@ -297,14 +328,14 @@ def correctness(check: Check) -> None:
             sentinel = -4242.0
             out = torch.full((g, max_m, big_n), sentinel, dtype=out_dtype, device=check.device)
             if backend == "sm100-format":
-                be = moe_hal.get_backend("cuda_sm100")
+                be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
                 launch.masked(a.data, b.data, out, masked_m, cfg, sa=scales.activation(a, "sm100"),
                               sb=be.prepared_weight_scales(b))
             else:
-                moe_hal.grouped_gemm(a, b, lay, out=out, backend=backend)
+                gemm(a, b, lay, out=out, backend=backend)
             ref = torch.full((g, max_m, big_n), sentinel, dtype=torch.float32, device=check.device)
-            moe_hal.grouped_gemm(a, b, lay, out=ref, backend="reference", out_dtype=torch.float32)
+            gemm(a, b, lay, out=ref, backend="reference", out_dtype=torch.float32)
             row = _compare(out, ref, threshold)
             rows = torch.arange(max_m, device=check.device)[None, :, None]
             beyond = (rows >= masked_m[:, None, None]).expand_as(out)
@@ -333,15 +364,15 @@ def correctness(check: Check) -> None:
                 x = quantize_fp8(check.randn(t, km, dtype=torch.float32), (128, 1), ue8m0=ue8m0)
                 dy = quantize_fp8(check.randn(t, kn, dtype=torch.float32), (128, 1), ue8m0=ue8m0)
             c = check.randn(len(kcounts), km, kn, dtype=torch.float32) if with_c else None
-            ref = moe_hal.grouped_gemm(x, dy, lay, c=c, backend="reference", out_dtype=torch.float32)
+            ref = gemm(x, dy, lay, c=c, backend="reference", out_dtype=torch.float32)
             if backend == "sm100-format":
-                be = moe_hal.get_backend("cuda_sm100")
+                be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(x, dy, lay, c=c, out_dtype=torch.float32)).config
                 out = torch.full((len(kcounts), km, kn), float("nan"), device=check.device)
                 launch.k_grouped(x.data, dy.data, out, lay, cfg, c=c, sa=scales.activation(x, "sm100"),
                                  sb=scales.activation(dy, "sm100"))
             else:
-                out = moe_hal.grouped_gemm(x, dy, lay, c=c, out_dtype=torch.float32, backend=backend)
+                out = gemm(x, dy, lay, c=c, out_dtype=torch.float32, backend=backend)
             row = _compare(out, ref, 1e-3 if fp8_format else 1e-5)
             row["shape"] = {"G": len(kcounts), "M": km, "N": kn, "counts": kcounts, "with_c": with_c}
             return row
@@ -351,13 +382,29 @@ def correctness(check: Check) -> None:
         tag = "with-c" if with_c else "no-c"
         for dtype in (torch.bfloat16, torch.float16):
             _record(check, f"k_grouped/{tag}/{str(dtype).removeprefix('torch.')}", k_grouped("cuda_sm90", dtype, with_c))
-        _record(check, f"k_grouped/{tag}/fp8-sm90-fp32-scales", k_grouped("cuda_sm90", None, with_c, "fp32"))
+        _record(check, f"k_grouped/{tag}/fp8-sm90-refused", lambda: _kgrouped_fp8_refused(check))
         _record(check, f"k_grouped/{tag}/fp8-sm100-ue8m0-scales", k_grouped("sm100-format", None, with_c, "ue8m0"))
 
-    if check.cuda:
-        _record(check, "masked/no-host-sync", lambda: _no_host_sync(check))
-        _record(check, "masked/cuda-graph-replay", lambda: _graph_replay(check))
-        _record(check, "selection/on-this-device", lambda: _selection(check))
+
+
+def _kgrouped_fp8_refused(check: Check) -> dict[str, Any]:
+    lay = moe_hal.KGroupedLayout.from_counts([5, 7])
+    x = quantize_fp8(check.randn(12, 16, dtype=torch.float32), (128, 1))
+    reasons = backend_object("cuda_sm90").unsupported(moe_hal.Problem.build(x, x, lay, out_dtype=torch.float32))
+    return {"passed": [r.code for r in reasons] == ["layout_unsupported"], "reasons": [str(r) for r in reasons]}
+
+
+def gpu_only(check: Check) -> None:
+    """The checks only a GPU can make, first: no host sync with a new layout every call (every
+    layout), CUDA-graph capture and replay (masked with new masked_m values; contiguous), and
+    selection on the real device."""
+    if not check.cuda:
+        check.skip("gpu_only", "*", "no GPU (CPU smoke run)")
+        return
+    _record(check, "no-host-sync/fresh-layout-every-call", lambda: _no_host_sync(check), "gpu_only")
+    _record(check, "masked/cuda-graph-replay", lambda: _graph_replay(check), "gpu_only")
+    _record(check, "contiguous/cuda-graph-replay", lambda: _graph_replay_contiguous(check), "gpu_only")
+    _record(check, "selection/on-this-device", lambda: _selection(check), "gpu_only")
 
 
 def _masked_inputs(check: Check, g: int, max_m: int, n: int, k: int):
@@ -367,18 +414,59 @@ def _masked_inputs(check: Check, g: int, max_m: int, n: int, k: int):
 
 
 def _no_host_sync(check: Check) -> dict[str, Any]:
-    a, b, masked_m, lay = _masked_inputs(check, 8, 64, 1024, 512)
-    masked_m.copy_(torch.tensor([3, 0, 64, 17, 5, 9, 1, 40], dtype=torch.int32))
-    out = torch.zeros(8, 64, 1024, dtype=torch.bfloat16, device=check.device)
-    moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")       # warm: compile, select, plan
+    """Every layout under ``torch.cuda.set_sync_debug_mode("error")`` with a layout never seen
+    before on every call (contiguous and K-grouped: a new routing object; masked: new values)."""
+    n, k = 1024, 512
+    b = check.randn(8, n, k)
+    a_rows = check.randn(8 * 96, k)
+    xs, dys = check.randn(8 * 96, 256), check.randn(8 * 96, n)
+    masked_a, _, masked_m, mlay = _masked_inputs(check, 8, 64, n, k)
+    fp8_b = quantize_fp8(b.float(), (128, 128))
+    fp8_a = quantize_fp8(a_rows.float(), (1, 128))
+
+    def routings(step):
+        gen = torch.Generator().manual_seed(step)
+        return torch.randint(0, 96, (8,), generator=gen).tolist()
+
+    def calls(step):
+        counts = routings(step)
+        clay = moe_hal.ContiguousLayout.from_counts(counts, alignment=1, num_rows=8 * 96)
+        klay = moe_hal.KGroupedLayout.from_counts(counts)
+        gemm(a_rows, b, clay, backend="cuda_sm90")
+        qa = moe_hal.QuantizedTensor(fp8_a.data, fp8_a.scale, fp8_a.block, fp8_a.scale_format)
+        gemm(qa, fp8_b, clay, backend="cuda_sm90")
+        gemm(xs[:klay.num_rows], dys[:klay.num_rows], klay, backend="cuda_sm90", out_dtype=torch.float32)
+        gemm(masked_a, b, mlay, backend="cuda_sm90")
+
+    calls(0)                                  # warm: compile, weights prepared, plans made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")
+        for step in range(1, 6):
+            calls(step)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return {"passed": True, "detail": "a masked call ran under torch.cuda.set_sync_debug_mode('error')"}
+    return {"passed": True, "detail": "5 steps x (contiguous bf16, contiguous fp8, K-grouped bf16, masked) with a "
+                                      "new routing each step ran under torch.cuda.set_sync_debug_mode('error')"}
+
+
+def _graph_replay_contiguous(check: Check) -> dict[str, Any]:
+    """A contiguous call captured in a CUDA graph (its layout used once before capture) and
+    replayed with new operand values: the replay must equal an eager call."""
+    lay = moe_hal.ContiguousLayout.from_counts([30, 0, 77, 5], alignment=16)
+    a, b = check.randn(lay.num_rows, 512), check.randn(4, 1024, 512)
+    out = torch.empty(lay.num_rows, 1024, dtype=torch.bfloat16, device=check.device)
+    gemm(a, b, lay, out=out, backend="cuda_sm90")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemm(a, b, lay, out=out, backend="cuda_sm90")
+    a.copy_(check.randn(lay.num_rows, 512))
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = gemm(a, b, lay, backend="cuda_sm90")
+    return {"passed": bool(torch.equal(out, eager)), "detail": "replay after new a values equals an eager call"}
 
 
 def _graph_replay(check: Check) -> dict[str, Any]:
@@ -387,11 +475,11 @@ def _graph_replay(check: Check) -> dict[str, Any]:
     sentinel = 99.0
     out = torch.full((g, max_m, n), sentinel, dtype=torch.bfloat16, device=check.device)
     masked_m.fill_(max_m)
-    moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")
+    gemm(a, b, lay, out=out, backend="cuda_sm90")
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")
+        gemm(a, b, lay, out=out, backend="cuda_sm90")
     results = []
     for trial in range(3):
         new = torch.randint(0, max_m + 1, (g,), generator=check.gen, dtype=torch.int32)
@@ -400,7 +488,7 @@ def _graph_replay(check: Check) -> dict[str, Any]:
         graph.replay()
         torch.cuda.synchronize()
         ref = torch.full((g, max_m, n), sentinel, dtype=torch.float32, device=check.device)
-        moe_hal.grouped_gemm(a, b, moe_hal.MaskedLayout(masked_m.clone(), max_m), out=ref, backend="reference",
+        gemm(a, b, moe_hal.MaskedLayout(masked_m.clone(), max_m), out=ref, backend="reference",
                              out_dtype=torch.float32)
         row = _compare(out, ref, 1e-5)
         beyond = (torch.arange(max_m, device=check.device)[None, :, None] >= masked_m[:, None, None]).expand_as(out)
@@ -447,10 +535,10 @@ def _estimate(check: Check, counts, n, k, dtype, tile) -> dict[str, float]:
 
 
 def contiguous_timings(check: Check) -> None:
-    from moe_hal_cuda import configs, launch
+    from moe_hal_cuda import configs, launch, scales
 
     grouped_mm = _grouped_mm()
-    be = moe_hal.get_backend("cuda_sm90")
+    be = backend_object("cuda_sm90")
     alignment = 8 if check.smoke else 128
     shapes = ((24, 40),) if check.smoke else DSV3_SHAPES
     for case_name, counts in contiguous_cases(check):
@@ -473,8 +561,8 @@ def contiguous_timings(check: Check) -> None:
                 row["advisor_tile"] = list(plan.config.tile)
                 row["path"] = be.describe_path(problem)
                 row["paths"]["ours_bf16"] = time_calls(check, [
-                    (lambda a=a, b=b: moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets])
-                ours = moe_hal.grouped_gemm(sets[0][0], sets[0][1], lay, backend="cuda_sm90")
+                    (lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets])
+                ours = gemm(sets[0][0], sets[0][1], lay, backend="cuda_sm90")
                 if check.cuda:
                     ends = lay.aligned_ends_on(check.device)
                     row["paths"]["torch_grouped_mm"] = time_calls(check, [
@@ -492,8 +580,17 @@ def contiguous_timings(check: Check) -> None:
                 fp8_plan = be.plan(moe_hal.Problem.build(fp8_sets[0][0], fp8_sets[0][1], lay))
                 row["fp8_advisor_tile"] = list(fp8_plan.config.tile)
                 row["paths"]["ours_fp8"] = time_calls(check, [
-                    (lambda a=a, b=b: moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in fp8_sets])
-                fp8_out = moe_hal.grouped_gemm(fp8_sets[0][0], fp8_sets[0][1], lay, backend="cuda_sm90")
+                    (lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in fp8_sets])
+                fp8_out = gemm(fp8_sets[0][0], fp8_sets[0][1], lay, backend="cuda_sm90")
+                from moe_hal_cuda import peers
+                fp8_problem = moe_hal.Problem.build(fp8_sets[0][0], fp8_sets[0][1], lay, out=out)
+                blocked = peers.blocker("deep_gemm", fp8_problem)
+                if blocked is None:
+                    row["paths"]["deep_gemm_fp8"] = time_calls(check, [
+                        (lambda a=a, b=b: peers.run("deep_gemm", moe_hal.Problem.build(a, b, lay, out=out), out))
+                        for a, b in fp8_sets])
+                else:
+                    row["deep_gemm_fp8"] = f"not timed: {blocked}"
                 valid = lay.valid_rows_on(check.device)
                 row["fp8_calc_diff_vs_bf16"] = calc_diff(fp8_out[valid], ours[valid])
                 row["model_bf16"] = _estimate(check, counts, n, k, "bf16", plan.config.tile)
@@ -507,6 +604,16 @@ def contiguous_timings(check: Check) -> None:
                     sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(check, [
                         (lambda a=a, b=b, cfg=cfg: launch.contiguous(a, b, out, lay, cfg)) for a, b in sets])
                 row["tile_sweep"] = sweep
+                fp8_sweep = {}
+                for cfg in configs.candidates("sm90", "fp8_e4m3", "contiguous"):
+                    if check.left() < 10:
+                        check.skip("tile_sweep", f"{name}/fp8/BM{cfg.block_m}", "time budget")
+                        break
+                    fp8_sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(check, [
+                        (lambda a=a, b=b, cfg=cfg: launch.contiguous(
+                            a.data, b.data, out, lay, cfg, sa=scales.activation(a, "sm90"),
+                            sb=be.prepared_weight_scales(b))) for a, b in fp8_sets])
+                row["fp8_tile_sweep"] = fp8_sweep
             except Exception as exc:  # noqa: BLE001
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 row["traceback"] = traceback.format_exc(limit=6)
@@ -521,6 +628,49 @@ def contiguous_timings(check: Check) -> None:
 def _print_timing(row: dict[str, Any]) -> None:
     paths = " ".join(f"{k}={v['median_ms']:.3f}ms" for k, v in row.get("paths", {}).items())
     print(f"  {row['case']}: tile {row.get('advisor_tile', row.get('tile'))} {paths} {row.get('error', '')}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# K-grouped (weight gradients) against torch grouped_mm's 2D x 2D form
+# ---------------------------------------------------------------------------------------------
+def k_grouped_timings(check: Check) -> None:
+    grouped_mm = _grouped_mm()
+    shapes = ((24, 40),) if check.smoke else ((7168, 2048), (2048, 7168))   # (M, N) of dW = x.T @ dy
+    tokens = 64 if check.smoke else 8192
+    for m, n in shapes:
+        name = f"k_grouped/seed-{tokens}/M{m}-N{n}"
+        if check.left() < 15:
+            check.skip("k_grouped", name, "time budget")
+            continue
+        row: dict[str, Any] = {"case": name, "M": m, "N": n, "paths": {}}
+        try:
+            counts = perf.synthetic_counts("seed", tokens, 32)
+            lay = moe_hal.KGroupedLayout.from_counts(counts)
+            x, dy = check.randn(lay.num_rows, m, scale=0.1), check.randn(lay.num_rows, n, scale=0.1)
+            out = torch.empty(len(counts), m, n, dtype=torch.bfloat16, device=check.device)
+            row["paths"]["ours_bf16"] = time_calls(check, [lambda: gemm(x, dy, lay, out=out, backend="cuda_sm90")])
+            if check.cuda:
+                offs = lay.psum_on(check.device)
+                row["paths"]["torch_grouped_mm_2d2d"] = time_calls(check, [lambda: grouped_mm(x.t(), dy, offs=offs)])
+            segs = [(g, st, e) for g, st, e in lay.segments()]
+
+            def loop():
+                for g, st, e in segs:
+                    torch.mm(x[st:e].t(), dy[st:e], out=out[g])
+            row["paths"]["per_expert_loop"] = time_calls(check, [loop])
+            qx, qdy = quantize_fp8(x.float(), (128, 1), ue8m0=True), quantize_fp8(dy.float(), (128, 1), ue8m0=True)
+            launched = backend_object("cuda_sm100")
+            from moe_hal_cuda import launch, scales
+            cfg = launched.plan(moe_hal.Problem.build(qx, qdy, lay, out_dtype=torch.bfloat16)).config
+            sx, sdy = scales.activation(qx, "sm100"), scales.activation(qdy, "sm100")
+            row["paths"]["ours_fp8_sm100_format"] = time_calls(check, [
+                lambda: launch.k_grouped(qx.data, qdy.data, out, lay, cfg, sa=sx, sb=sdy)])
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["traceback"] = traceback.format_exc(limit=6)
+        check.report["k_grouped"].append(row)
+        check.flush()
+        _print_timing(row)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -554,11 +704,18 @@ def decode_timings(check: Check) -> None:
                     a, b = quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))
                 sets.append((a, b))
             out = torch.zeros(g, max_m, n, dtype=torch.bfloat16, device=check.device)
-            be = moe_hal.get_backend("cuda_sm90")
+            be = backend_object("cuda_sm90")
             problem = moe_hal.Problem.build(sets[0][0], sets[0][1], lay, out=out)
             row["tile"] = list(be.plan(problem).config.tile)
-            calls = [(lambda a=a, b=b: moe_hal.grouped_gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets]
+            calls = [(lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets]
             row["paths"]["ours_eager"] = time_calls(check, calls)
+            if dt == "bf16":
+                active = [(g_, int(m_)) for g_, m_ in enumerate(masked_m.tolist()) if m_]
+
+                def loop(a, b):
+                    for g_, m_ in active:
+                        torch.mm(a[g_, :m_], b[g_].t(), out=out[g_, :m_])
+                row["paths"]["per_expert_loop"] = time_calls(check, [(lambda a=a, b=b: loop(a, b)) for a, b in sets])
             if check.cuda:
                 graphs = []
                 for call in calls:
@@ -614,6 +771,10 @@ def targets(check: Check) -> None:
             ours, fp8 = _ms(r, "ours_bf16"), _ms(r, "ours_fp8")
             if r["rows"] == largest and ours and fp8:
                 per["fp8_vs_our_bf16_at_large_m"][r["case"]] = ours / fp8
+    for r in check.report["k_grouped"]:
+        ours, peer = _ms(r, "ours_bf16"), _ms(r, "torch_grouped_mm_2d2d")
+        if ours and peer:
+            per["k_grouped_bf16_vs_torch_grouped_mm_2d2d"][r["case"]] = peer / ours
     for r in check.report["decode"]:
         t = _ms(r, "ours_graph_replay") or _ms(r, "ours_eager")
         if t and r.get("weight_bandwidth_floor_ms"):
@@ -655,7 +816,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per timing (default 3; 1 in smoke)")
     p.add_argument("--reps", type=int, default=None, help="timed calls per timing (default 10; 2 in smoke)")
     p.add_argument("--l2-factor", type=float, default=3.0, help="bytes between two uses of one input set, in L2 sizes")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: correctness,timings,decode")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,decode")
     return p.parse_args(argv)
 
 
@@ -679,9 +840,17 @@ def main(argv: list[str] | None = None) -> int:
                     "versions": _versions(), "device": {}, "settings": {
                         "budget_s": args.budget, "warmup": check.warmup, "reps": check.reps,
                         "l2_factor": args.l2_factor, "l2_bytes": l2, "timer": "cuda events" if check.cuda else "perf_counter"},
-                    "complete": False, "correctness": [], "timings": [], "decode": [], "skipped": [], "targets": {}}
-    check.report["device"] = _device_record(check)
-    _model_hardware(check)
+                    "complete": False, "correctness": [], "timings": [], "k_grouped": [], "decode": [], "skipped": [],
+                    "targets": {}}
+    check.flush()                             # a JSON exists before anything can fail
+    try:                                      # the hardware DB needs jsonschema; the kernel checks do not
+        check.report["device"] = _device_record(check)
+        _model_hardware(check)
+    except Exception as exc:  # noqa: BLE001
+        check.report["device"] = {"torch_device": str(device), "hardware_db_error": f"{type(exc).__name__}: {exc}",
+                                  "name": torch.cuda.get_device_name(device) if check.cuda else platform.machine()}
+        check.hw, check.hw_note = None, f"hardware DB unavailable: {type(exc).__name__}: {exc}"
+    check.flush()
     check.report["model_hardware"] = {"note": check.hw_note, "num_cores": getattr(check.hw, "num_cores", None),
                                       "peak_flops": dict(getattr(check.hw, "peak_flops", {}) or {}),
                                       "mem_bandwidth": getattr(check.hw, "mem_bandwidth", None)}
@@ -689,7 +858,8 @@ def main(argv: list[str] | None = None) -> int:
           f"({check.report['device'].get('hw_id')}), budget {args.budget:.0f} s", flush=True)
     # Each section may use its share of what is left when it starts, so that a slow one (Triton
     # compiles every kernel variant on first use) cannot starve the others.
-    sections = [("correctness", correctness, 0.45), ("timings", contiguous_timings, 0.65), ("decode", decode_timings, 1.0)]
+    sections = [("gpu_only", gpu_only, 0.15), ("correctness", correctness, 0.4), ("timings", contiguous_timings, 0.5),
+                ("k_grouped", k_grouped_timings, 0.4), ("decode", decode_timings, 1.0)]
     for name, fn, share in sections:
         if name in skip:
             check.skip(name, "*", "--skip")
@@ -702,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
             check.report.setdefault("errors", []).append({"section": name, "error": f"{type(exc).__name__}: {exc}",
                                                           "traceback": traceback.format_exc()})
             print(f"  section {name} failed: {exc}", flush=True)
+        check.flush()                         # the JSON after every section
     targets(check)
     path_table_suggestion(check)
     failed = [r["name"] for r in check.report["correctness"] if not r.get("passed")]

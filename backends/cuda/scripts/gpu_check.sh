@@ -3,14 +3,15 @@
 #
 #   1. make the local packages importable without network (editable install, else a copied site dir);
 #   2. bench/calibrate.py        -> $OUT/measured_overlay.yaml   (hardware calibration, <= 75 s)
-#   3. backends/cuda/scripts/gpu_check.py        -> $OUT/gpu_check.json          (correctness, timings, targets, <= 250 s)
+#   3. backends/cuda/scripts/gpu_check.py        -> $OUT/gpu_check.json          (GPU-only checks, correctness, timings,
+#      targets, <= 250 s; the exit status of this script is gpu_check.py's: non-zero when a check fails)
 #      with the calibration overlay loaded (MOE_HAL_HWDB), so the model uses this card's ceilings;
 #   4. bench/model_validation.py -> $OUT/model_validation.json   (perf-model validation, DeepSeek-V3 cases, <= 110 s)
 #   plus $OUT/gpu_check.log with everything printed.
 #
-# It installs nothing from the network. Python packages the image lacks (jsonschema and its
-# dependencies, on the nvidia-h200 image) are taken from wheels in .whl/ when that folder is
-# carried with the call (see backends/cuda/docs/cuda-backend.md). Call it from the repository root:
+# It installs nothing from the network. The kernel checks need nothing the nvidia-h200 image lacks;
+# the hardware DB (the tile advisor, the model figures, calibration) needs jsonschema, taken from
+# wheels in .whl/ when that folder is carried with the call (see backends/cuda/docs/cuda-backend.md). Call it from the repository root:
 #
 #   run(command="bash backends/cuda/scripts/gpu_check.sh", carry=[".whl"], timeout_s=540)
 #
@@ -91,7 +92,8 @@ log "gpu_check.py (budget 220 s, hard limit 250 s; the JSON is rewritten after e
 CHECK_ARGS=()
 [ "$SMOKE" = 1 ] && CHECK_ARGS=(--cpu-smoke)
 timeout 250 $PY backends/cuda/scripts/gpu_check.py --out "$OUT/gpu_check.json" --budget 220 "${CHECK_ARGS[@]}" 2>&1 | tee -a "$LOG"
-log "gpu_check.py ended with status ${PIPESTATUS[0]}"
+CHECK_STATUS=${PIPESTATUS[0]}
+log "gpu_check.py ended with status $CHECK_STATUS"
 
 # -- 4. perf-model validation (owned by the perf work; optional) -----------------------------------
 if [ -f bench/model_validation.py ]; then
@@ -107,3 +109,5 @@ fi
 
 log "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
+# A failed correctness check (or a crashed/killed gpu_check.py) fails the whole call.
+exit "$CHECK_STATUS"

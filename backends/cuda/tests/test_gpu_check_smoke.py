@@ -26,11 +26,24 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
     assert report["mode"].startswith("cpu-smoke")
     names = {row["name"] for row in report["correctness"]}
     for op in ("contiguous", "masked", "k_grouped"):
-        for fmt in ("fp8-sm90-fp32-scales", "fp8-sm100-ue8m0-scales", "bfloat16", "float16"):
+        sm90_fp8 = "fp8-sm90-refused" if op == "k_grouped" else "fp8-sm90-fp32-scales"
+        for fmt in (sm90_fp8, "fp8-sm100-ue8m0-scales", "bfloat16", "float16"):
             assert any(n.startswith(op) and n.endswith(fmt) for n in names), (op, fmt)
     assert all(row["passed"] for row in report["correctness"]), [r for r in report["correctness"] if not r["passed"]]
     assert report["timings"] and "ours_bf16" in report["timings"][0]["paths"]
-    assert report["timings"][0]["tile_sweep"] and report["decode"]
+    skipped = {entry["section"] for entry in report["skipped"]}
+    for sweep in ("tile_sweep", "fp8_tile_sweep"):   # filled, or skipped for time on a loaded machine
+        assert report["timings"][0][sweep] or "tile_sweep" in skipped, sweep
+    assert report["decode"] or "decode" in skipped
+    assert (report["k_grouped"] and "ours_bf16" in report["k_grouped"][0]["paths"]) or "k_grouped" in skipped
+    assert report["skipped"][0]["section"] == "gpu_only"            # GPU-only checks come first
+
+
+def test_gpu_check_sh_passes_the_check_status_on():
+    """gpu_check.sh exits with gpu_check.py's status (non-zero when a check fails)."""
+    text = (SCRIPT.parent / "gpu_check.sh").read_text()
+    assert 'CHECK_STATUS=${PIPESTATUS[0]}' in text and text.rstrip().endswith('exit "$CHECK_STATUS"')
     assert set(report["targets"]) >= {"bf16_contiguous_vs_torch_grouped_mm", "fp8_vs_our_bf16_at_large_m",
                                       "masked_decode_vs_weight_bandwidth_floor", "advisor_vs_best_fixed_tile",
-                                      "bf16_contiguous_vs_occupancy_adjusted_roofline"}
+                                      "bf16_contiguous_vs_occupancy_adjusted_roofline",
+                                      "k_grouped_bf16_vs_torch_grouped_mm_2d2d"}
