@@ -248,8 +248,6 @@ class CudaBackend(Backend):
         plan = self.plan(p)
         if plan.path != "triton":
             return peers.run(plan.path, p, out)
-        from . import launch
-
         return self.launch(p, plan.config, out)
 
     def launch(self, p: Problem, config: configs.KernelConfig, out: torch.Tensor) -> torch.Tensor:

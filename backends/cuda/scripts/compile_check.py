@@ -91,13 +91,12 @@ def _operand(shape, dtype_name: str, block, ue8m0: bool, b_major: str = "k"):
 
 
 def calls():
-    """(arch, label, Problem) for every call shape the plugin accepts (see the module docstring)."""
+    """(arch, backend, label, Problem) for every call shape the plugin accepts (see the module
+    docstring); the caller drops those the backend's signatures or ``unsupported()`` refuse."""
     import moe_hal
     from moe_hal.problem import Problem
-    from moe_hal_cuda import plugin
 
-    sigs = dict(zip(TARGETS, plugin.specs()))
-    for arch, spec in sigs.items():
+    for arch in TARGETS:
         backend = _backend(arch)
         ue8m0 = arch == "sm100"
         for dtype in ("bf16", "fp16", "fp8_e4m3"):
@@ -132,7 +131,7 @@ def _blocks(a_block, b_block) -> str:
 def _backend(arch: str):
     from moe_hal_cuda import backend, plugin
 
-    spec = dict(zip(TARGETS, plugin.specs()))[arch]
+    spec = dict(zip(TARGETS, plugin.specs(), strict=True))[arch]
     cls = backend.CudaSM90Backend if arch == "sm90" else backend.CudaSM100Backend
     return cls(spec)
 

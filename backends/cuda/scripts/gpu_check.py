@@ -256,7 +256,7 @@ def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]], section: 
 
 
 def correctness(check: Check) -> None:
-    from moe_hal_cuda import configs, launch, scales
+    from moe_hal_cuda import launch, scales
 
     s = check.smoke
     big_n, big_k = (24, 200) if s else (4096, 7168)

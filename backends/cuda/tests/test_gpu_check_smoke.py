@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 
 
@@ -37,13 +35,13 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
     assert report["decode"] or "decode" in skipped
     assert (report["k_grouped"] and "ours_bf16" in report["k_grouped"][0]["paths"]) or "k_grouped" in skipped
     assert report["skipped"][0]["section"] == "gpu_only"            # GPU-only checks come first
+    assert set(report["targets"]) >= {"bf16_contiguous_vs_torch_grouped_mm", "fp8_vs_our_bf16_at_large_m",
+                                      "masked_decode_vs_weight_bandwidth_floor", "advisor_vs_best_fixed_tile",
+                                      "bf16_contiguous_vs_occupancy_adjusted_roofline",
+                                      "k_grouped_bf16_vs_torch_grouped_mm_2d2d"}
 
 
 def test_gpu_check_sh_passes_the_check_status_on():
     """gpu_check.sh exits with gpu_check.py's status (non-zero when a check fails)."""
     text = (SCRIPT.parent / "gpu_check.sh").read_text()
     assert 'CHECK_STATUS=${PIPESTATUS[0]}' in text and text.rstrip().endswith('exit "$CHECK_STATUS"')
-    assert set(report["targets"]) >= {"bf16_contiguous_vs_torch_grouped_mm", "fp8_vs_our_bf16_at_large_m",
-                                      "masked_decode_vs_weight_bandwidth_floor", "advisor_vs_best_fixed_tile",
-                                      "bf16_contiguous_vs_occupancy_adjusted_roofline",
-                                      "k_grouped_bf16_vs_torch_grouped_mm_2d2d"}

@@ -101,7 +101,15 @@ def _on_device(x):
 
 def _operand(gen, *shape, block, quantized, ue8m0):
     x = torch.randn(*shape, generator=gen)
-    return _on_device(quantize_fp8(x, block, ue8m0=ue8m0) if quantized else x.to(torch.bfloat16))
+    return quantize_fp8(x, block, ue8m0=ue8m0) if quantized else x.to(torch.bfloat16)
+
+
+def _on_the_device(p: Problem, layout=None) -> Problem:
+    """``p`` with its operands (and ``layout``, if given) on the meta device. ``Problem.build``
+    refuses meta tensors (they cannot be multiplied), so the validated CPU problem is rebuilt
+    field by field: the backend then sees what a GPU call would show it."""
+    return Problem(p.op, _on_device(p.a), _on_device(p.b), layout or p.layout, p.c, p.out_dtype,
+                   torch.device("meta"), p.num_groups, p.m, p.n, p.k, p.b_major)
 
 
 def _fresh_call(be, op, gen, step, quantized, weight):
@@ -117,9 +125,15 @@ def _fresh_call(be, op, gen, step, quantized, weight):
         lay = moe_hal.KGroupedLayout.from_counts(counts)
         return Problem.build(_operand(gen, lay.num_rows, 32, block=(128, 1), **kw),
                              _operand(gen, lay.num_rows, 64, block=(128, 1), **kw), lay, out_dtype=torch.float32)
-    masked_m = torch.tensor(counts, dtype=torch.int32, device="meta")
+    masked_m = torch.tensor(counts, dtype=torch.int32)
     lay = moe_hal.MaskedLayout(masked_m, max(counts), check=False)
-    return Problem.build(_operand(gen, 8, max(counts), 256, block=(1, 128), **kw), weight, lay)
+    p = Problem.build(_operand(gen, 8, max(counts), 256, block=(1, 128), **kw), weight, lay)
+    return p, moe_hal.MaskedLayout(masked_m.to("meta"), max(counts), check=False)
+
+
+def _device_call(be, op, gen, step, quantized, weight):
+    call = _fresh_call(be, op, gen, step, quantized, weight)
+    return _on_the_device(*call) if isinstance(call, tuple) else _on_the_device(call)
 
 
 CASES = [("sm90", "contiguous", False), ("sm90", "contiguous", True), ("sm90", "masked", False),
@@ -133,9 +147,9 @@ def test_fresh_layout_launch_path_makes_no_host_sync(stubbed, monkeypatch, arch,
     be = _backend(arch)
     gen = torch.Generator().manual_seed(7)
     weight = _operand(gen, 8, 64, 256, block=(128, 128), quantized=quantized, ue8m0=arch == "sm100")
-    be.run(_fresh_call(be, op, gen, 0, quantized, weight), None)   # weights prepared once, as in a model
+    be.run(_device_call(be, op, gen, 0, quantized, weight), None)   # weights prepared once, as in a model
     for step in range(1, 5):
-        p = _fresh_call(be, op, gen, step, quantized, weight)
+        p = _device_call(be, op, gen, step, quantized, weight)
         out = p.new_out()
         with NoHostSync():
             be.run(p, out)
@@ -148,7 +162,7 @@ def test_detector_catches_a_host_read(stubbed, monkeypatch):
     be = _backend("sm90")
     gen = torch.Generator().manual_seed(1)
     weight = _operand(gen, 8, 64, 256, block=None, quantized=False, ue8m0=False)
-    p = _fresh_call(be, "contiguous", gen, 0, False, weight)
+    p = _device_call(be, "contiguous", gen, 0, False, weight)
     be.plan(p)
     real = launch.layout_tensor
 
