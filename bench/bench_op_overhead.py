@@ -11,7 +11,8 @@ times, at tiny sizes where the call is all host overhead, in one process and int
   backward itself is not timed),
 
 for the contiguous (host layout and :class:`~moe_hal.PsumLayout`), masked and K-grouped layouts.
-``added_us = op - plain``. Never run as a test.
+``added_us = op - plain``. Times are this thread's CPU time by default (``--clock thread``), which
+a shared, oversubscribed machine disturbs less than wall time. Never run as a test.
 
     python bench/bench_op_overhead.py [--json bench/results/op_overhead_cpu.json] [--repeats 15]
 """
@@ -48,7 +49,7 @@ def cases(gen: torch.Generator) -> dict[str, tuple]:
     }
 
 
-def measure(name: str, a, b, lay, c, iters: int, repeats: int) -> dict:
+def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     fns = {
         "op": lambda: ops.call(a, b, lay, c=c),
@@ -56,7 +57,7 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int) -> dict:
     }
     if not isinstance(lay, moe_hal.PsumLayout):        # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
-    t = host_seconds_per_call(fns, iters=iters, repeats=repeats)
+    t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name,
            **{f"{k}_us": v * 1e6 for k, v in t.items()}}
@@ -71,20 +72,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15, help="timing rounds (median over them)")
     p.add_argument("--iters", type=int, default=2000, help="calls per round")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: host overhead, not throughput)")
+    p.add_argument("--clock", choices=("wall", "thread"), default="thread",
+                   help="wall time, or this thread's CPU time (default: steadier on a shared, oversubscribed host)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
+    clock = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", moe_hal.errors.MoeHalWarning)
     gen = torch.Generator().manual_seed(0)
-    results = [measure(name, *args_, iters=args.iters, repeats=args.repeats) for name, args_ in cases(gen).items()]
+    results = [measure(name, *args_, iters=args.iters, repeats=args.repeats, clock=clock)
+               for name, args_ in cases(gen).items()]
     for r in results:
         text = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
         print(text)
     if args.json:
         meta = {"torch": torch.__version__, "moe_hal": moe_hal.__version__, "threads": torch.get_num_threads(),
                 "machine": platform.platform(), "processor": platform.processor(), "date": time.strftime("%Y-%m-%d"),
-                "load_avg_1m": os.getloadavg()[0], "command": "python bench/bench_op_overhead.py "
-                f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads}"}
+                "load_avg_1m": os.getloadavg()[0], "clock": args.clock,
+                "command": "python bench/bench_op_overhead.py "
+                f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock}"}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)
     return 0

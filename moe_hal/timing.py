@@ -141,20 +141,22 @@ def interleaved_wall_seconds(fns: Mapping[str, Callable[[], Any]], device: Any, 
     return times
 
 
-def host_seconds_per_call(fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int) -> dict[str, float]:
+def host_seconds_per_call(fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int,
+                          clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
     """Median host seconds per call of each function, without synchronising: every round times
     ``iters`` back-to-back calls of each function in turn (what a launch-overhead benchmark
-    measures). ``max(3, iters // 10)`` warm-up calls each first."""
+    measures). ``max(3, iters // 10)`` warm-up calls each first. ``clock``: wall time by default;
+    ``time.thread_time`` counts only this thread's CPU time (steadier on an oversubscribed host)."""
     for fn in fns.values():
         for _ in range(max(3, iters // 10)):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(iters):
                 fn()
-            samples[name].append((time.perf_counter() - t0) / iters)
+            samples[name].append((clock() - t0) / iters)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
