@@ -161,10 +161,8 @@ def test_expert_weights_reads_every_checkpoint_layout(gen):
 
 
 # -- transformers blocks ----------------------------------------------------------------------------------
-transformers = pytest.importorskip("transformers")
-
-
 def _hf_block(name: str):
+    transformers = pytest.importorskip("transformers")     # the test extra installs it; skip only these tests
     torch.manual_seed(0)
     if name == "mixtral":
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
@@ -173,7 +171,9 @@ def _hf_block(name: str):
             hidden_size=32, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2))
         params = {"gate.weight": "router.weight"}
     elif name == "qwen3_moe":
-        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import (
+            Qwen3MoeSparseMoeBlock,
+        )
 
         block = Qwen3MoeSparseMoeBlock(transformers.Qwen3MoeConfig(
             hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False))

@@ -28,9 +28,9 @@ def test_gradients_through_ascend_match_float64_reference(dtype, gen):
         (torch.randn(3, 8, 64, generator=gen), torch.randn(3, 32, 64, generator=gen), mlay),
         (torch.randn(klay.num_rows, 32, generator=gen), torch.randn(klay.num_rows, 64, generator=gen), klay),
     ]
-    tol = dict(rtol=3e-2, atol=0.2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+    tol = {"rtol": 3e-2, "atol": 0.2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
     for a, b, layout in cases:
-        def run(a, b, be):
+        def run(a, b, be, layout=layout):
             return moe_hal.grouped_gemm(a, b, layout, backend=be)
 
         dy = torch.randn(run(a.double(), b.double(), "reference").shape, generator=gen)
