@@ -77,6 +77,24 @@ def test_contiguous_fp8(gen, backend, b_block):
     assert bool((out[_gap_rows(lay)] == 0).all())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_n_major_weight_runs_on_a_k_major_copy(gen, backend):
+    """An N-major fp8 weight (a transposed view of [G, K, N]) is made K-major once through the
+    prepared cache (fp8 MMAs read K-major operands); the result matches the reference."""
+    lay = moe_hal.ContiguousLayout.from_counts([7, 0, 19], alignment=4)
+    k, n = 256, 24
+    ue8m0 = backend == "cuda_sm100"
+    qa = quantize_fp8(randn(gen, lay.num_rows, k), (1, 128), ue8m0=ue8m0)
+    q = quantize_fp8(randn(gen, 3, n, k), (128, 128), ue8m0=ue8m0)
+    qb = moe_hal.QuantizedTensor(q.data.transpose(1, 2).contiguous().transpose(1, 2), q.scale, q.block, q.scale_format)
+    assert qb.data.stride(-1) != 1
+    out = moe_hal.grouped_gemm(qa, qb, lay, backend=backend)
+    assert_matches(out, reference(qa, qb, lay, out_dtype=torch.float32), magnitude(qa, qb, lay), k, FP8_THRESHOLD)
+    copy = moe_hal.get_backend(backend).prepared_k_major(qb).data
+    assert copy.stride(-1) == 1 and torch.equal(copy.view(torch.uint8), qb.data.view(torch.uint8))
+    assert moe_hal.get_backend(backend).prepared_k_major(qb).data is copy, "the copy is made once per weight"
+
+
 def test_contiguous_fp8_sm90_takes_fp32_scales(gen):
     """SM90 converts non-power-of-two fp32 scales; SM100 rejects them with a reason."""
     lay = moe_hal.ContiguousLayout.from_counts([17, 4], alignment=1)

@@ -250,6 +250,24 @@ def test_path_table_packaged_and_empty():
     assert configs.path_table() == {}
 
 
+def test_peer_choice_is_unmeasured_without_a_committed_measurement(monkeypatch):
+    """With the packaged (empty) path table a native plan runs Triton and says the peer choice is
+    unmeasured; an entry from a measurement routes the call when the peer can take it."""
+    monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")
+    from moe_hal_cuda import backend as cuda_backend, plugin
+
+    be = cuda_backend.CudaSM90Backend(plugin.specs()[0])
+    lay = moe_hal.ContiguousLayout.from_counts([30, 50], alignment=16)
+    problem = moe_hal.Problem.build(torch.zeros(lay.num_rows, 64, dtype=torch.bfloat16),
+                                    torch.zeros(2, 32, 64, dtype=torch.bfloat16), lay)
+    path, note = be._choose_path(problem)
+    assert path == "triton" and "unmeasured" in note
+    measured = configs.PathPreference("sm90", "contiguous", "bf16", "torch", 1.3, "bench/results/x.json")
+    monkeypatch.setattr(configs, "path_table", lambda: {("sm90", "contiguous", "bf16"): measured})
+    path, note = be._choose_path(problem)
+    assert path == "triton" and "1.30x faster" in note and "CUDA devices only" in note   # a CPU call: blocked
+
+
 # -- tiles -----------------------------------------------------------------------------------------
 def test_config_table_fits_and_divides():
     """Every fp8 BLOCK_K divides the 128-wide scale block; every entry's pipeline fits the
