@@ -12,6 +12,9 @@ replaced by a no-op. Two regimes, interleaved in rounds so drifts of a shared ma
   one is the router's cost, reported separately as ``layout_build_us``).
 * ``cached``: the same layout object every call (its device tensors and plan already made).
 
+Time is this thread's CPU time (``time.thread_time``): on a shared, oversubscribed host, wall time
+also counts the time other processes hold the core.
+
 Operands are CPU tensors (host time does not depend on N and K, so they are small); with the
 kernel stubbed, the device operations of the path (output allocation, fp8 activation-scale
 conversion, the layout's group-end upload — a no-op on the CPU, one ``cudaMemcpyAsync`` from
@@ -120,7 +123,7 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
     fresh = itertools.cycle(args[1:])        # every fresh call sees a layout object new to the backend
     per_round = max(calls // rounds, 1)
     seconds = host_seconds_per_call({"fresh": lambda: call(*next(fresh)), "cached": lambda: call(*args[0])},
-                                    iters=per_round, repeats=rounds)
+                                    iters=per_round, repeats=rounds, clock=time.thread_time)
     fresh_us, cached_us = seconds["fresh"] * 1e6, seconds["cached"] * 1e6
     return {"arch": arch, "op": op, "dtype": dtype, "routing": routing, "groups": groups,
             "fresh_layout_us": round(fresh_us, 2), "cached_layout_us": round(cached_us, 2),
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "what": "host time per call of the cuda backends' launch path (Problem.build + backend.run, Triton launch "
                 "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
-        "target_us": TARGET_US, "torch": torch.__version__, "python": platform.python_version(),
+        "target_us": TARGET_US, "clock": "time.thread_time (this thread's CPU time)", "torch": torch.__version__, "python": platform.python_version(),
         "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
         "load_average": list(os.getloadavg()), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python bench/bench_cuda_host_time.py --json bench/results/cuda_host_time_cpu.json",
