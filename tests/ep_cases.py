@@ -370,6 +370,32 @@ def cases(rank: int, world: int) -> dict:
                     raise AssertionError(f"{mode}/{kind}: rank {rank} did not fail")
         check(make(20, rank, tok, E, 2), g, E)      # the group still works afterwards
 
+    def nn_moe_with_ep_group():
+        from moe_hal.nn import GroupedExperts, MoE, TopKRouter
+
+        torch.manual_seed(21)                          # identical modules on every rank
+        router = TopKRouter(H, E, 3)
+        full = GroupedExperts(E, H, 8)
+        local = GroupedExperts(g.num_local_experts, H, 8)
+        with torch.no_grad():
+            local.w13.copy_(full.w13[list(g.local_experts)])
+            local.w2.copy_(full.w2[list(g.local_experts)])
+        x = torch.randn(sum(tok), H, generator=torch.Generator().manual_seed(22))
+        lo, hi = sum(tok[:rank]), sum(tok[:rank + 1])
+        for layout in ("contiguous", "masked"):
+            want_x = x.clone().requires_grad_()
+            want = MoE(router, full, layout="contiguous")(want_x)
+            (want * _probe(want)).sum().backward()
+            got_x = x[lo:hi].clone().requires_grad_()
+            moe = MoE(router, local, layout=layout, masked_capacity=max(tok), ep_group=g)
+            got = moe(got_x)
+            (got * _probe_rows(got, lo)).sum().backward()
+            torch.testing.assert_close(got, want[lo:hi].detach(), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(got_x.grad, want_x.grad[lo:hi], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(local.w13.grad, full.w13.grad[list(g.local_experts)], atol=1e-4, rtol=1e-4)
+            for m in (router, full, local):
+                m.zero_grad(set_to_none=True)
+
     def select_explains():
         sel = ep.select(g, "capacity")
         assert sel.name == "all_to_all_single" and not sel.spec.needs_host_sync
@@ -397,7 +423,7 @@ CASES = ["exact_int_fp32", "exact_float_fp32_deterministic", "exact_skew_one_exp
          "exact_uneven_placement", "exact_bf16", "exact_fp8", "capacity_exactly_full",
          "capacity_full_plus_one_raises", "capacity_drop_reports", "capacity_no_host_sync", "capacity_grads_float",
          "capacity_empty_ranks_topk_gt_local", "capacity_bf16", "capacity_fp8", "broken_rank_fails_everywhere",
-         "select_explains"]
+         "nn_moe_with_ep_group", "select_explains"]
 
 
 def crash_on_one_rank(rank: int, world: int) -> None:
