@@ -28,11 +28,12 @@ _EXPORTS = {
     "Signature": "backend", "hookimpl": "hookspecs", "ContiguousLayout": "layouts",
     "KGroupedLayout": "layouts", "MaskedLayout": "layouts", "PsumLayout": "device_layout", "Problem": "problem",
     "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
+    "PerfModel": "backend", "clear_cache": "plugin_api",
 }
 _SUBMODULES = frozenset({
     "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
-    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugins", "prepared", "problem",
-    "quant", "routing", "selection", "timing", "workloads",
+    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
+    "problem", "quant", "routing", "selection", "timing", "workloads",
 })
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])
@@ -56,9 +57,11 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
     from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401
     from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401
-    from .backend import Backend, BackendSpec, DeviceInfo, Reason, Signature  # noqa: F401
-    from .device_layout import PsumLayout  # noqa: F401
+    "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
+    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
+    "problem", "quant", "routing", "selection", "timing", "workloads",
     from .hookspecs import hookimpl  # noqa: F401
+    from .plugin_api import clear_cache  # noqa: F401
     from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401
     from .problem import Problem  # noqa: F401
     from .quant import QuantizedTensor  # noqa: F401

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from .problem import Problem
+    from .quant import QuantizedTensor
 
 #: Major version of the backend API this core implements; a spec's ``api_version`` must share it.
 API_VERSION = "1.0"
@@ -162,14 +163,50 @@ class Signature:
 
 
 @dataclass(frozen=True)
+class PerfModel:
+    """What a backend's kernels do that the performance model (:mod:`moe_hal.perf`) must know to
+    predict them. Declared once in :attr:`BackendSpec.perf_model`; read by ``moe-hal bench --model``
+    and by backends that rank tiles with :func:`moe_hal.perf.advise_problem` (so the prediction
+    and the launch use the same facts).
+
+    ``tiles``: ``(BM, BN)`` tiles the backend may launch (None: :data:`moe_hal.perf.DEFAULT_TILES`).
+    ``streams_all_experts``: the kernel reads the weights of empty experts too.
+    ``reads_padding_rows``: the kernel loads the alignment padding rows of A.
+    ``masked_computes_max_m``: a masked call multiplies all ``max_m`` rows of every group.
+    """
+
+    tiles: tuple[tuple[int, int], ...] | None = None
+    streams_all_experts: bool = False
+    reads_padding_rows: bool = False
+    masked_computes_max_m: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tiles is not None:
+            tiles = tuple(tuple(t) for t in self.tiles)
+            for t in tiles:
+                if len(t) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in t):
+                    raise ArgumentError("PerfModel.tiles", "(block_m, block_n) pairs of positive ints", repr(t))
+            object.__setattr__(self, "tiles", tiles)
+        for name in ("streams_all_experts", "reads_padding_rows", "masked_computes_max_m"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"PerfModel.{name}", "a bool", repr(getattr(self, name)))
+
+    def estimate_options(self) -> dict[str, bool]:
+        """The keyword arguments of :func:`moe_hal.perf.estimate` / ``advise`` these facts set."""
+        return {"streams_all_experts": self.streams_all_experts, "reads_padding_rows": self.reads_padding_rows}
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """Declaration of one backend; cheap to build, imports nothing heavy.
 
     ``device_types``: torch device types it runs on natively (``("cuda",)``; ``("*",)`` means
     any device, as for the reference backend). ``requires``: hardware-DB feature flags the device must have.
     ``priority``: larger wins among eligible backends. ``impl``: ``"module:Class"``, imported
-    only when the backend is considered. ``plugin``/``distribution``/``version`` are stamped by
-    the host when the spec is registered.
+    only when the backend is considered. ``perf_model``: what the performance model must know
+    about the kernels (:class:`PerfModel`). ``extra``: free-form data of the plugin's own, never
+    read by the core. ``plugin``/``distribution``/``version`` are stamped by the host when the spec
+    is registered.
     """
 
     name: str
@@ -187,6 +224,7 @@ class BackendSpec:
     plugin: str = ""
     distribution: str = ""
     version: str = ""
+    perf_model: PerfModel = PerfModel()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +244,8 @@ class BackendSpec:
                 raise bad(name, "a collection of non-empty strings")
         if not self.device_types:
             raise bad("device_types", "at least one torch device type (or '*')")
+        if not isinstance(self.perf_model, PerfModel):
+            raise bad("perf_model", "a moe_hal.backend.PerfModel")
         object.__setattr__(self, "requires", frozenset(self.requires))
         object.__setattr__(self, "device_types", tuple(self.device_types))
         if not isinstance(self.tier, str) or self.tier not in TIERS:
@@ -312,12 +352,30 @@ class Backend:
         """One line saying which kernel/path this call takes (shown by ``explain()``)."""
         return ""
 
+    def physical_scales(self, q: "QuantizedTensor", role: str) -> "torch.Tensor":
+        """The fp8 scales of ``q`` in the memory form this backend's kernels read, for callers that
+        transform weight scales once ahead of time (as DeepGEMM's callers do). Optional: a backend
+        with fp8 signatures implements it when its kernels read a form other than the API's.
+
+        ``q``: a :class:`~moe_hal.quant.QuantizedTensor` with UE8M0 (power-of-two) scales;
+        ``role``: ``"a"`` (activations, 1x128 blocks, scales ``[M, ceil(K/128)]``) or ``"b"``
+        (weights, 128x128 blocks). Returns a tensor on ``q``'s device whose dtype names the form
+        (e.g. float32 TMA-aligned, int32 with four UE8M0 exponents packed per element, int16 with
+        two). The conformance suite checks it against golden tensors, and reports the case not
+        applicable for a backend that leaves it unimplemented (:meth:`has_physical_scales`).
+        """
+        raise NotImplementedError(f"backend {self.name!r} does not transform scales (physical_scales)")
+
+    def has_physical_scales(self) -> bool:
+        """Whether this backend implements :meth:`physical_scales`."""
+        return type(self).physical_scales is not Backend.physical_scales
+
     def run(self, problem: "Problem", out: "torch.Tensor | None") -> "torch.Tensor":
         """Compute ``problem``. Write into ``out`` when given (and return it); otherwise allocate.
 
-        The problem is already validated. Contracts (DESIGN.md): contiguous writes every row of the
-        output and zeroes rows of no group; masked never writes rows ``>= masked_m[g]``; K-grouped
-        adds ``problem.c``.
+        The problem is already validated. Contracts (``docs/design.md``): contiguous writes every
+        row of the output and zeroes rows of no group; masked never writes rows ``>= masked_m[g]``;
+        K-grouped adds ``problem.c``.
         """
         raise NotImplementedError(f"backend {self.name!r} does not implement run()")
 

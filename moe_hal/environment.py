@@ -82,41 +82,52 @@ def choice(name: str, choices: Iterable[str], default: str) -> str:
 
 # -- snapshot --------------------------------------------------------------------------------------
 
-#: Environment variables the core and the bundled plugins read.
+#: Environment variables the core reads (plugins declare theirs through ``moe_hal_environment``).
 KNOWN_ENV_VARS = {
     "MOE_HAL_BACKEND": "force one backend, or a comma list in preference order",
     "MOE_HAL_DISABLE_BACKENDS": "comma list of backends never to use",
     "MOE_HAL_PLUGINS": "unset: load every plugin; empty: none; comma list: only those entry points",
+    "MOE_HAL_DISABLE_PLUGINS": "comma list of plugin entry points never to load",
     "MOE_HAL_STRICT_PLUGINS": "1: a plugin that fails to load raises instead of being skipped",
     "MOE_HAL_TRACE_PLUGINS": "1: print plugin loading and hook calls to stderr",
     "MOE_HAL_HWDB": "extra hardware-DB YAML files or directories (os.pathsep separated)",
     "MOE_HAL_PREPARED_MAX_BYTES": "byte budget of the prepared-weight cache",
-    "MOE_HAL_CUDA_INTERPRET": "1: run the CUDA backends' Triton kernels in the interpreter on the CPU",
-    "MOE_HAL_ASCEND_EMULATE": "1 or a SoC name (e.g. Ascend950PR_9579): run the Ascend backends on the CPU "
-                              "emulator of torch_npu (only when named)",
-    "MOE_HAL_ASCEND_SOC": "SoC the Ascend emulator pretends to be",
-    "MOE_HAL_ASCEND_WEIGHT_FORMAT": "nd (default) or nz: cast bf16/fp16 weights to FRACTAL_NZ once on Ascend",
 }
-#: Non-moe_hal variables that change how moe_hal behaves.
-RELATED_ENV_VARS = ("TRITON_INTERPRET", "TORCH_DEVICE_BACKEND_AUTOLOAD", "CUDA_VISIBLE_DEVICES",
-                    "ASCEND_RT_VISIBLE_DEVICES")
+#: Non-moe_hal variables that change how the core behaves.
+RELATED_ENV_VARS = ("TORCH_DEVICE_BACKEND_AUTOLOAD",)
+#: Distributions whose versions decide the core's results.
+CORE_PACKAGES = ("moe-hal", "torch", "numpy", "pluggy", "safetensors", "jsonschema", "pyyaml")
+
+
+def plugin_declarations() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """(variable -> (meaning, plugin), distribution -> plugin) the plugins declared."""
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    return dict(host.env_vars), dict(host.packages)
 
 
 def env_vars() -> dict[str, dict[str, Any]]:
-    """Every ``MOE_HAL_*`` variable set (flagging unknown names, likely typos) plus related ones."""
+    """Every ``MOE_HAL_*`` variable set (flagging unknown names, likely typos) plus the related
+    ones the core and the plugins declare, with their meaning and who reads them."""
+    declared, _ = plugin_declarations()
+    meanings = {name: (meaning, "moe_hal") for name, meaning in KNOWN_ENV_VARS.items()}
+    meanings.update({name: ("", "moe_hal") for name in RELATED_ENV_VARS})
+    meanings.update(declared)
     out = {}
     for name in sorted(os.environ):
-        if name.startswith("MOE_HAL_") or name in RELATED_ENV_VARS:
-            known = name in KNOWN_ENV_VARS or name in RELATED_ENV_VARS
-            out[name] = {"value": os.environ[name], "known": known,
-                         "meaning": KNOWN_ENV_VARS.get(name, "" if known else "unknown: typo?")}
+        if name.startswith("MOE_HAL_") or name in meanings:
+            meaning, owner = meanings.get(name, ("unknown: typo?", ""))
+            out[name] = {"value": os.environ[name], "known": name in meanings, "meaning": meaning, "read_by": owner}
     return out
 
 
 def versions() -> dict[str, str]:
-    """Versions of Python, moe_hal and the libraries that decide results."""
+    """Versions of Python, moe_hal and the libraries that decide results (the core's and those
+    the plugins declare)."""
+    _, packages = plugin_declarations()
     out = {"python": platform.python_version(), "platform": platform.platform()}
-    for dist in ("moe-hal", "torch", "triton", "torch_npu", "cuda-python", "cuda-bindings", "deep_gemm", "pluggy"):
+    for dist in (*CORE_PACKAGES, *sorted(packages)):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:

@@ -7,8 +7,9 @@ try/except; hook implementations are also called one plugin at a time. A failure
 unless ``MOE_HAL_STRICT_PLUGINS=1``, which turns failures into a :class:`~moe_hal.errors.PluginError`.
 
 ``MOE_HAL_PLUGINS``: unset loads every installed plugin; an empty value loads none (built-ins
-only); a comma list loads only the entry points with those names. Both variables are read when
-discovery runs; :func:`reload` discovers again.
+only); a comma list loads only the entry points with those names. ``MOE_HAL_DISABLE_PLUGINS``: a
+comma list of entry points never to load (applied after ``MOE_HAL_PLUGINS``). The variables are
+read when discovery runs; :func:`reload` discovers again.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ BUILTIN_PLUGIN = "moe_hal"
 @dataclass(frozen=True)
 class PluginFailure:
     """Why a plugin (or one of its hooks) failed. ``phase``: ``load``, ``validate``,
-    ``register_backends``, ``hardware_db``, ``conformance_manifest``, ``probe_device``, ``conflict``,
-    ``not_installed``, or ``probe <backend>.<method>`` when a backend's probe raised or returned a
-    value of the wrong type."""
+    ``register_backends``, ``hardware_db``, ``environment``, ``conformance_manifest``,
+    ``probe_device``, ``conflict``, ``not_installed``, or ``probe <backend>.<method>`` when a
+    backend's probe raised or returned a value of the wrong type."""
 
     plugin: str
     phase: str
@@ -66,7 +67,7 @@ class PluginRecord:
     value: str
     distribution: str = ""
     version: str = ""
-    status: str = "loaded"  # loaded | failed | conflict | not_installed | builtin
+    status: str = "loaded"  # loaded | failed | conflict | disabled | not_installed | builtin
     backends: list[str] = field(default_factory=list)
     failures: list[PluginFailure] = field(default_factory=list)
 
@@ -92,6 +93,11 @@ class PluginHost:
         self._discovering = False
         #: (path, plugin) hardware-DB overlays contributed through ``moe_hal_hardware_db``.
         self.hw_overlays: list[tuple[str, str]] = []
+        #: What plugins declare through ``moe_hal_environment``: variable -> (meaning, plugin),
+        #: distribution -> plugin, and (fact name, reader, plugin).
+        self.env_vars: dict[str, tuple[str, str]] = {}
+        self.packages: dict[str, str] = {}
+        self.facts: list[tuple[str, Callable[[], str], str]] = []
 
     # -- discovery ---------------------------------------------------------------------------
     def ensure_loaded(self) -> "PluginHost":
@@ -139,6 +145,7 @@ class PluginHost:
                 self._fail(record, "validate", exc)
         self._collect_backends()
         self._register_hw_overlays()
+        self._collect_environment()
         failures = [f for r in self.plugins.values() for f in r.failures]
         if failures and environment.flag("MOE_HAL_STRICT_PLUGINS"):
             raise PluginError(failures)
@@ -156,6 +163,7 @@ class PluginHost:
                 same.append(ep)
         wanted = os.environ.get("MOE_HAL_PLUGINS")
         allow = None if wanted is None else {n.strip() for n in wanted.split(",") if n.strip()}
+        deny = {n.strip() for n in os.environ.get("MOE_HAL_DISABLE_PLUGINS", "").split(",") if n.strip()}
         out = []
         for name in sorted(found):
             eps = found[name]
@@ -172,7 +180,7 @@ class PluginHost:
                 record.failures.append(PluginFailure(
                     name, "conflict", "NameError",
                     f"several distributions provide the entry point {name!r} ({values}); none is loaded"))
-            elif allow is not None and name not in allow:
+            elif (allow is not None and name not in allow) or name in deny:
                 record.status = "disabled"
             out.append((eps[0], record))
         for name in sorted((allow or set()) - set(found)):
@@ -261,6 +269,40 @@ class PluginHost:
             if found is not None:
                 return found
         return None
+
+    def _collect_environment(self) -> None:
+        """What each plugin declares through ``moe_hal_environment``; a failing hook fails only
+        that plugin and keeps none of its declarations."""
+        for impl in self.pm.hook.moe_hal_environment.get_hookimpls():
+            plugin = impl.plugin_name
+            env_vars: dict[str, tuple[str, str]] = {}
+            packages: dict[str, str] = {}
+            facts: list[tuple[str, Callable[[], str], str]] = []
+
+            def env_var(name: str, meaning: str, _plugin: str = plugin, _acc=env_vars) -> None:
+                if not isinstance(name, str) or not name or not isinstance(meaning, str):
+                    raise TypeError(f"env_var(name, meaning) expects two strings, got {name!r}, {meaning!r}")
+                _acc[name] = (meaning, _plugin)
+
+            def package(distribution: str, _plugin: str = plugin, _acc=packages) -> None:
+                if not isinstance(distribution, str) or not distribution:
+                    raise TypeError(f"package(distribution) expects a distribution name, got {distribution!r}")
+                _acc[distribution] = _plugin
+
+            def fact(name: str, read: Callable[[], str], _plugin: str = plugin, _acc=facts) -> None:
+                if not isinstance(name, str) or not callable(read):
+                    raise TypeError(f"fact(name, read) expects a string and a callable, got {name!r}, {read!r}")
+                _acc.append((name, read, _plugin))
+
+            _trace(f"calling moe_hal_environment of {plugin}")
+            try:
+                impl.function(env_var=env_var, package=package, fact=fact)
+            except Exception as exc:  # noqa: BLE001 - one plugin's declaration must not hide the others
+                self._fail(self.plugins[plugin], "environment", exc)
+                continue
+            self.env_vars.update(env_vars)
+            self.packages.update(packages)
+            self.facts.extend(facts)
 
     def conformance_manifests(self, backend_name: str) -> list[tuple[str, str]]:
         """``(path, plugin)`` expected-failure manifests plugins ship for ``backend_name``."""

@@ -103,17 +103,22 @@ def test_error_summary_by_hand():
 
 
 def test_backend_declarations_reach_the_model():
+    from moe_hal.backend import PerfModel
+
     class Spec:
-        extra = {"perf_model": {"tiles": [[64, 256]], "masked_computes_max_m": True}}
+        perf_model = PerfModel(tiles=[[64, 256]], masked_computes_max_m=True)
+
+    class Plain:
+        perf_model = PerfModel()
 
     opts = bench.model_options(Spec())
     assert opts["tiles"] == [(64, 256)] and opts["masked_computes_max_m"] and not opts["streams_all_experts"]
-    assert bench.model_options(object())["tiles"] == list(perf.DEFAULT_TILES)
+    assert bench.model_options(Plain())["tiles"] == list(perf.DEFAULT_TILES)
     hw = perf.Hardware("x", 132, {"bf16": 788e12}, 4.3e12, mma_min_m=64)
     case = bench.Case("d", "t", "masked", "bf16", 4096, 7168, [3, 0, 5], max_m=64)
     full = bench._predict(case, hw, opts)
     assert full.tile == (64, 256) and full.counts == (64, 64, 64)
-    sparse = bench._predict(case, hw, bench.model_options(object()))
+    sparse = bench._predict(case, hw, bench.model_options(Plain()))
     assert sparse.counts == (3, 0, 5)
 
 

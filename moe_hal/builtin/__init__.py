@@ -11,7 +11,7 @@ It also registers the built-in expert-parallel transport, ``all_to_all_single``
 
 from __future__ import annotations
 
-from ..backend import BackendSpec, Signature
+from ..backend import BackendSpec, PerfModel, Signature
 from ..hookspecs import hookimpl
 
 _ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
@@ -48,7 +48,7 @@ TORCH = BackendSpec(
     deterministic=True,
     description="torch.nn.functional.grouped_mm with padding, stride and dtype fix-ups",
     # Its masked path multiplies all max_m rows (moe_hal.perf reads this hint).
-    extra={"perf_model": {"masked_computes_max_m": True}},
+    perf_model=PerfModel(masked_computes_max_m=True),
 )
 
 

@@ -19,10 +19,8 @@ from_entry``); figures the entry lacks (``cpu-generic`` has none) are measured i
 model, fitted on three calls of the backend outside the sweep: a fixed time (one row), the
 streaming bandwidth (one memory-bound call) and the peak (one large single-group call).
 
-Backends tell the model about their kernels through ``BackendSpec.extra["perf_model"]``:
-``tiles`` (``[(BM, BN), ...]`` the backend may launch; default :data:`moe_hal.perf.DEFAULT_TILES`),
-``streams_all_experts``, ``reads_padding_rows`` and ``masked_computes_max_m`` (the kernel
-multiplies all ``max_m`` rows of every masked group), all booleans defaulting to False.
+Backends tell the model about their kernels through ``BackendSpec.perf_model``
+(:class:`moe_hal.backend.PerfModel`: the tiles they launch and what their kernels read).
 """
 
 from __future__ import annotations
@@ -389,14 +387,12 @@ def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, tim
 # model
 # ---------------------------------------------------------------------------------------------
 def model_options(spec: Any) -> dict[str, Any]:
-    """What a backend declares about its kernels for the model (``spec.extra["perf_model"]``)."""
+    """What a backend declares about its kernels for the model (``spec.perf_model``)."""
     from .. import perf
 
-    declared = dict(getattr(spec, "extra", {}) or {}).get("perf_model", {}) or {}
-    return {"tiles": [tuple(t) for t in declared.get("tiles", perf.DEFAULT_TILES)],
-            "streams_all_experts": bool(declared.get("streams_all_experts", False)),
-            "reads_padding_rows": bool(declared.get("reads_padding_rows", False)),
-            "masked_computes_max_m": bool(declared.get("masked_computes_max_m", False))}
+    declared = spec.perf_model
+    return {"tiles": list(declared.tiles or perf.DEFAULT_TILES), **declared.estimate_options(),
+            "masked_computes_max_m": declared.masked_computes_max_m}
 
 
 def _predict(case: Case, hw: Any, opts: dict[str, Any]) -> Any:

@@ -1,8 +1,8 @@
 """Conformance reports: JSON (with a schema and a verifier), JUnit XML and a text summary.
 
 A report holds what is needed to trust and compare it: the suite and data versions, moe_hal and
-plugin versions, the environment (python, torch, triton if installed, every ``MOE_HAL_*``
-variable), and one *run* per backend: the backend (plugin, distribution, version, execution mode —
+plugin versions, the environment (python, torch, the libraries the plugins declare, every
+``MOE_HAL_*`` variable), and one *run* per backend: the backend (plugin, distribution, version, execution mode —
 interpreted and emulated runs say so), the device and its hardware-DB entry, the dispatcher's
 explanations, the waivers used, and per case and path its status, reasons, checks and metrics.
 
@@ -42,6 +42,15 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _packages() -> list[str]:
+    """The libraries whose versions a report records: the core's and those plugins declare
+    (``moe_hal_environment``); the plugins' own distributions are in the plugin records."""
+    from .. import environment as env
+
+    _, declared = env.plugin_declarations()
+    return ["numpy", "safetensors", "pluggy", "hypothesis", *sorted(declared)]
+
+
 def environment() -> dict[str, Any]:
     """Python, platform, library versions (read from metadata, nothing imported) and ``MOE_HAL_*``."""
     import torch
@@ -49,8 +58,7 @@ def environment() -> dict[str, Any]:
     return {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
             "platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
             "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
-            "packages": {d: _version(d) for d in ("triton", "numpy", "safetensors", "pluggy", "hypothesis",
-                                                  "torch_npu", "moe-hal-cuda", "moe-hal-ascend")},
+            "packages": {d: _version(d) for d in _packages()},
             "moe_hal_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MOE_HAL_")}}
 
 

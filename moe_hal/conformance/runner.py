@@ -429,9 +429,8 @@ class Runner:
         from ..quant import QuantizedTensor
 
         inst = self.target.backend
-        fn = getattr(inst, "physical_scales", None)
         fp8 = any("fp8_e4m3" in s.dtypes for s in inst.spec.signatures)
-        if fn is None or not fp8:
+        if not inst.has_physical_scales() or not fp8:
             why = (Reason("dtype_unsupported", "the backend declares no fp8 signature", {"fp8_e4m3"}, None) if not fp8
                    else Reason("physical_scales_absent", "the backend exposes no physical_scales(q, role)"))
             result.status = "not_applicable"
@@ -442,7 +441,7 @@ class Runner:
         dev = self.target.device
         q = QuantizedTensor(golden["a.data"].to(dev), golden["a.scale"].to(dev), (1, 128), "ue8m0")
         with _stage(f"backend.physical_scales(q, {case.problem['role']!r})"):
-            out = fn(q, case.problem["role"])
+            out = inst.physical_scales(q, case.problem["role"])
         prefix = {"float32": "golden.tma", "int32": "golden.ue8m0", "int16": "golden.ue8m0x2"}.get(
             str(out.dtype).removeprefix("torch."))
         if prefix is None:

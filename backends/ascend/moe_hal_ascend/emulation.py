@@ -92,8 +92,6 @@ def reset() -> EmulationConfig:
 
 def _forget_selections() -> None:
     # Selections are cached per problem signature; a different emulated SoC changes the answer.
-    import sys
+    from moe_hal.plugin_api import clear_cache
 
-    select = sys.modules.get("moe_hal.selection")
-    if select is not None:
-        select.clear_cache()
+    clear_cache()

@@ -20,7 +20,7 @@ report the EMULATED execution mode.
 
 from __future__ import annotations
 
-from moe_hal import BackendSpec, Signature, hookimpl
+from moe_hal.plugin_api import BackendSpec, Signature, hookimpl
 
 from . import emulation
 
@@ -96,3 +96,35 @@ def moe_hal_probe_device(device_type, index):
     from .probe import probe  # reads the device through torch only when one is asked about
 
     return probe(index)
+
+
+@hookimpl
+def moe_hal_environment(env_var, package, fact) -> None:
+    env_var("MOE_HAL_ASCEND_EMULATE", "1 or a SoC name (e.g. Ascend950PR_9579): run the Ascend backends on the "
+                                      "CPU emulator of torch_npu (only when named)")
+    env_var("MOE_HAL_ASCEND_SOC", "SoC the Ascend emulator pretends to be")
+    env_var("MOE_HAL_ASCEND_WEIGHT_FORMAT", "nd (default) or nz: cast bf16/fp16 weights to FRACTAL_NZ once")
+    env_var("ASCEND_RT_VISIBLE_DEVICES", "the NPUs this process sees")
+    package("torch_npu")
+    fact("CANN", _cann_fact)
+
+
+def _cann_fact() -> str:
+    """The CANN toolkit version from its install record, without importing torch_npu (which can
+    break a machine whose CANN is missing)."""
+    import os
+    from pathlib import Path
+
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
+    if not home:
+        return "not found (ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH unset: CANN's set_env.sh not sourced)"
+    for record in [Path(home) / "version.cfg", *sorted(Path(home).glob("*/ascend_toolkit_install.info"))]:
+        try:
+            lines = record.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            key, _, value = line.partition("=")
+            if "version" in key.lower() and value.strip():
+                return f"{value.strip()} ({record})"
+    return f"unknown (no version record under {home})"

@@ -218,7 +218,7 @@ class CudaBackend(Backend):
         by_tile = {c.tile: c for c in tiles}
         try:
             hw, hw_note = self._model_hardware(p.device)
-            advice = perf.advise_problem(p, hw, list(by_tile))
+            advice = perf.advise_problem(p, hw, list(by_tile), **self.spec.perf_model.estimate_options())
         except Exception as exc:  # noqa: BLE001 - a degenerate call (N = 0, ...) or a DB gap: keep a fixed tile
             config = configs.lookup(self.ARCH, p.in_dtype, _DEFAULT_HEIGHT[p.op])
             return config, f"table default (advisor unavailable: {type(exc).__name__}: {exc})"

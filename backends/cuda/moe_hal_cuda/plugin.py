@@ -20,7 +20,7 @@ Hardware requirements are hardware-DB feature flags, never architecture lists:
 
 from __future__ import annotations
 
-from moe_hal import BackendSpec, Signature, hookimpl
+from moe_hal.plugin_api import BackendSpec, PerfModel, Signature, hookimpl
 
 from . import configs, mode
 
@@ -44,15 +44,12 @@ def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
                       scale_formats=scale_formats, scale_blocks=FP8_K_BLOCKS))
 
 
-def _extra(arch: str) -> dict:
-    """``BackendSpec.extra``: CUDA-graph capture per layout, and what ``moe-hal bench --model``
-    should assume about the kernels: the tiles of contiguous 16-bit calls (the advisor picks among
-    them per call), no weight traffic for empty experts, no reads of padding rows, masked tiles
-    past ``masked_m`` skipped."""
-    tiles = [[bm, configs.TABLE[(arch, "16bit", bm)].block_n] for bm in configs.HEIGHTS["contiguous"]]
-    return {"perf_model": {"tiles": tiles, "streams_all_experts": False, "reads_padding_rows": False,
-                           "masked_computes_max_m": False},
-            "graph_capture": GRAPH_CAPTURE}
+def _perf_model(arch: str) -> PerfModel:
+    """What the performance model must assume about the kernels: the tiles of contiguous 16-bit
+    calls (the advisor picks among them per call), no weight traffic for empty experts, no reads
+    of padding rows, masked tiles past ``masked_m`` skipped."""
+    tiles = tuple((bm, configs.TABLE[(arch, "16bit", bm)].block_n) for bm in configs.HEIGHTS["contiguous"])
+    return PerfModel(tiles=tiles, streams_all_experts=False, reads_padding_rows=False, masked_computes_max_m=False)
 
 
 #: CUDA-graph capture per layout (``graph_capturable=True`` holds for all three in this sense).
@@ -84,7 +81,8 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"wgmma", "tma"}),
         deterministic=True,
         graph_capturable=True,
-        extra=_extra("sm90"),
+        perf_model=_perf_model("sm90"),
+        extra={"graph_capture": GRAPH_CAPTURE},
         description=_description("Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"),
     )
@@ -99,7 +97,8 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         requires=frozenset({"tcgen05", "tma", "ue8m0_scales"}),
         deterministic=True,
         graph_capturable=True,
-        extra=_extra("sm100"),
+        perf_model=_perf_model("sm100"),
+        extra={"graph_capture": GRAPH_CAPTURE},
         description=_description("Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
                                  "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"),
     )
@@ -119,3 +118,24 @@ def moe_hal_probe_device(device_type, index):
     from .probe import probe  # reads the device through torch only when one is asked about
 
     return probe(index)
+
+
+@hookimpl
+def moe_hal_environment(env_var, package, fact) -> None:
+    env_var("MOE_HAL_CUDA_INTERPRET", "1: run the CUDA backends' Triton kernels in the interpreter on the CPU")
+    env_var("TRITON_INTERPRET", "Triton's interpreter switch (set by MOE_HAL_CUDA_INTERPRET=1)")
+    env_var("CUDA_VISIBLE_DEVICES", "the CUDA devices this process sees")
+    for distribution in ("triton", "cuda-python", "cuda-bindings", "deep_gemm"):
+        package(distribution)
+    fact("CUDA driver", _driver_fact)
+
+
+def _driver_fact() -> str:
+    """The driver API version and device 0 as cuda-python or torch read them, or why they cannot."""
+    from .device import DeviceFacts, device_facts
+
+    facts = device_facts(0)
+    if not isinstance(facts, DeviceFacts):
+        return str(facts)
+    version = f"driver API {facts.driver_version}" if facts.driver_version else "driver version unknown"
+    return f"{version}; device 0: {facts.name}, {facts.arch}, {facts.sm_count} SMs (read by {facts.source})"

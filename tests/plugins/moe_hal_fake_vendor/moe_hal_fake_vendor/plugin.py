@@ -57,3 +57,10 @@ def moe_hal_probe_device(device_type, index):
     seen = f"Fake Accelerator #{0 if index is None else index}"
     candidates = [e for e in hwdb.all() if "fake_accel" in e.raw["recognition"]]
     return hwdb.decide(candidates, seen, [], "fake accelerator")
+
+
+@moe_hal.hookimpl
+def moe_hal_environment(env_var, package, fact):
+    env_var("MOE_HAL_FAKE_VENDOR_MODE", "test vendor's only switch (read by nothing)")
+    package("pluggy")  # a distribution surely installed, so reports show a version for it
+    fact("fake vendor firmware", lambda: "1.2.3 (fictional)")
