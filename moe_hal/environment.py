@@ -17,7 +17,6 @@ import math
 import os
 import platform
 import re
-import sys
 from typing import Any, Iterable
 
 from .errors import ArgumentError, EnvironmentVariableError
@@ -132,10 +131,34 @@ def versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    if "torch" in sys.modules or "torch" in out:
-        import torch
+    return out
 
-        out["torch.version.cuda"] = str(torch.version.cuda)
+
+def machine() -> dict[str, Any]:
+    """The CPU and the threads torch computes with (thread counts decide CPU timings)."""
+    import torch
+
+    from .hwdb.matching import cpu_model
+
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+            "mkl": bool(torch.backends.mkl.is_available()), "openmp": bool(torch.backends.openmp.is_available())}
+
+
+def facts() -> dict[str, str]:
+    """The machine facts plugins declare (driver and toolkit versions), each read once; a reader
+    that fails shows its error instead."""
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    out = {}
+    for name, read, plugin in host.facts:
+        try:
+            value = str(read())
+        except Exception as exc:  # noqa: BLE001 - a bug report must still be printed
+            value = f"could not be read: {type(exc).__name__}: {exc}"
+        out[f"{name} ({plugin})"] = value
     return out
 
 
@@ -167,11 +190,34 @@ def devices() -> list[dict[str, Any]]:
 
 
 def plugins() -> list[dict[str, Any]]:
-    """Every plugin record: distribution, version, status, backends, failures with tracebacks."""
+    """Every plugin record: distribution, version, status, backends, the hooks it implements, the
+    hardware-DB entries and overlays it contributes, and failures with tracebacks."""
+    from . import hwdb
     from . import plugins as _plugins
 
     host = _plugins.host().ensure_loaded()
-    return [host.plugins[n].as_dict() for n in sorted(host.plugins)]
+    hooks: dict[str, list[str]] = {}
+    if host.pm is not None:
+        for name in dir(host.pm.hook):
+            if name.startswith("moe_hal_"):
+                for impl in getattr(host.pm.hook, name).get_hookimpls():
+                    hooks.setdefault(impl.plugin_name, []).append(name.removeprefix("moe_hal_"))
+    contributed: dict[str, list[str]] = {}
+    try:
+        for entry in hwdb.all():
+            for path in (entry.path, *entry.measured_paths):
+                for plugin in {p for _, p in host.hw_overlays}:
+                    if path.endswith(f"[plugin {plugin}]"):
+                        contributed.setdefault(plugin, []).append(entry.id)
+    except Exception:  # noqa: BLE001 - a broken database is reported by `moe-hal hw`; info goes on
+        pass
+    out = []
+    for name in sorted(host.plugins):
+        record = host.plugins[name].as_dict()
+        record["hooks"] = sorted(hooks.get(name, []))
+        record["hwdb_entries"] = sorted(set(contributed.get(name, [])))
+        out.append(record)
+    return out
 
 
 def backends() -> list[dict[str, Any]]:
@@ -217,5 +263,5 @@ def backends() -> list[dict[str, Any]]:
 def snapshot() -> dict[str, Any]:
     """Everything above in one JSON-serialisable mapping."""
     backend_rows = backends()  # first: probing backends may record plugin failures
-    return {"versions": versions(), "devices": devices(), "plugins": plugins(), "backends": backend_rows,
-            "env": env_vars()}
+    return {"versions": versions(), "machine": machine(), "facts": facts(), "devices": devices(),
+            "plugins": plugins(), "backends": backend_rows, "env": env_vars()}

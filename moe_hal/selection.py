@@ -184,7 +184,7 @@ def select(problem: Problem, backend: Preference = None) -> Selection:
     assert chosen is not None, err  # eligible backends were instantiated during evaluation
     selection = Selection(chosen, device, problem.summary(), candidates, ranked, how)
     if how == "auto":
-        _warn_if_slow(selection, host)
+        _warn_if_slow(selection)
     with _cache_lock:
         _cache[key] = selection
     return selection
@@ -315,13 +315,20 @@ def _rank(c: Candidate) -> tuple:
     return (-c.spec.priority, _TIER_RANK[c.spec.tier], c.name)
 
 
-def _warn_if_slow(selection: Selection, host: plugins.PluginHost) -> None:
+def _warn_if_slow(selection: Selection) -> None:
+    """Warn when the automatic choice is the reference backend, or a fallback while optimized
+    backends declared for this device type cannot run the call (those are named). An optimized
+    backend that can run it but ranks lower by its priority is the plugins' own declaration, not a
+    path change: ``explain()`` shows it with its priority, and there is no warning."""
     spec = selection.backend.spec
     dev = selection.device.type
-    better = sorted(s.name for s in host.specs.values()
-                    if s.tier == "optimized" and (dev in s.device_types))
-    if spec.tier == "reference" or (spec.tier == "fallback" and better):
-        why = f"; optimized backends for {dev} ({', '.join(better)}) cannot run it" if better else ""
+    optimized = [c for c in selection.candidates
+                 if c.spec is not None and c.spec.tier == "optimized" and dev in c.spec.device_types]
+    if spec.tier == "fallback" and any(c.eligible for c in optimized):
+        return
+    unable = sorted(c.name for c in optimized if not c.eligible)
+    if spec.tier == "reference" or (spec.tier == "fallback" and unable):
+        why = f"; optimized backends for {dev} ({', '.join(unable)}) cannot run it" if unable else ""
         warn_once(("selected", spec.name, selection.problem, dev),
                   f"moe_hal selected the {spec.tier} backend {spec.name!r} for {selection.problem} "
                   f"on {selection.device.label}{why}. Call moe_hal.select(...).explain() for the reasons.")
@@ -342,7 +349,8 @@ def render(problem: str, device: DeviceInfo, candidates: list[Candidate], chosen
             lines.append(f"  path: {c.path}")
         others = ranked[1:]
         if others:
-            lines.append("also eligible, ranked lower: " + ", ".join(others))
+            lines.append("also eligible, ranked lower: " + ", ".join(
+                f"{name} ({by_name[name].spec.tier}, priority {by_name[name].spec.priority})" for name in others))
     elif considered:
         lines.append("considered (MOE_HAL_BACKEND / backend= preference): " + ", ".join(considered))
     rejected = [c for c in candidates if not c.eligible]

@@ -113,7 +113,8 @@ def test_explain_lists_every_backend_and_reason(fresh_plugins, gen):
     text = sel.explain()
     assert text.startswith("call: contiguous fp32 -> fp32, G=2, M=5, N=4, K=8")
     assert "device: cpu" in text and "selected: torch" in text
-    assert "also eligible, ranked lower: fake_vendor, reference" in text
+    assert ("also eligible, ranked lower: fake_vendor (fallback, priority -100), "
+            "reference (reference, priority -1000)") in text
     names = {c.name for c in sel.candidates}
     assert {"torch", "reference", "fake_vendor", "twin", "broken_impl", "plugin:broken_import"} <= names
     d = sel.as_dict()

@@ -29,7 +29,30 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(f"{__name__}.{name}").register(sub)
         except Exception as exc:  # noqa: BLE001 - one broken subcommand must not take `info` down
             _register_broken(sub, name, exc)
+    _finish_help(parser)
     return parser
+
+
+def _plain(text: str) -> str:
+    """Docstring text without reStructuredText markup (``x``, :mod:`x`), for help screens."""
+    import re
+
+    return re.sub(r"(?::[a-z]+:)?`+([^`]+)`+", r"\1", text)
+
+
+def _finish_help(parser: argparse.ArgumentParser) -> None:
+    """Help screens say what they mean: descriptions without docstring markup, and every option
+    help that does not state its default already gets ``(default: X)``."""
+    if parser.description:
+        parser.description = _plain(parser.description)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _finish_help(sub)
+            continue
+        if (action.help and action.help is not argparse.SUPPRESS and "default" not in action.help
+                and action.default not in (None, False, argparse.SUPPRESS)):
+            action.help += " (default: %(default)s)"
 
 
 def _register_broken(sub, name: str, exc: Exception) -> None:
@@ -50,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    import warnings
+
     from ..errors import MoeHalError
 
+    shown = warnings.showwarning
+    warnings.showwarning = _show_warning
     try:
         return int(args.func(args) or 0)
     except MoeHalError as exc:
@@ -62,6 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        warnings.showwarning = shown
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one plain line on stderr, without the library's file and line (which mean
+    nothing to a command-line user and break progress output)."""
+    print(f"warning: {message}", file=sys.stderr if file is None else file)
 
 
 if __name__ == "__main__":

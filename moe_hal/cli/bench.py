@@ -438,7 +438,13 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or ("fp32" if device.type == "cpu" else "bf16")
     cases = sweep(full, dtype, args.fp8, args.seed)
     if args.only:
+        known = cases
         cases = [c for c in cases if args.only in c.name]
+        if not cases:
+            from ..errors import ArgumentError
+
+            raise ArgumentError("--only", f"text contained in a case name of this sweep, one of: "
+                                          f"{', '.join(c.name for c in known)}", repr(args.only))
     timer = Timer(device, args.warmup, args.reps)
     report: dict[str, Any] = {
         "tool": "moe-hal bench", "moe_hal": moe_hal.__version__, "torch": torch.__version__,
@@ -612,26 +618,22 @@ def _hw_dict(hw: Any) -> dict[str, Any]:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from . import render
 
-    console = Console(highlight=False)
-    console.print(f"moe-hal bench on {report['device']} {report.get('device_name', '')} "
-                  f"({report['sweep']} sweep, {report['dtype']}); {escape(report['timing'])}")
-    table = Table(title="times in us (median)")
+    console = render.console()
+    console.print(render.text(f"moe-hal bench on {report['device']} {report.get('device_name', '')} "
+                              f"({report['sweep']} sweep, {report['dtype']}); {report['timing']}"))
+    rows: list[list[str]] = []
     cols = ["case", "op", "G", "rows", "backend", "moe_hal", "grouped_mm", "mm loop"]
     with_model = "summary" in report
     if with_model:
         cols += ["roofline", "model", "err", "tile", "bound"]
         if "model_calibrated" in report["summary"]:
             cols += ["calibrated", "err"]
-    for c in cols:
-        table.add_column(c, justify="left" if c in ("case", "op", "backend", "bound") else "right")
     for r in report["cases"]:
         if "error" in r:
-            table.add_row(r["name"], r["op"], str(r["num_groups"]), str(r["rows"]), "-",
-                          escape(r["error"][:60]), *[""] * (len(cols) - 6))
+            rows.append([r["name"], r["op"], str(r["num_groups"]), str(r["rows"]), "-", r["error"][:60],
+                         *[""] * (len(cols) - 6)])
             continue
         t = r["times"]
         cells = [r["name"], r["op"], str(r["num_groups"]), str(r["rows"]), r["backend"]]
@@ -641,7 +643,7 @@ def print_report(report: dict[str, Any]) -> None:
         if with_model:
             m = r.get("model")
             if m is None:
-                cells += ["", escape(r.get("model_error", "-")[:40])] + [""] * (len(cols) - len(cells) - 2)
+                cells += ["", r.get("model_error", "-")[:40]] + [""] * (len(cols) - len(cells) - 2)
             else:
                 cells += [f"{m['t_roofline'] * 1e6:.1f}", f"{m['t_predicted'] * 1e6:.1f}",
                           f"{m.get('error_predicted', float('nan')):+.0%}", "x".join(map(str, m["tile"])),
@@ -650,14 +652,16 @@ def print_report(report: dict[str, Any]) -> None:
                     cal = m.get("t_predicted_calibrated")
                     cells += [f"{cal * 1e6:.1f}" if cal else "-",
                               f"{m.get('error_predicted_calibrated', float('nan')):+.0%}"]
-        table.add_row(*cells)
-    console.print(table)
+        rows.append(cells)
+    words = ("case", "op", "backend", "bound")
+    numbers = [c for c in cols if c not in words]
+    console.print(render.table("times in us (median)", cols, rows, key=["case", *numbers], right=numbers))
     if with_model:
         for name, s in report["summary"].items():
             if isinstance(s, dict) and s.get("n"):
                 console.print(f"{name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
                               f"mean {s['mean_error']:+.1%} over {s['n']} cases")
     for note in report["notes"]:
-        console.print(f"note: {escape(note)}")
+        console.print(render.text(f"note: {note}"))
     for message in report["warnings"]:
-        console.print(f"warning: {escape(message)}")
+        console.print(render.text(f"warning: {message}"))

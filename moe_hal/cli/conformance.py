@@ -13,6 +13,8 @@ import argparse
 import json
 import sys
 
+from . import render
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("conformance", help="run the conformance suite, compare reports, regenerate data",
@@ -20,8 +22,13 @@ def register(subparsers) -> None:
     sub = parser.add_subparsers(dest="conformance_command", metavar="SUBCOMMAND")
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
-    run = sub.add_parser("run", help="run the suite on one backend or all of them")
-    run.add_argument("--backend", default="all", help="backend name, comma list, or 'all' (default)")
+    run = sub.add_parser("run", help="run the suite on one backend or all of them",
+                         description="Run the conformance tiers on a backend (or every registered one): each "
+                                     "case through the backend directly and through the dispatcher, compared "
+                                     "with the stored golden data. Prints a summary with the verdict per "
+                                     "backend, lists waived cases (and those that now pass), writes JSON and "
+                                     "JUnit reports on request. Exit status 1 when a backend is non-conformant.")
+    run.add_argument("--backend", default="all", help="backend name, comma list, or 'all' (default: all)")
     run.add_argument("--tier", action="append", default=None,
                      help="smoke, full (default; includes smoke), sweep, fuzz; repeat or comma-separate")
     run.add_argument("--report", metavar="PATH", help="write the JSON report here")
@@ -42,9 +49,12 @@ def register(subparsers) -> None:
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.set_defaults(func=_run)
 
-    cmp = sub.add_parser("compare", help="case-by-case differences between two reports")
-    cmp.add_argument("a", metavar="A.json")
-    cmp.add_argument("b", metavar="B.json")
+    cmp = sub.add_parser("compare", help="case-by-case differences between two reports",
+                         description="Compare two conformance reports case by case (and path by path): "
+                                     "status changes, metrics that drifted, differences in the environment. "
+                                     "Exit status 1 when B regresses against A.")
+    cmp.add_argument("a", metavar="A.json", help="the baseline report")
+    cmp.add_argument("b", metavar="B.json", help="the report compared with it")
     cmp.add_argument("--drift", type=float, default=2.0,
                      help="report a metric that changed by more than this factor (default 2)")
     cmp.add_argument("--backend-a", help="run of the first report to compare (default: pair by backend name)")
@@ -52,23 +62,32 @@ def register(subparsers) -> None:
     cmp.add_argument("--json", action="store_true", help="print the comparison as JSON")
     cmp.set_defaults(func=_compare)
 
-    ver = sub.add_parser("verify", help="check a report's internal consistency")
-    ver.add_argument("report", metavar="REPORT.json")
+    ver = sub.add_parser("verify", help="check a report's internal consistency",
+                         description="Check that a report is consistent: its counts, verdicts and waivers "
+                                     "agree with its cases. Exit status 1 when it is not.")
+    ver.add_argument("report", metavar="REPORT.json", help="the report to check")
     ver.add_argument("--against-installed", action="store_true",
                      help="also require the installed suite's version, data and must-pass list")
     ver.set_defaults(func=_verify)
 
-    lst = sub.add_parser("list", help="list the cases")
+    lst = sub.add_parser("list", help="list the cases",
+                         description="List the cases of the installed suite with their tier, signature, "
+                                     "problem and tags.")
     lst.add_argument("--tier", action="append", default=None, help="tiers to list (default: full)")
-    lst.add_argument("--case", action="append", default=[], metavar="PATTERN")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--case", action="append", default=[], metavar="PATTERN",
+                     help="only cases whose id matches this shell pattern; repeatable (default: all)")
+    lst.add_argument("--json", action="store_true", help="print the cases as JSON")
     lst.set_defaults(func=_list)
 
-    reg = sub.add_parser("regen", help="regenerate the stored golden data (in a checkout) or check it")
+    reg = sub.add_parser("regen", help="regenerate the stored golden data (in a checkout) or check it",
+                         description="Regenerate the golden tensors of the suite from their recorded seeds "
+                                     "with the float64 oracle, or (--check) verify that the stored files "
+                                     "still match their manifest hashes.")
     reg.add_argument("--check", action="store_true",
                      help="regenerate in memory and fail if any file differs from its manifest sha256")
     reg.add_argument("--manifest-dir", help="directory holding manifest.yaml (default: the installed suite)")
-    reg.add_argument("--case", action="append", default=[], metavar="PATTERN")
+    reg.add_argument("--case", action="append", default=[], metavar="PATTERN",
+                     help="only cases whose id matches this shell pattern; repeatable (default: all)")
     reg.add_argument("--no-cross-check", action="store_true",
                      help="skip comparing each golden with the reference backend")
     reg.set_defaults(func=_regen)
@@ -103,20 +122,18 @@ class _RichProgress:
 
 
 def _run(args) -> int:
-    from rich.console import Console
-
     from ..conformance import report as report_mod
     from ..conformance import session
     from ..errors import ConformanceError, MoeHalError
 
-    err = Console(stderr=True)
+    err = render.console(stderr=True)
     try:
         plan = session.plan(args.backend, args.tier or ["full"], device=args.device, manifests=args.manifest,
                             strict=args.strict, cases=args.case, sweep_seed=args.sweep_seed,
                             sweep_count=args.sweep_count, fuzz_examples=args.fuzz_examples,
                             use_plugin_manifests=not args.no_plugin_manifests)
     except (ConformanceError, MoeHalError) as exc:
-        err.print(f"[red]error:[/] {exc}")
+        err.print(render.join(("error:", "red"), f" {exc}"))
         return 2
     progress = None if args.no_progress or not err.is_terminal else _RichProgress(err)
     try:
@@ -141,37 +158,38 @@ def _run(args) -> int:
 
 
 def _print_summary(report: dict) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=160)  # logs and CI: do not squeeze the table into 80 columns
-    table = Table(title=f"moe_hal conformance, suite {report['suite']['version']} "
-                        f"({', '.join(report['suite']['tiers'])})")
-    for col in ("backend", "mode", "device", "pass", "fail", "error", "n/a", "xfail", "xpass", "time", "verdict"):
-        table.add_column(col, justify="right" if col in ("pass", "fail", "error", "n/a", "xfail", "xpass", "time") else "left")
+    console = render.console()
+    numbers = ("pass", "fail", "error", "n/a", "xfail", "xpass", "time")
+    rows, styles = [], []
     for run in report["runs"]:
         b, c = run["backend"], run["summary"]["counts"]
-        style = {"conformant": "green", "conformant with waivers": "yellow", "non-conformant": "red"}.get(
-            run["summary"]["verdict"], "dim")
-        table.add_row(b["name"], b.get("mode") or "-", run["device"]["label"], str(c["pass"]), str(c["fail"]),
-                      str(c["error"]), str(c["not_applicable"]), str(c["xfail"]), str(c["xpass"]),
-                      f"{run['summary']['duration_s']:.1f}s", run["summary"]["verdict"], style=style)
-    console.print(table)
+        styles.append({"conformant": "green", "conformant with waivers": "yellow", "non-conformant": "red"}.get(
+            run["summary"]["verdict"], "dim"))
+        rows.append((b["name"], b.get("mode") or "-", run["device"]["label"], c["pass"], c["fail"], c["error"],
+                     c["not_applicable"], c["xfail"], c["xpass"], f"{run['summary']['duration_s']:.1f}s",
+                     run["summary"]["verdict"]))
+    console.print(render.table(f"moe_hal conformance, suite {report['suite']['version']} "
+                               f"({', '.join(report['suite']['tiers'])})",
+                               ("backend", "mode", "device", *numbers, "verdict"), rows,
+                               key=("backend", *numbers, "verdict"), right=numbers, row_styles=styles))
     shown = 0
     for run in report["runs"]:
         if not run["available"]:
             reasons = "; ".join(f"[{r['code']}] {r['message']}" for r in run["unavailable_reasons"])
-            console.print(f"[dim]{escape(run['backend']['name'])}: unavailable: {escape(reasons)}[/]", highlight=False)
+            console.print(render.text(f"{run['backend']['name']}: unavailable: {reasons}", "dim"))
             continue
+        waived = [case for case in run["cases"] if case["status"] in ("xfail", "xpass")]
+        if waived:
+            console.print(render.text(f"{run['backend']['name']}: waived cases:"))
+            for case in waived:
+                note = "now passes: remove its waiver" if case["status"] == "xpass" else "fails as expected"
+                console.print(render.text(f"  {case['id']} [{case['path']}]: {note}", "yellow"))
         for case in run["cases"]:
             if case["status"] in ("fail", "error") and shown < 20:
-                console.print(f"[red]{case['status'].upper()}[/] {escape(run['backend']['name'])}: "
-                              f"{escape(case.get('message', ''))}", highlight=False)
+                console.print(render.join((case["status"].upper(), "red"),
+                                          f" {run['backend']['name']}: {case.get('message', '')}"))
                 shown += 1
-    console.print(f"verdict: [bold]{report['verdict']}[/]")
+    console.print(render.join("verdict: ", (report["verdict"], "bold")))
     if "fuzz" in report["suite"]["tiers"]:
         console.print("(fuzz results are reported but never part of the verdict)")
 
@@ -198,7 +216,7 @@ def _compare(args) -> int:
         a, b = report_mod.load_json(args.a), report_mod.load_json(args.b)
         comparisons = compare_mod.compare(a, b, args.drift, args.backend_a, args.backend_b)
     except ConformanceError as exc:
-        Console(stderr=True).print(f"[red]error:[/] {exc}")
+        render.console(stderr=True).print(render.join(("error:", "red"), f" {exc}"))
         return 2
     if args.json:
         json.dump([c.as_dict() for c in comparisons], sys.stdout, indent=1, default=str)
@@ -226,9 +244,6 @@ def _verify(args) -> int:
 
 
 def _list(args) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from ..conformance import session
     from ..conformance import suite as suite_mod
 
@@ -240,14 +255,11 @@ def _list(args) -> int:
                    "cases": [c.as_dict() for c in cases]}, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    table = Table(title=f"suite {suite.version}: {len(cases)} case(s)")
-    for col in ("id", "tier", "signature", "problem", "tags"):
-        table.add_column(col, overflow="fold")
-    for c in cases:
-        sig = ", ".join(f"{k}={v}" for k, v in c.signature.items())
-        prob = ", ".join(f"{k}={v}" for k, v in c.problem.items() if k not in ("counts", "masked_m"))
-        table.add_row(c.id, c.tier, sig, prob, " ".join(c.tags))
-    Console().print(table)
+    rows = [(c.id, c.tier, ", ".join(f"{k}={v}" for k, v in c.signature.items()),
+             ", ".join(f"{k}={v}" for k, v in c.problem.items() if k not in ("counts", "masked_m")), " ".join(c.tags))
+            for c in cases]
+    render.console().print(render.table(f"suite {suite.version}: {len(cases)} case(s)",
+                                        ("id", "tier", "signature", "problem", "tags"), rows, key=("id",)))
     return 0
 
 

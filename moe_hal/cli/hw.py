@@ -118,22 +118,21 @@ def run_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([_summary(e) for e in entries], indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from . import render
 
-    t = Table(title="hardware database (dense spec peaks, measured rate in brackets; basis: ds/wp/sec/der/meas/fit; "
-                    "achieved: implementations with achieved-efficiency figures)", title_justify="left")
-    for col in ("id", "name", "arch", "cores", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS", "memory GB",
-                "BW TB/s", "achieved", "features"):
-        t.add_column(col)
+    rows = []
     for e in entries:
         cores = e.quantity("compute.units")
         kind = e.raw["compute"]["unit_kind"]
-        t.add_row(e.id, e.name, e.architecture, f"{int(cores.value)} {kind}" if cores else "-",
-                  _peak(e, "bf16"), _peak(e, "fp8"), _peak(e, "fp4"),
-                  _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12), _achieved(e),
-                  ", ".join(sorted(e.features)))
-    Console().print(t)
+        rows.append((e.id, e.name, e.architecture, f"{int(cores.value)} {kind}" if cores else "-",
+                     _peak(e, "bf16"), _peak(e, "fp8"), _peak(e, "fp4"),
+                     _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12), _achieved(e),
+                     ", ".join(sorted(e.features))))
+    numbers = ("cores", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS", "memory GB", "BW TB/s")
+    render.console().print(render.table(
+        "hardware database (dense spec peaks, measured rate in brackets; basis: ds/wp/sec/der/meas/fit; "
+        "achieved: implementations with achieved-efficiency figures)",
+        ("id", "name", "arch", *numbers, "achieved", "features"), rows, key=("id", *numbers), right=numbers))
     return 0
 
 
@@ -145,23 +144,20 @@ def run_show(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(entry.to_dict(), indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from . import render
 
-    console = Console()
-    console.print(f"[bold]{entry.id}[/bold]  {entry.name}  ({entry.vendor}, {entry.architecture})")
-    console.print(f"file: {entry.path}")
+    console = render.console()
+    console.print(render.join((entry.id, "bold"), f"  {entry.name}  ({entry.vendor}, {entry.architecture})"))
+    console.print(render.text(f"file: {entry.path}"))
     for path in entry.measured_paths:
-        console.print(f"measured overlay: {path}")
+        console.print(render.text(f"measured overlay: {path}"))
     if entry.aliases:
-        console.print(f"aliases: {', '.join(entry.aliases)}")
-    console.print(f"features: {', '.join(sorted(entry.features)) or '-'}")
-    recognition = {k: v for k, v in entry.raw["recognition"].items() if k in ("cuda", "npu", "cpu")}
-    console.print(f"recognition: {json.dumps(recognition)}", markup=False, highlight=False)
+        console.print(render.text(f"aliases: {', '.join(entry.aliases)}"))
+    console.print(render.text(f"features: {', '.join(sorted(entry.features)) or '-'}"))
+    recognition = {k: v for k, v in entry.raw["recognition"].items() if k not in ("source", "note")}
+    console.print(render.text(f"recognition: {json.dumps(recognition)}"))
 
-    t = Table(title="quantities", title_justify="left", show_lines=False)
-    for col in ("field", "value", "unit", "basis", "source / note"):
-        t.add_column(col, overflow="fold")
+    rows = []
     for path, node in entry.quantities():
         value = "unknown" if node["value"] is None else f"{node['value']:g}"
         basis = node.get("basis", "-")
@@ -172,10 +168,11 @@ def run_show(args: argparse.Namespace) -> int:
             text += f" [fitted over {node['cases']} cases; {node['method']}]"
         if node.get("note"):
             text += f" -- {node['note']}" if text else node["note"]
-        t.add_row(path, value, node["unit"], basis, text)
-    console.print(t)
+        rows.append((path, value, node["unit"], basis, text))
+    console.print(render.table("quantities", ("field", "value", "unit", "basis", "source / note"), rows,
+                               key=("field", "value", "unit"), right=("value",)))
     for note in entry.raw.get("notes", ()):
-        console.print(f"note: {note}", markup=False, highlight=False)
+        console.print(render.text(f"note: {note}"))
     return 0
 
 
@@ -208,13 +205,9 @@ def run_match(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results, indent=2))
         return 0
-    from rich.console import Console
-    from rich.table import Table
+    from . import render
 
-    t = Table(title="hardware-DB match", title_justify="left")
-    for col in ("device", "entry", "seen", "reason"):
-        t.add_column(col, overflow="fold")
-    for r in results:
-        t.add_row(r["device"], r["id"] or "[yellow]none[/yellow]", r["seen"], r["reason"] or "")
-    Console().print(t)
+    rows = [(r["device"], r["id"] or render.text("none", "yellow"), r["seen"], r["reason"] or "") for r in results]
+    render.console().print(render.table("hardware-DB match", ("device", "entry", "seen", "reason"), rows,
+                                        key=("device", "entry")))
     return 0

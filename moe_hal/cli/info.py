@@ -1,19 +1,23 @@
-"""``moe-hal info``: devices, plugins, backends and environment variables as moe_hal sees them."""
+"""``moe-hal info``: everything a bug report needs, as one plain block to copy (or ``--json``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="show devices, plugins, backends and environment",
-                       description="Show the devices torch sees and their hardware-DB match, every plugin "
-                                   "(with failures and tracebacks), every backend with its availability per "
-                                   "device, and the MOE_HAL_* variables in force. Works even when every "
-                                   "plugin is broken.")
-    p.add_argument("--json", action="store_true", help="print the snapshot as JSON")
-    p.add_argument("--tracebacks", action="store_true", help="print plugin failure tracebacks")
+    p = sub.add_parser("info", help="bug-report information: versions, machine, devices, plugins, backends",
+                       description="Print one plain-text block to paste into a bug report: versions of "
+                                   "Python, torch and the libraries that decide results, the CPU and thread "
+                                   "settings, driver and toolkit versions the plugins report, each device "
+                                   "and its hardware-DB entry, each plugin with its hooks and hardware-DB "
+                                   "entries (failures included), each backend on each device with its "
+                                   "reason code, and the MOE_HAL_* variables in force. Works even when "
+                                   "every plugin is broken.")
+    p.add_argument("--json", action="store_true", help="print the same information as JSON")
+    p.add_argument("--tracebacks", action="store_true", help="also print the traceback of each plugin failure")
     p.set_defaults(func=run)
 
 
@@ -24,61 +28,57 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
         return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    v = snap["versions"]
-    console.print(f"[bold]moe_hal {v.get('moe-hal', '?')}[/bold]  python {v['python']}  torch {v.get('torch', '-')}"
-                  f"  triton {v.get('triton', '-')}  ({v['platform']})")
-
-    t = Table(title="devices", title_justify="left")
-    for col in ("device", "hardware DB entry", "features"):
-        t.add_column(col)
-    for d in snap["devices"]:
-        hw = d["hw_id"] or f"[yellow]unrecognised[/yellow]: {d['seen']}"
-        t.add_row(d["device"], hw, ", ".join(d["features"]) or "-")
-    console.print(t)
-
-    t = Table(title="plugins", title_justify="left")
-    for col in ("plugin", "distribution", "status", "backends", "failure"):
-        t.add_column(col)
-    for p in snap["plugins"]:
-        status = p["status"]
-        style = {"failed": "red", "conflict": "red", "not_installed": "yellow", "disabled": "dim"}.get(status)
-        failure = "; ".join(f"{f['phase']}: {f['exc_type']}: {f['message']}" for f in p["failures"])
-        t.add_row(p["name"], f"{p['distribution']} {p['version']}".strip(),
-                  f"[{style}]{status}[/{style}]" if style else status, ", ".join(p["backends"]) or "-", failure or "")
-    console.print(t)
-    if args.tracebacks:
-        for p in snap["plugins"]:
-            for f in p["failures"]:
-                if f["traceback"]:
-                    console.rule(f"{p['name']}: {f['phase']}")
-                    console.print(f["traceback"], markup=False, highlight=False)
-
-    t = Table(title="backends", title_justify="left")
-    for col in ("backend", "tier", "prio", "plugin", *[d["device"] for d in snap["devices"]]):
-        t.add_column(col)
-    for b in snap["backends"]:
-        cells = []
-        for d in snap["devices"]:
-            st = b["devices"][d["device"]]
-            if st["available"]:
-                cells.append(f"[green]yes[/green] {st['mode']}")
-            else:
-                cells.append("[red]no[/red]: " + "; ".join(f"[{r['code']}] {r['message']}" for r in st["reasons"]))
-        t.add_row(b["name"], b["tier"], str(b["priority"]), f"{b['plugin']}", *cells)
-    console.print(t)
-
-    if snap["env"]:
-        t = Table(title="environment", title_justify="left")
-        for col in ("variable", "value", "meaning"):
-            t.add_column(col)
-        for name, e in snap["env"].items():
-            meaning = e["meaning"] if e["known"] else f"[yellow]{e['meaning']}[/yellow]"
-            t.add_row(name, e["value"], meaning)
-        console.print(t)
-    else:
-        console.print("environment: no MOE_HAL_* variables set")
+    print("\n".join(report_lines(snap, tracebacks=args.tracebacks)))
     return 0
+
+
+def report_lines(snap: dict[str, Any], tracebacks: bool = False) -> list[str]:
+    """The snapshot as plain lines (no markup, no table borders: it is pasted into issues)."""
+    v, m = snap["versions"], snap["machine"]
+    lines = [f"moe_hal {v.get('moe-hal', '?')}: python {v['python']} on {v['platform']}"]
+    libraries = [f"{name} {version}" for name, version in v.items()
+                 if name not in ("moe-hal", "python", "platform")]
+    lines.append("libraries: " + (", ".join(libraries) or "-"))
+    lines.append(f"cpu: {m['cpu']} ({m['logical_cpus']} logical CPUs)")
+    lines.append(f"threads: torch {m['torch_threads']} (interop {m['torch_interop_threads']}), "
+                 f"OMP_NUM_THREADS={m['OMP_NUM_THREADS'] or 'unset'}, MKL_NUM_THREADS={m['MKL_NUM_THREADS'] or 'unset'}, "
+                 f"mkl {'yes' if m['mkl'] else 'no'}, openmp {'yes' if m['openmp'] else 'no'}")
+    for name, value in snap["facts"].items():
+        lines.append(f"{name}: {value}")
+
+    lines.append("devices:")
+    for d in snap["devices"]:
+        entry = d["hw_id"] or f"unrecognised ({d['seen']})"
+        lines.append(f"  {d['device']}: {entry}; features: {', '.join(d['features']) or '-'}")
+
+    lines.append("plugins:")
+    for p in snap["plugins"]:
+        who = f"{p['distribution']} {p['version']}".strip() or p["value"] or "-"
+        line = f"  {p['name']} ({who}): {p['status']}"
+        if p["hooks"]:
+            line += f"; hooks: {', '.join(p['hooks'])}"
+        if p["backends"]:
+            line += f"; backends: {', '.join(p['backends'])}"
+        if p["hwdb_entries"]:
+            line += f"; hardware-DB entries: {', '.join(p['hwdb_entries'])}"
+        lines.append(line)
+        for f in p["failures"]:
+            lines.append(f"    failed during {f['phase']}: {f['exc_type']}: {f['message']}")
+            if tracebacks and f["traceback"]:
+                lines += ["      " + t for t in f["traceback"].rstrip().splitlines()]
+
+    lines.append("backends:")
+    for b in snap["backends"]:
+        for device, state in b["devices"].items():
+            head = f"  {b['name']} on {device} ({b['tier']}, priority {b['priority']}, plugin {b['plugin']}): "
+            if state["available"]:
+                lines.append(head + f"yes, {state['mode']}")
+            else:
+                reasons = "; ".join(f"[{r['code']}] {r['message']}" for r in state["reasons"])
+                lines.append(head + f"no: {reasons}")
+
+    lines.append("environment:" + ("" if snap["env"] else " no MOE_HAL_* variable set"))
+    for name, e in snap["env"].items():
+        meaning = e["meaning"] + (f" (read by {e['read_by']})" if e.get("read_by") else "")
+        lines.append(f"  {name}={e['value']}: {meaning}")
+    return lines

@@ -217,40 +217,37 @@ def _us(seconds: float) -> str:
 
 
 def print_report(report: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from . import render
 
-    console = Console(highlight=False)
+    console = render.console()
     hw, prob = report["hardware"], report["problem"]
     srcs = hw["sources"]
-    console.print(f"[bold]{hw['id']}[/]: {hw['num_cores']} cores, peak {hw['peak_flops'] / 1e12:.1f} TFLOP/s "
+    console.print(render.join((hw["id"], "bold"), f": {hw['num_cores']} cores, peak {hw['peak_flops'] / 1e12:.1f} TFLOP/s "
                   f"{prob['dtype']} ({srcs.get('peak.' + prob['dtype'], '?')}), bandwidth "
-                  f"{hw['mem_bandwidth'] / 1e12:.2f} TB/s ({srcs.get('bandwidth', '?')}), MMA min M {hw['mma_min_m']}")
+                  f"{hw['mem_bandwidth'] / 1e12:.2f} TB/s ({srcs.get('bandwidth', '?')}), MMA min M {hw['mma_min_m']}"))
     shape = (f"N={prob['n']}, K={prob['k']}" if prob["op"] != "k_grouped" else f"M={prob['m']}, N={prob['n']}")
-    console.print(f"{prob['op']} {prob['dtype']}->{prob['out_dtype']}, {shape}, {prob['num_groups']} groups "
-                  f"({prob['active_groups']} active), {prob['rows']} {'tokens' if prob['op'] == 'k_grouped' else 'rows'}"
-                  f" ({escape(prob['histogram'])})")
+    console.print(render.text(
+        f"{prob['op']} {prob['dtype']}->{prob['out_dtype']}, {shape}, {prob['num_groups']} groups "
+        f"({prob['active_groups']} active), {prob['rows']} {'tokens' if prob['op'] == 'k_grouped' else 'rows'}"
+        f" ({prob['histogram']})"))
     console.print(f"ridge M* = {report['ridge_m']:.0f} rows; plain roofline (ideal) = {_us(report['t_roofline'])} us")
     basis = report["ranked"][0]["basis"]
     for term in ("compute", "bandwidth", "tile_overhead", "launch"):
-        console.print(f"  prediction {term}: {escape(basis[term])}")
-    table = Table(title="per tile (times in us)", show_lines=False)
-    for col in ("tile", "occ M", "occ N", "tiles", "waves", "wave eff", "T_comp", "T_mem", "ideal",
-                "predicted", "vs ideal", "serial", "bound"):
-        table.add_column(col, justify="right")
-    for i, e in enumerate(report["ranked"]):
-        style = "bold green" if i == 0 else None
-        table.add_row(f"{e['block_m']}x{e['block_n']}", f"{e['occupancy_m']:.3f}", f"{e['occupancy_n']:.3f}",
-                      str(e["tiles"]), str(e["waves"]), f"{e['wave_efficiency']:.3f}", _us(e["t_compute"]),
-                      _us(e["t_memory"]), _us(e["t_roofline"]), _us(e["t_predicted"]),
-                      f"{e['t_predicted'] / e['t_roofline'] - 1:+.1%}" if e["t_roofline"] else "-",
-                      _us(e["t_serial"]), e["bound"], style=style)
-    console.print(table)
+        console.print(render.text(f"  prediction {term}: {basis[term]}"))
+    columns = ("tile", "occ M", "occ N", "tiles", "waves", "wave eff", "T_comp", "T_mem", "ideal",
+               "predicted", "vs ideal", "serial", "bound")
+    rows = [(f"{e['block_m']}x{e['block_n']}", f"{e['occupancy_m']:.3f}", f"{e['occupancy_n']:.3f}",
+             e["tiles"], e["waves"], f"{e['wave_efficiency']:.3f}", _us(e["t_compute"]),
+             _us(e["t_memory"]), _us(e["t_roofline"]), _us(e["t_predicted"]),
+             f"{e['t_predicted'] / e['t_roofline'] - 1:+.1%}" if e["t_roofline"] else "-",
+             _us(e["t_serial"]), e["bound"]) for e in report["ranked"]]
+    # every column is a number a reader compares across rows: none may be cut
+    console.print(render.table("per tile (times in us)", columns, rows, key=columns, right=columns,
+                               row_styles=["bold green" if i == 0 else None for i in range(len(rows))]))
     for line in report["answer"]["lines"]:
-        console.print(escape(line))
+        console.print(render.text(line))
     if report.get("plot"):
-        console.print(f"plot written to {report['plot']}")
+        console.print(render.text(f"plot written to {report['plot']}"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
@@ -32,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--k", type=int, default=DEFAULTS["k"], help="input features K (hidden size)")
     p.add_argument("--tokens", "-T", type=int, default=DEFAULTS["tokens"], help="tokens routed")
     p.add_argument("--topk", type=int, default=DEFAULTS["topk"], help="experts per token")
-    p.add_argument("--dtype", default=DEFAULTS["dtype"], help="fp32, bf16, fp16 or fp8 (block-scaled e4m3)")
+    p.add_argument("--dtype", default=DEFAULTS["dtype"], choices=("fp32", "bf16", "fp16", "fp8"),
+                   help="operand dtype; fp8 is block-scaled e4m3 (default: %(default)s)")
     p.add_argument("--dist", default=DEFAULTS["dist"],
                    help="routing skew: seed (the 32-expert histogram of DeepGEMM #211), uniform, zipf:A")
     p.add_argument("--alignment", type=int, default=DEFAULTS["alignment"], help="row alignment per expert")
@@ -190,31 +190,30 @@ def _counts(layout) -> list[int]:
 
 
 def _print(r: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from . import render
 
-    console = Console(file=sys.stdout)
-    console.print(f"[bold]moe-hal run[/bold]: {r['op']} grouped GEMM, {r['experts']} experts, N={r['n']}, K={r['k']}, "
-                  f"{r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']} -> {r['out_dtype']}")
+    console = render.console()
+    console.print(render.join(("moe-hal run", "bold"), f": {r['op']} grouped GEMM, {r['experts']} experts, N={r['n']}, K={r['k']}, "
+                  f"{r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']} -> {r['out_dtype']}"))
     counts = r["counts"]
     console.print(f"rows per expert: min {min(counts)}, max {max(counts)}, empty {sum(c == 0 for c in counts)}; "
                   f"alignment {r['alignment']}")
-    console.print(r["explain"], markup=False, highlight=False)
-    t = Table(show_header=False)
-    t.add_column(justify="right")
-    t.add_column()
-    t.add_row("backend", f"{r['backend']} ({r['mode']})")
-    t.add_row("time", f"median {r['median_s'] * 1e3:.2f} ms, first call {r['first_call_s'] * 1e3:.2f} ms, "
-                      f"{r['useful_gflops_per_s']:.1f} useful GFLOP/s")
-    t.add_row("reference", f"float64 oracle in {r['reference_s']:.2f} s")
-    t.add_row("calc_diff", f"{r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e})")
-    t.add_row("max error", f"abs {r['max_abs_err']:.3e}, rel {r['max_rel_err']:.3e}")
+    console.print(render.text(r["explain"]))
+    rows = []
+    rows.append(("backend", f"{r['backend']} ({r['mode']})"))
+    rows.append(("time", f"median {r['median_s'] * 1e3:.2f} ms, first call {r['first_call_s'] * 1e3:.2f} ms, "
+                      f"{r['useful_gflops_per_s']:.1f} useful GFLOP/s"))
+    rows.append(("reference", f"float64 oracle in {r['reference_s']:.2f} s"))
+    rows.append(("calc_diff", f"{r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e})"))
+    rows.append(("max error", f"abs {r['max_abs_err']:.3e}, rel {r['max_rel_err']:.3e}"))
     if r["padding_rows_zero"] is not None:
-        t.add_row("padding rows", "zero" if r["padding_rows_zero"] else "[red]NOT zero[/red]")
+        rows.append(("padding rows", "zero" if r["padding_rows_zero"] else render.text("NOT zero", "red")))
     if r["combine"]:
-        t.add_row("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}")
+        rows.append(("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}"))
     if r["conformance"]:
-        t.add_row(f"conformance ({r['conformance']['tier']})", r["conformance"]["summary"])
-    t.add_row("verdict", "[green]verified against the reference[/green]" if r["verified"]
-              else "[red]FAILED verification[/red]")
+        rows.append((f"conformance ({r['conformance']['tier']})", r["conformance"]["summary"]))
+    rows.append(("verdict", render.text("verified against the reference", "green") if r["verified"]
+                 else render.text("FAILED verification", "red")))
+    t = render.table(None, ("what", "result"), rows, key=("what",), right=("what",))
+    t.show_header = False
     console.print(t)

@@ -133,33 +133,23 @@ def compare(a: dict[str, Any], b: dict[str, Any], drift: float = 2.0, backend_a:
 
 
 def render(comparisons: list[RunComparison], console: Any, label_a: str = "A", label_b: str = "B") -> None:
-    """Print comparisons as rich tables."""
-    from rich.table import Table
+    """Print comparisons as tables; every piece of data is literal text (``[direct]`` stays)."""
+    from ..cli import render as out
 
     for comp in comparisons:
-        console.print(f"[bold]{comp.name_a}[/] ({label_a}, {comp.verdicts[0]}) vs "
-                      f"[bold]{comp.name_b}[/] ({label_b}, {comp.verdicts[1]})")
+        console.print(out.join((comp.name_a, "bold"), f" ({label_a}, {comp.verdicts[0]}) vs ",
+                               (comp.name_b, "bold"), f" ({label_b}, {comp.verdicts[1]})"))
         if comp.header:
-            table = Table(title="differences in the environment", show_lines=False)
-            table.add_column("field")
-            table.add_column(label_a)
-            table.add_column(label_b)
-            for key, (x, y) in comp.header.items():
-                table.add_row(key, str(x), str(y))
-            console.print(table)
+            rows = [(key, x, y) for key, (x, y) in comp.header.items()]
+            console.print(out.table("differences in the environment", ("field", label_a, label_b), rows, key=("field",)))
         if not comp.cases:
             console.print("  every case has the same status; no metric drifted")
             continue
-        table = Table(title=f"{len(comp.cases)} case(s) differ, {len(comp.regressions)} regression(s)")
-        table.add_column("case [path]")
-        table.add_column(label_a)
-        table.add_column(label_b)
-        table.add_column("metric drift")
-        for d in comp.cases:
-            style = "red" if d.regression else ""
-            drift = ", ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, (x, y) in d.drift.items())
-            table.add_row(d.key, str(d.status_a or "(absent)"), str(d.status_b or "(absent)"), drift, style=style)
-        console.print(table)
+        rows = [(d.key, d.status_a or "(absent)", d.status_b or "(absent)",
+                 ", ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, (x, y) in d.drift.items())) for d in comp.cases]
+        console.print(out.table(f"{len(comp.cases)} case(s) differ, {len(comp.regressions)} regression(s)",
+                                ("case [path]", label_a, label_b, "metric drift"), rows, key=("case [path]",),
+                                row_styles=["red" if d.regression else None for d in comp.cases]))
 
 
 def _fmt(v: Any) -> str:

@@ -90,6 +90,12 @@ def plan(backend: Any = "all", tiers: Iterable[str] = ("full",), *, device: str 
 
     suite = suite or suite_mod.load()
     tiers = check_tiers(tiers)
+    if "fuzz" in tiers:
+        import importlib.util
+
+        if importlib.util.find_spec("hypothesis") is None:
+            raise ConformanceError("the fuzz tier needs hypothesis, which is not installed "
+                                   "(pip install 'moe-hal[test]'); the other tiers do not")
     chosen = select_cases(suite, tiers, cases, sweep_seed, sweep_count)
     if not chosen and "fuzz" not in tiers:
         raise ConformanceError(f"no case matches tiers {tiers} and patterns {list(cases)}")

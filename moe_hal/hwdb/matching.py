@@ -18,7 +18,7 @@ from ..errors import ArgumentError
 from .entry import HardwareEntry, Match
 from .loading import ENV_VAR, all
 
-__all__ = ["decide", "match", "match_cpu", "match_cuda", "match_npu"]
+__all__ = ["cpu_model", "decide", "match", "match_cpu", "match_cuda", "match_npu"]
 
 #: Observed names are matched on this many characters at most: with the limits the loader puts on
 #: recognition patterns (no nested repeats, at most three), matching then takes bounded time.
@@ -97,7 +97,7 @@ def match_cpu(model: str | None = None, logical_cpus: int | None = None) -> Matc
     """Recognise the CPU: an entry whose ``model_pattern`` finds ``model``, else the generic
     CPU entry. Without arguments, describes this machine's CPU."""
     if model is None:
-        model = _cpu_model()
+        model = cpu_model()
     if logical_cpus is None:
         logical_cpus = os.cpu_count()
     seen = model + (f" ({logical_cpus} logical CPUs)" if logical_cpus else "")
@@ -114,7 +114,8 @@ def match_cpu(model: str | None = None, logical_cpus: int | None = None) -> Matc
     return decide(specific or generic, seen, [], "CPU")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """This machine's CPU model name (``/proc/cpuinfo``, else what ``platform`` says)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:

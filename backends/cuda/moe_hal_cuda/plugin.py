@@ -128,6 +128,13 @@ def moe_hal_environment(env_var, package, fact) -> None:
     for distribution in ("triton", "cuda-python", "cuda-bindings", "deep_gemm"):
         package(distribution)
     fact("CUDA driver", _driver_fact)
+    fact("torch CUDA build", _torch_cuda_fact)
+
+
+def _torch_cuda_fact() -> str:
+    import torch
+
+    return f"CUDA {torch.version.cuda}" if torch.version.cuda else "none (a CPU-only torch build)"
 
 
 def _driver_fact() -> str:
