@@ -3,7 +3,9 @@
 #
 #   scripts/test.sh [pytest arguments]
 #
-# The venv lives in $MOE_HAL_VENV (default .venv). torch is pinned to the 2.13.0 CPU build: an
+# The venv lives in $MOE_HAL_VENV (default .venv-test): a venv of the tests' own, because they
+# install the deliberately broken test plugins, which would make every `moe-hal` call of a user's
+# .venv print plugin warnings. torch is pinned to the 2.13.0 CPU build: an
 # unpinned torch would pull a multi-GB CUDA build. Triton runs the CUDA backend's kernels under its
 # interpreter; the test plugins in tests/plugins are installed through real entry points.
 # The core and each plugin are tested in their own pytest process, as separate repositories would
@@ -11,7 +13,7 @@
 # With $MOE_HAL_TEST_REPORTS set, each suite also writes JUnit XML into that directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${MOE_HAL_VENV:-.venv}"
+venv="${MOE_HAL_VENV:-.venv-test}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"

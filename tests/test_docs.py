@@ -25,3 +25,11 @@ def test_readme_has_exactly_two_setup_commands():
     assert commands[1].strip() == "scripts/test.sh"
     ci = (README.parent / ".ci" / "run").read_text()
     assert "scripts/test.sh" in ci, ".ci/run must call the README's test command"
+
+
+def test_the_test_command_keeps_its_own_venv():
+    # The tests install deliberately broken plugins: they must never land in the user's .venv.
+    script = (README.parent / "scripts" / "test.sh").read_text()
+    default = re.search(r'venv="\$\{MOE_HAL_VENV:-([^}]+)\}"', script)
+    assert default and default.group(1) not in (".venv", "venv", "") and default.group(1) in (
+        README.parent / ".gitignore").read_text()
