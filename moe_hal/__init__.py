@@ -33,7 +33,7 @@ _EXPORTS = {
 _SUBMODULES = frozenset({
     "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
     "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
-    "problem", "quant", "routing", "selection", "timing", "workloads",
+    "problem", "quant", "routing", "selection", "sysinfo", "timing", "workloads",
 })
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])
@@ -55,14 +55,6 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
-    from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401
-    from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401
     "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
     "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
-    "problem", "quant", "routing", "selection", "timing", "workloads",
-    from .hookspecs import hookimpl  # noqa: F401
-    from .plugin_api import clear_cache  # noqa: F401
-    from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401
-    from .problem import Problem  # noqa: F401
-    from .quant import QuantizedTensor  # noqa: F401
-    from .selection import Selection, device_info  # noqa: F401
+    "problem", "quant", "routing", "selection", "sysinfo", "timing", "workloads",

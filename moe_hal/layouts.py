@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping, Set as AbstractSet
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Iterable, Sequence
 
 import torch

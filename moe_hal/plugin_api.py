@@ -65,8 +65,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static analysers see ordinary imports
     from . import dtypes, hwdb, perf  # noqa: F401 - re-exported through __getattr__
-    from .notices import warn_once  # noqa: F401
-    from .prepared import prepared_cache  # noqa: F401
-    from .problem import Problem  # noqa: F401
-    from .quant import QuantizedTensor  # noqa: F401
-    from .selection import device_info  # noqa: F401
+    from .notices import warn_once  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .prepared import prepared_cache  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .problem import Problem  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .quant import QuantizedTensor  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .selection import device_info  # noqa: F401 - for type checkers; loaded on first access at run time

@@ -140,7 +140,7 @@ class PluginHost:
                 continue
             try:
                 _check_hook_names(module)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a malformed plugin module fails only that plugin
                 pm.unregister(name=record.name)
                 self._fail(record, "validate", exc)
         self._collect_backends()
@@ -211,7 +211,7 @@ class PluginHost:
                     if record.name != BUILTIN_PLUGIN and spec.name in RESERVED_BACKEND_NAMES:
                         raise ValueError(f"backend name {spec.name!r} is reserved for the built-in backend")
                     stamped_specs.append(_stamp(spec, record))  # rebuilding it checks every field again
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - whatever a plugin's hook raises fails only that plugin
                 self._fail(record, "register_backends", exc)
                 self.pm.unregister(name=impl.plugin_name)
                 continue
@@ -251,7 +251,7 @@ class PluginHost:
                 for path in paths:
                     hwdb.add_overlay(path, origin=impl.plugin_name)
                     self.hw_overlays.append((path, impl.plugin_name))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - whatever a plugin's hook raises fails only that plugin
                 self._fail(record, "hardware_db", exc)
 
     def probe_device(self, device_type: str, index: int | None) -> Any:
@@ -311,7 +311,7 @@ class PluginHost:
         for impl in self.pm.hook.moe_hal_conformance_manifest.get_hookimpls():
             try:
                 path = impl.function(backend_name=backend_name)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - whatever a plugin's hook raises fails only that plugin
                 self._fail(self.plugins[impl.plugin_name], "conformance_manifest", exc)
                 continue
             if path is not None:
@@ -335,7 +335,7 @@ class PluginHost:
                 inst = cls(spec)
                 if not isinstance(inst, Backend):
                     raise TypeError(f"{spec.impl} is not a moe_hal.Backend subclass")
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - any import or constructor failure becomes the backend's reason
                 err = Reason("backend_import_failed", f"importing {spec.impl} failed: {type(exc).__name__}: {exc}")
                 self._instance_errors[name] = err
                 return None, err

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from moe_hal.conformance import checks, compare, generate, oracle, report, session, suite, waivers
-from moe_hal.conformance.tolerances import ToleranceClass, calc_diff, compare as compare_values
+from moe_hal.conformance.tolerances import ToleranceClass, calc_diff
+from moe_hal.conformance.tolerances import compare as compare_values
 from moe_hal.errors import ConformanceError
 
 # DeepGEMM issue #211 (seeds/000), copied from the issue text.

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_hal import perf
-from moe_hal.perf.model import _round_robin_makespan
 from moe_hal.errors import ArgumentError, DTypeError
+from moe_hal.perf.model import _round_robin_makespan
 
 SEED = [4, 1026, 1799, 166, 694, 753, 0, 16, 0, 240, 1119, 19, 6, 0, 46, 659, 10, 0, 112, 808, 181, 0, 28, 22,
         90, 0, 176, 0, 37, 5, 10, 22]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import moe_hal
-from moe_hal import environment, plugin_api
+from moe_hal import environment, plugin_api, sysinfo
 from moe_hal.backend import Backend, BackendSpec, PerfModel, Signature
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +97,7 @@ def test_the_core_lists_no_vendor_variable_or_package():
     vendor_words = ("CUDA", "ASCEND", "NPU", "TRITON", "CANN")
     assert not [n for n in (*environment.KNOWN_ENV_VARS, *environment.RELATED_ENV_VARS)
                 if any(w in n for w in vendor_words)]
-    assert not [p for p in environment.CORE_PACKAGES if any(w.lower() in p for w in vendor_words)]
+    assert not [p for p in sysinfo.CORE_PACKAGES if any(w.lower() in p for w in vendor_words)]
 
 
 def test_plugins_declare_their_environment(fresh_plugins, monkeypatch):
@@ -108,7 +108,7 @@ def test_plugins_declare_their_environment(fresh_plugins, monkeypatch):
     assert host.env_vars["MOE_HAL_FAKE_VENDOR_MODE"][1] == "fake_vendor"
     assert "pluggy" in host.packages
     assert ("fake vendor firmware", "fake_vendor") in [(name, plugin) for name, _, plugin in host.facts]
-    env = environment.env_vars()
+    env = sysinfo.env_vars()
     assert env["MOE_HAL_FAKE_VENDOR_MODE"]["known"] and env["MOE_HAL_FAKE_VENDOR_MODE"]["read_by"] == "fake_vendor"
     assert not env["MOE_HAL_NO_SUCH_SWITCH"]["known"]
 

@@ -14,8 +14,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from moe_hal.errors import DTypeError, ScaleFormatError, ShapeError
-from moe_hal.quant import (ceil_to_ue8m0, from_tma_aligned, pack_ue8m0, pack_ue8m0x2, quantize_fp8,
-                           tma_align_mn_major, unpack_ue8m0, unpack_ue8m0x2)
+from moe_hal.quant import (
+    ceil_to_ue8m0,
+    from_tma_aligned,
+    pack_ue8m0,
+    pack_ue8m0x2,
+    quantize_fp8,
+    tma_align_mn_major,
+    unpack_ue8m0,
+    unpack_ue8m0x2,
+)
 
 pytestmark = pytest.mark.skipif(sys.byteorder != "little", reason="raw-byte checks assume a little-endian host")
 

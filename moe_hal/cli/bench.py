@@ -427,10 +427,10 @@ def error_summary(errors: list[float]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
     import torch
-
-    import moe_hal
     from rich.console import Console
     from rich.progress import Progress
+
+    import moe_hal
 
     err = Console(stderr=True)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -462,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
             task = progress.add_task("hardware figures", total=None)
             try:
                 hw, notes = base_hardware(device, dtypes, timer)
-            except Exception as exc:  # report and carry on timing: a one-shot GPU run must not be lost
+            except Exception as exc:  # noqa: BLE001 - report and carry on timing: a one-shot GPU run must not be lost
                 report["notes"].append(f"no model: the hardware figures failed: {type(exc).__name__}: {exc}")
             else:
                 report["hardware"] = {"model": _hw_dict(hw), **notes}
@@ -490,14 +490,14 @@ def run(args: argparse.Namespace) -> int:
                         try:
                             hw_cal, info = calibrate(hw, device, dtypes, args.backend or name, timer,
                                                      options[name], args.seed)
-                        except Exception as exc:
+                        except Exception as exc:  # noqa: BLE001 - a failed fit is reported; the sweep goes on
                             info = {"error": f"{type(exc).__name__}: {exc}"}
                         else:
                             report["hardware"]["calibrated"] = _hw_dict(hw_cal)
                         report["hardware"]["calibration"] = {"backend": args.backend or name, **info}
                 try:
                     add_model(row, case, hw, hw_cal, options[name])
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a case the model cannot describe keeps its times
                     row["model_error"] = f"{type(exc).__name__}: {exc}"
             report["cases"].append(row)
             for message in row.get("warnings", ()):
@@ -551,7 +551,7 @@ def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -
     try:
         prep = prepare(case, device, args.backend, not args.no_peers, args.seed)
         sel = moe_hal.select(*prep.args, prep.layout, backend=args.backend)
-    except Exception as exc:  # recorded per case: one failing case must not end a one-shot GPU run
+    except Exception as exc:  # noqa: BLE001 - recorded per case: one failing case must not end a one-shot GPU run
         row["error"] = f"{type(exc).__name__}: {exc}"
         return row
     row["backend"] = sel.name
@@ -563,7 +563,7 @@ def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -
         try:
             times[name] = timer(fn)
             outputs[name] = fn()
-        except Exception as exc:  # recorded: a peer that rejects a shape is a result, not a crash
+        except Exception as exc:  # noqa: BLE001 - recorded: a peer that rejects a shape is a result, not a crash
             times[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
     row["times"] = times
     if "error" in times["moe_hal"]:

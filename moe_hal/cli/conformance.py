@@ -266,7 +266,8 @@ def _list(args) -> int:
 def _regen(args) -> int:
     from pathlib import Path
 
-    from ..conformance import regen, suite as suite_mod
+    from ..conformance import regen
+    from ..conformance import suite as suite_mod
     from ..errors import ConformanceError
 
     try:

@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(func=run_show)
 
     match = hw_sub.add_parser("match", help="which entry each device of this machine matches",
-                              description="Recognise the CPU and every CUDA device (and NPU devices when "
-                                          "torch_npu is already loaded, or when named with --device).")
+                              description="Recognise the CPU and every accelerator torch already sees (a device type "
+                                          "whose torch extension is not loaded yet only when named with "
+                                          "--device); the plugin of each device type reads its properties.")
     match.add_argument("--device", action="append", metavar="DEV",
                        help="match only this device (e.g. cuda:1, npu:0, cpu); repeatable")
     match.add_argument("--json", action="store_true", help="print JSON")
@@ -191,7 +192,7 @@ def _this_machine() -> list[str]:
     try:
         if npu is not None and npu.is_available():
             devices += [f"npu:{i}" for i in range(npu.device_count())]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a broken NPU stack must not break the listing
         pass
     return devices
 

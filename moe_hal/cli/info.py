@@ -22,9 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import environment
+    from .. import sysinfo
 
-    snap = environment.snapshot()
+    snap = sysinfo.snapshot()
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
         return 0

@@ -12,6 +12,7 @@ A case's data file holds its inputs and its golden outputs under fixed names:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,3 +308,20 @@ def _magnitude(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
         if c is not None:
             out += torch.nan_to_num(c, posinf=0.0)
     return out
+
+
+# The tensors of the last generated case: a case is run through several paths in a row.
+_last_generated: tuple[str | None, Any] = (None, None)
+
+
+def tensors(suite: Any, case: Case) -> dict[str, torch.Tensor]:
+    """The tensors of ``case`` (CPU torch tensors): the stored ones from ``suite``, or for a
+    generated (sweep or fuzz) case its inputs and the oracle's golden, built here (the last one is
+    kept, as each case runs through several paths in a row)."""
+    global _last_generated
+    if case.file is not None:
+        return suite.tensors(case)
+    key = json.dumps([case.id, case.op, case.signature, case.problem, case.generator], sort_keys=True)
+    if _last_generated[0] != key:
+        _last_generated = (key, case_tensors(case))
+    return _last_generated[1]

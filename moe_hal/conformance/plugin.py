@@ -84,7 +84,8 @@ class ConformanceSession:
     def plan(self):
         if self._plan is None:
             from ..errors import ConformanceError
-            from . import session, suite as suite_mod
+            from . import session
+            from . import suite as suite_mod
 
             opt = self.config.getoption
             suite = suite_mod.load()

@@ -120,7 +120,7 @@ def write_hashes(manifest_path: Path, hashes: dict[str, str]) -> None:
     text = manifest_path.read_text(encoding="utf-8")
     for file, digest in hashes.items():
         pattern = re.compile(r"(file: " + re.escape(file) + r"\n\s+sha256: )\"?[0-9a-f]*\"?")
-        text, count = pattern.subn(lambda m: m.group(1) + f'"{digest}"', text)
+        text, count = pattern.subn(lambda m, digest=digest: m.group(1) + f'"{digest}"', text)
         if count != 1:
             raise ConformanceError(f"{manifest_path}: expected one 'file: {file}' followed by a sha256 line, found {count}")
     manifest_path.write_text(text, encoding="utf-8")

@@ -45,9 +45,9 @@ def _version(dist: str) -> str | None:
 def _packages() -> list[str]:
     """The libraries whose versions a report records: the core's and those plugins declare
     (``moe_hal_environment``); the plugins' own distributions are in the plugin records."""
-    from .. import environment as env
+    from .. import sysinfo
 
-    _, declared = env.plugin_declarations()
+    _, declared = sysinfo.plugin_declarations()
     return ["numpy", "safetensors", "pluggy", "hypothesis", *sorted(declared)]
 
 

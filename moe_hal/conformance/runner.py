@@ -32,6 +32,7 @@ from .checks import CheckOutcome
 from .suite import BACKEND_TRANSFORM_OPS, GEMM_OPS, Case, Suite
 from .waivers import WaiverSet
 
+
 @dataclass
 class CaseResult:
     """The outcome of one case on one path."""
@@ -152,10 +153,10 @@ def _pick_device(inst: Any, device: str | None):
         dev = torch.device(cand)
         info = device_info(dev)
         reasons = []
-        for what, fn in (("is_available", inst.is_available), ("check_device", lambda: inst.check_device(info))):
+        for what, fn in (("is_available", inst.is_available), ("check_device", lambda info=info: inst.check_device(info))):
             try:
                 reasons.extend(fn() or [])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a backend's probe that raises is reported as its reason
                 reasons.append(Reason("probe_failed", f"{inst.name}.{what}() raised {type(exc).__name__}: {exc}"))
         if not reasons:
             return dev, info, []
@@ -174,7 +175,7 @@ def _has_device(kind: str) -> bool:
     probe = getattr(module, "is_available", None)
     try:
         return bool(probe()) if callable(probe) else False
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - a device module that cannot answer means no such device
         return False
 
 
@@ -267,7 +268,7 @@ class Runner:
         target = self.target
         spec = GemmSpec.from_case(case)
         with _stage("loading the case data"):
-            call = gemm_call(spec, self.suite.tensors(case), target.device)
+            call = gemm_call(spec, self._tensors(case), target.device)
         with _stage("building the problem (a suite or library bug)"):
             problem = Problem.build(call.a, call.b, call.layout(), c=call.c, out_dtype=call.out_dtype)
         reasons = self._capability_reasons(problem)
@@ -297,7 +298,7 @@ class Runner:
         if not reasons:
             try:
                 reasons = list(inst.unsupported(problem) or [])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - re-raised as the stage that failed
                 raise _Stage("backend.unsupported()") from exc
         return [r if isinstance(r, Reason) else Reason("unsupported", str(r)) for r in reasons]
 
@@ -336,6 +337,7 @@ class Runner:
 
     def _dispatcher_run(self, ctx: "_GemmContext", result: CaseResult) -> None:
         import moe_hal
+
         from ..errors import BackendUnavailableError
 
         call, name = ctx.call, self.target.name
@@ -378,7 +380,7 @@ class Runner:
         from ..layouts import ContiguousLayout
 
         dev = self.target.device
-        golden = self.suite.tensors(case)
+        golden = self._tensors(case)
         p = case.problem
         problems: list[str] = []
         layout_problems: list[str] = []
@@ -424,6 +426,11 @@ class Runner:
                 raise ConformanceError(f"no runner for op {case.op!r}")
         self._transform_checks(case, result, problems, layout_problems)
 
+    def _tensors(self, case: Case) -> dict[str, Any]:
+        from .build import tensors  # numpy and the generators load only when a case runs
+
+        return tensors(self.suite, case)
+
     def _physical_scales(self, case: Case, result: CaseResult) -> None:
         from ..backend import Reason
         from ..quant import QuantizedTensor
@@ -437,7 +444,7 @@ class Runner:
             result.reasons = [why.as_dict()]
             result.message = f"{case.id} [direct]: not applicable: {why}"
             return
-        golden = self.suite.tensors(case)
+        golden = self._tensors(case)
         dev = self.target.device
         q = QuantizedTensor(golden["a.data"].to(dev), golden["a.scale"].to(dev), (1, 128), "ue8m0")
         with _stage(f"backend.physical_scales(q, {case.problem['role']!r})"):

@@ -101,7 +101,6 @@ class Suite:
     raw: dict[str, Any]
     cases: list[Case]
     _verified: dict[str, bytes] = field(default_factory=dict, repr=False)
-    _generated: tuple[str | None, Any] = field(default=(None, None), repr=False)
 
     @property
     def version(self) -> str:
@@ -165,15 +164,12 @@ class Suite:
         return blob
 
     def tensors(self, case: Case) -> dict[str, Any]:
-        """The case's tensors (CPU torch tensors): the stored ones, or for a generated (sweep or
-        fuzz) case its inputs and the oracle's golden, computed here (the last one is cached)."""
+        """The stored tensors of a case (CPU torch tensors), checked against the manifest's hash.
+        Generated (sweep, fuzz) cases have none: :func:`moe_hal.conformance.build.tensors` builds
+        theirs."""
         if case.file is None:
-            key = json.dumps([case.id, case.op, case.signature, case.problem, case.generator], sort_keys=True)
-            if self._generated[0] != key:
-                from .build import case_tensors
-
-                self._generated = (key, case_tensors(case))
-            return self._generated[1]
+            raise ConformanceError(f"case {case.id} is generated and has no stored tensors "
+                                   "(moe_hal.conformance.build.tensors builds them)")
         from safetensors.torch import load
 
         return load(self.data_bytes(case))

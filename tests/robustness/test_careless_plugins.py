@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import moe_hal
-from moe_hal import environment, errors
+from moe_hal import errors, sysinfo
 
 PACKAGE = Path(__file__).parents[1] / "plugins" / "moe_hal_careless_vendor"
 
@@ -59,7 +59,7 @@ def _unrelated_calls_still_work():
     expected = moe_hal.grouped_gemm(a, b, lay, backend="reference")
     torch.testing.assert_close(moe_hal.grouped_gemm(a, b, lay), expected)
     assert moe_hal.explain(a, b, lay)
-    snap = environment.snapshot()   # what `moe-hal info` prints
+    snap = sysinfo.snapshot()   # what `moe-hal info` prints
     assert {b["name"] for b in snap["backends"]} >= {"torch", "reference"}
     return snap
 

@@ -19,7 +19,7 @@ def npu_properties(index: int | None) -> tuple[str, int | None]:
     name = torch.npu.get_device_name(index)
     try:
         version = int(torch_npu.npu.get_soc_version())
-    except Exception:  # older torch_npu without get_soc_version: the name alone decides
+    except Exception:  # noqa: BLE001 - older torch_npu without get_soc_version: the name alone decides
         version = None
     return name, version
 

@@ -61,7 +61,7 @@ class Case:
         self.counts = counts = workloads.synthetic_counts("zipf:1.2", tokens, groups, 1, seed=seed)
         self.info = {"case": self.name, "op": self.op, "G": groups, "N": n, "K": k, "tokens": tokens,
                      "alignment": alignment, "counts": counts}
-        randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731
+        randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731 - a one-line closure over this case
         if self.op == "contiguous":
             self.layout = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
             self.a, self.b = randn(self.layout.num_rows, k), randn(groups, n, k) / k ** 0.5
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import moe_hal
-    from moe_hal import environment, timing
+    from moe_hal import sysinfo, timing
     from moe_hal.conformance.tolerances import calc_diff
     from moe_hal_ascend import runtime
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sel = moe_hal.select(case.a, case.b, case.layout, backend=backend)
             entry.update(backend=sel.name, mode=sel.mode, path=sel.chosen.path)
-            run = lambda: moe_hal.grouped_gemm(case.a, case.b, case.layout, backend=sel.name)  # noqa: E731
+            run = lambda: moe_hal.grouped_gemm(case.a, case.b, case.layout, backend=sel.name)  # noqa: E731 - a one-line closure over this case
             y, peer = run(), case.loop_output()
             entry["calc_diff_vs_loop"] = calc_diff(y, peer)
             entry["max_abs_diff_vs_loop"] = (y.double() - peer.double()).abs().max().item()
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               "note": ("dry run on the CPU emulator of torch_npu: the times mean nothing" if args.dry_run
                        else "measured on an Ascend NPU"),
               "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "host": platform.node(),
-              "versions": environment.versions(),
+              "versions": sysinfo.versions(),
               "env": {k: v for k, v in os.environ.items() if k.startswith(("MOE_HAL_", "ASCEND_"))},
               "results": results}
     with open(args.out, "w", encoding="utf-8") as f:

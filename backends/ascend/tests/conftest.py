@@ -16,11 +16,11 @@ os.environ["MOE_HAL_PLUGINS"] = "ascend"          # this plugin and the built-in
 for _name in ("MOE_HAL_BACKEND", "MOE_HAL_DISABLE_BACKENDS", "MOE_HAL_ASCEND_WEIGHT_FORMAT"):
     os.environ.pop(_name, None)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest  # noqa: E402 - after the environment set-up above, which must come first
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
-from moe_hal import notices  # noqa: E402
-from moe_hal_ascend import emulation  # noqa: E402
+from moe_hal import notices  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal_ascend import emulation  # noqa: E402 - after the environment set-up above, which must come first
 
 
 @pytest.fixture(autouse=True)

@@ -30,17 +30,17 @@ from . import mode
 
 mode.configure_triton()  # before anything below can import triton (see moe_hal_cuda.mode)
 
-import functools  # noqa: E402
-import importlib.util  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import functools  # noqa: E402 - after the environment set-up above, which must come first
+import importlib.util  # noqa: E402 - after the environment set-up above, which must come first
+from dataclasses import dataclass  # noqa: E402 - after the environment set-up above, which must come first
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
-from moe_hal import Backend, DeviceInfo, QuantizedTensor, Reason  # noqa: E402
-from moe_hal.problem import Problem  # noqa: E402
+from moe_hal import Backend, DeviceInfo, QuantizedTensor, Reason  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
 
-from . import configs, peers, scales  # noqa: E402
-from . import device as cuda_device  # noqa: E402
+from . import configs, peers, scales  # noqa: E402 - after the environment set-up above, which must come first
+from . import device as cuda_device  # noqa: E402 - after the environment set-up above, which must come first
 
 INTERPRETED_NOTE = "INTERPRETED (Triton interpreter on CPU)"
 KERNEL_NOTES = {

@@ -95,7 +95,7 @@ def _from_cuda_python(driver, index: int) -> DeviceFacts | Reason:
             l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
             smem_optin_bytes=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             driver_version=version, source="cuda-python")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - every driver failure becomes a reason (module docstring)
         return Reason("cuda_device_missing", f"reading device {index} through cuda-python failed: "
                       f"{type(exc).__name__}: {exc}", "a readable CUDA device", index)
 
@@ -118,7 +118,7 @@ def _from_torch(index: int) -> DeviceFacts | Reason:
         return DeviceFacts(index=index, name=p.name, compute_capability=(p.major, p.minor),
                            sm_count=p.multi_processor_count, l2_bytes=int(p.L2_cache_size),
                            smem_optin_bytes=int(smem) if smem else None, driver_version=None, source="torch")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - every torch.cuda failure becomes a reason
         return Reason("cuda_driver_missing", f"torch.cuda failed: {type(exc).__name__}: {exc}",
                       "an NVIDIA driver and device", "none usable")
 

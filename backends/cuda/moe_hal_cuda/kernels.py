@@ -51,7 +51,7 @@ from . import mode
 INTERPRET: bool = mode.configure_triton()
 
 import triton  # noqa: E402 - TRITON_INTERPRET must be set before triton decorates the kernels
-import triton.language as tl  # noqa: E402
+import triton.language as tl  # noqa: E402 - after the environment set-up above, which must come first
 
 #: Groups scanned per vector step when a program looks for its tile.
 GROUP_CHUNK = 128

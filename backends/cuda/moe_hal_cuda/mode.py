@@ -50,7 +50,7 @@ def interpreter_broken() -> str | None:
     try:
         import triton.language as tl
         from triton.runtime.interpreter import InterpretedFunction
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - any import failure means the interpreter is unusable
         return f"triton's interpreter cannot be imported: {type(exc).__name__}: {exc}"
     if not isinstance(tl.zeros, InterpretedFunction):
         return ("triton was imported before TRITON_INTERPRET=1 was set, so triton.language's helpers are not "

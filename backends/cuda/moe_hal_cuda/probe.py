@@ -19,7 +19,7 @@ def cuda_properties(index: int | None) -> tuple[str, int, int, int | None]:
             index = torch.cuda.current_device()
         props = torch.cuda.get_device_properties(index)
         return props.name, props.major, props.minor, props.multi_processor_count
-    except Exception as torch_error:  # no CUDA build, no driver, bad index: try the driver API
+    except Exception as torch_error:  # noqa: BLE001 - no CUDA build, no driver, bad index: try the driver API
         try:
             from cuda.bindings import driver
 
@@ -38,7 +38,7 @@ def cuda_properties(index: int | None) -> tuple[str, int, int, int | None]:
             sms = check(driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device))
             name = raw_name.split(b"\0", 1)[0].decode()
             return name, int(major), int(minor), int(sms)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the driver API cannot answer either: torch's reason is the clearer one
             raise torch_error from None
 
 

@@ -44,24 +44,24 @@ import sys
 if "--cpu-smoke" in sys.argv:  # before anything imports triton: run every kernel interpreted
     os.environ["MOE_HAL_CUDA_INTERPRET"] = "1"
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any, Callable  # noqa: E402
+import argparse  # noqa: E402 - after the environment set-up above, which must come first
+import datetime  # noqa: E402 - after the environment set-up above, which must come first
+import json  # noqa: E402 - after the environment set-up above, which must come first
+import math  # noqa: E402 - after the environment set-up above, which must come first
+import platform  # noqa: E402 - after the environment set-up above, which must come first
+import statistics  # noqa: E402 - after the environment set-up above, which must come first
+import time  # noqa: E402 - after the environment set-up above, which must come first
+import traceback  # noqa: E402 - after the environment set-up above, which must come first
+from dataclasses import dataclass, field  # noqa: E402 - after the environment set-up above, which must come first
+from pathlib import Path  # noqa: E402 - after the environment set-up above, which must come first
+from typing import Any, Callable  # noqa: E402 - after the environment set-up above, which must come first
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
-import moe_hal  # noqa: E402
-from moe_hal import perf, timing, workloads  # noqa: E402
-from moe_hal.conformance.tolerances import calc_diff  # noqa: E402
-from moe_hal.quant import quantize_fp8  # noqa: E402
+import moe_hal  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal import perf, timing, workloads  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.conformance.tolerances import calc_diff  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.quant import quantize_fp8  # noqa: E402 - after the environment set-up above, which must come first
 
 SCHEMA = "moe_hal_cuda.gpu_check/1"
 #: DeepSeek-V3 routed-expert GEMMs (weights [G, N, K]): gate+up (N = 2 x 2048, K = 7168) and
@@ -481,7 +481,7 @@ def _graph_replay(check: Check) -> dict[str, Any]:
     with torch.cuda.graph(graph):
         gemm(a, b, lay, out=out, backend="cuda_sm90")
     results = []
-    for trial in range(3):
+    for _ in range(3):
         new = torch.randint(0, max_m + 1, (g,), generator=check.gen, dtype=torch.int32)
         masked_m.copy_(new.to(check.device))
         out.fill_(sentinel)
@@ -614,7 +614,7 @@ def contiguous_timings(check: Check) -> None:
                             a.data, b.data, out, lay, cfg, sa=scales.activation(a, "sm90"),
                             sb=be.prepared_weight_scales(b))) for a, b in fp8_sets])
                 row["fp8_tile_sweep"] = fp8_sweep
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 row["traceback"] = traceback.format_exc(limit=6)
             check.report["timings"].append(row)
@@ -734,7 +734,7 @@ def decode_timings(check: Check) -> None:
                 est = perf.estimate(masked_m.tolist(), n, k, check.hw, "fp8" if dt == "fp8" else "bf16",
                                     row["tile"][0], row["tile"][1], op="masked", max_m=max_m)
                 row["model"] = {"ideal_ms": est.t_roofline * 1e3, "predicted_ms": est.t_predicted * 1e3}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)
         check.report["decode"].append(row)

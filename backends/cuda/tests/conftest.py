@@ -12,8 +12,8 @@ import os
 
 os.environ["MOE_HAL_CUDA_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest  # noqa: E402 - after the environment set-up above, which must come first
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
 
 @pytest.fixture

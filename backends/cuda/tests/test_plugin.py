@@ -98,9 +98,9 @@ def test_explain_says_interpreted(gen, name):
 
 
 def test_info_reports_interpreted():
-    from moe_hal import environment
+    from moe_hal import sysinfo
 
-    rows = {b["name"]: b for b in environment.backends()}
+    rows = {b["name"]: b for b in sysinfo.backends()}
     for name in NAMES:
         cpu = rows[name]["devices"]["cpu"]
         assert cpu["available"] and cpu["mode"].startswith("interpreted")

@@ -1,0 +1,185 @@
+"""A snapshot of what moe_hal sees — versions, the machine, plugin-declared facts, devices,
+plugins, backends and environment variables — for ``moe-hal info`` and for reports (conformance,
+benchmarks), so that results from different machines can be compared with what produced them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import os
+import platform
+from typing import Any
+
+from .environment import KNOWN_ENV_VARS, RELATED_ENV_VARS
+
+#: Distributions whose versions decide the core's results (plugins declare theirs).
+CORE_PACKAGES = ("moe-hal", "torch", "numpy", "pluggy", "safetensors", "jsonschema", "pyyaml")
+
+
+def plugin_declarations() -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """(variable -> (meaning, plugin), distribution -> plugin) the plugins declared."""
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    return dict(host.env_vars), dict(host.packages)
+
+
+def env_vars() -> dict[str, dict[str, Any]]:
+    """Every ``MOE_HAL_*`` variable set (flagging unknown names, likely typos) plus the related
+    ones the core and the plugins declare, with their meaning and who reads them."""
+    declared, _ = plugin_declarations()
+    meanings = {name: (meaning, "moe_hal") for name, meaning in KNOWN_ENV_VARS.items()}
+    meanings.update({name: ("", "moe_hal") for name in RELATED_ENV_VARS})
+    meanings.update(declared)
+    out = {}
+    for name in sorted(os.environ):
+        if name.startswith("MOE_HAL_") or name in meanings:
+            meaning, owner = meanings.get(name, ("unknown: typo?", ""))
+            out[name] = {"value": os.environ[name], "known": name in meanings, "meaning": meaning, "read_by": owner}
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, moe_hal and the libraries that decide results (the core's and those
+    the plugins declare)."""
+    _, packages = plugin_declarations()
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in (*CORE_PACKAGES, *sorted(packages)):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """The CPU and the threads torch computes with (thread counts decide CPU timings)."""
+    import torch
+
+    from .hwdb.matching import cpu_model
+
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+            "mkl": bool(torch.backends.mkl.is_available()), "openmp": bool(torch.backends.openmp.is_available())}
+
+
+def facts() -> dict[str, str]:
+    """The machine facts plugins declare (driver and toolkit versions), each read once; a reader
+    that fails shows its error instead."""
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    out = {}
+    for name, read, plugin in host.facts:
+        try:
+            value = str(read())
+        except Exception as exc:  # noqa: BLE001 - a bug report must still be printed
+            value = f"could not be read: {type(exc).__name__}: {exc}"
+        out[f"{name} ({plugin})"] = value
+    return out
+
+
+def devices() -> list[dict[str, Any]]:
+    """Devices torch can see (CPU, CUDA, and NPU if torch_npu is already loaded) with their
+    hardware-DB match. Never imports torch_npu: doing so can break a machine without CANN."""
+    import torch
+
+    from .selection import device_info
+
+    devs = [torch.device("cpu")]
+    try:
+        if torch.cuda.is_available():
+            devs += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - a broken driver must not break info
+        pass
+    npu = getattr(torch, "npu", None)
+    try:
+        if npu is not None and npu.is_available():
+            devs += [torch.device("npu", i) for i in range(npu.device_count())]
+    except Exception:  # noqa: BLE001 - a broken NPU stack must not break the report
+        pass
+    out = []
+    for dev in devs:
+        info = device_info(dev)
+        out.append({"device": str(dev), "hw_id": info.hw_id, "seen": info.seen,
+                    "features": sorted(info.features)})
+    return out
+
+
+def plugins() -> list[dict[str, Any]]:
+    """Every plugin record: distribution, version, status, backends, the hooks it implements, the
+    hardware-DB entries and overlays it contributes, and failures with tracebacks."""
+    from . import hwdb
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    hooks: dict[str, list[str]] = {}
+    if host.pm is not None:
+        for name in dir(host.pm.hook):
+            if name.startswith("moe_hal_"):
+                for impl in getattr(host.pm.hook, name).get_hookimpls():
+                    hooks.setdefault(impl.plugin_name, []).append(name.removeprefix("moe_hal_"))
+    contributed: dict[str, list[str]] = {}
+    try:
+        for entry in hwdb.all():
+            for path in (entry.path, *entry.measured_paths):
+                for plugin in {p for _, p in host.hw_overlays}:
+                    if path.endswith(f"[plugin {plugin}]"):
+                        contributed.setdefault(plugin, []).append(entry.id)
+    except Exception:  # noqa: BLE001 - a broken database is reported by `moe-hal hw`; info goes on
+        pass
+    out = []
+    for name in sorted(host.plugins):
+        record = host.plugins[name].as_dict()
+        record["hooks"] = sorted(hooks.get(name, []))
+        record["hwdb_entries"] = sorted(set(contributed.get(name, [])))
+        out.append(record)
+    return out
+
+
+def backends() -> list[dict[str, Any]]:
+    """Every registered backend with, per visible device, whether it can run there and why not."""
+    import torch
+
+    from . import plugins as _plugins
+    from .selection import ProbeFailed, device_info, device_reasons, probe
+
+    host = _plugins.host().ensure_loaded()
+    devs = [torch.device(d["device"]) for d in devices()]
+    out = []
+    for name in sorted(host.specs):
+        spec = host.specs[name]
+        entry = {"name": name, "vendor": spec.vendor, "tier": spec.tier, "priority": spec.priority,
+                 "plugin": spec.plugin, "distribution": spec.distribution, "version": spec.version,
+                 "device_types": list(spec.device_types), "requires": sorted(spec.requires),
+                 "description": spec.description, "deterministic": spec.deterministic,
+                 "graph_capturable": spec.graph_capturable, "devices": {}}
+        inst, err = (None, None) if host.spec_reasons.get(name) else host.backend(name)
+        for dev in devs:
+            reasons = list(host.spec_reasons.get(name, []))
+            mode = ""
+            if err is not None:
+                reasons.append(err)
+            elif inst is not None:
+                info = device_info(dev)
+                try:
+                    reasons += device_reasons(inst, info, host)
+                    if not reasons:
+                        mode = probe(host, inst, "execution_mode", info)
+                        auto = probe(host, inst, "auto_select_reason", info)
+                        if auto is not None:
+                            mode += f" (only when named: {auto.message})"
+                except ProbeFailed as failed:
+                    reasons.append(failed.reason)
+            entry["devices"][str(dev)] = {"available": not reasons, "mode": mode,
+                                          "reasons": [r.as_dict() for r in reasons]}
+        out.append(entry)
+    return out
+
+
+def snapshot() -> dict[str, Any]:
+    """Everything above in one JSON-serialisable mapping."""
+    backend_rows = backends()  # first: probing backends may record plugin failures
+    return {"versions": versions(), "machine": machine(), "facts": facts(), "devices": devices(),
+            "plugins": plugins(), "backends": backend_rows, "env": env_vars()}
