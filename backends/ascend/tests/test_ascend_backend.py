@@ -8,14 +8,14 @@ the float64 ``reference`` backend on fresh random data.
 from __future__ import annotations
 
 import contextlib
-import math
 import importlib.metadata as metadata
+import math
 import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from ascend_helpers import SOC_910B, SOC_910C, SOC_950, assert_close, reference
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import moe_hal
 from moe_hal.errors import BackendUnavailableError, DeviceError, PathWarning

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from moe_hal_ascend import cann_rules, emulator, replay, soc
 
 import moe_hal
 from moe_hal import hwdb
+from moe_hal_ascend import cann_rules, emulator, replay, soc
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent / "docs" / "ascend-backend.md"
