@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .dtypes import CANONICAL as CANONICAL_DTYPES
+from .dtypes import SCALE_FORMATS
 from .errors import ArgumentError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,6 +116,14 @@ class Signature:
         unknown = self.ops - set(OPS)
         if unknown:
             raise ArgumentError("Signature.ops", f"a subset of {OPS}", sorted(unknown))
+        for name in ("dtypes", "out_dtypes"):
+            unknown = getattr(self, name) - set(CANONICAL_DTYPES)
+            if unknown:  # e.g. "fp8" or "bfloat16": the signature would silently never match
+                raise ArgumentError(f"Signature.{name}", f"canonical dtype names, a subset of {list(CANONICAL_DTYPES)}",
+                                    sorted(unknown))
+        unknown = self.scale_formats - set(SCALE_FORMATS)
+        if unknown:
+            raise ArgumentError("Signature.scale_formats", f"a subset of {list(SCALE_FORMATS)}", sorted(unknown))
         unknown = self.b_majors - set(B_MAJORS)
         if unknown:
             raise ArgumentError("Signature.b_majors", f"a subset of {B_MAJORS}", sorted(unknown))

@@ -18,7 +18,7 @@ from .errors import DeviceError, DTypeError, ScaleFormatError, ShapeError
 
 #: Scale formats at the API level. ``fp32``: any positive fp32 scale. ``ue8m0``: every scale is an
 #: exact power of two, so it packs losslessly into an 8-bit exponent (SM100, Ascend 950).
-SCALE_FORMATS = ("fp32", "ue8m0")
+SCALE_FORMATS = dtypes.SCALE_FORMATS
 
 
 def _ceil_div(a: int, b: int) -> int:

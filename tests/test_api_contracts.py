@@ -1,4 +1,4 @@
-"""The output contracts of DESIGN.md, checked on every CPU backend against an oracle written here
+"""The output contracts of docs/design.md §2, checked on every CPU backend against an oracle written here
 (plain float64 loops), not against moe_hal's own reference backend."""
 
 from __future__ import annotations

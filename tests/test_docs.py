@@ -1,9 +1,11 @@
-"""The README's API tour runs as written."""
+"""The README's API tour and every Python block of docs/*.md run as written."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import pytest
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -33,3 +35,16 @@ def test_the_test_command_keeps_its_own_venv():
     default = re.search(r'venv="\$\{MOE_HAL_VENV:-([^}]+)\}"', script)
     assert default and default.group(1) not in (".venv", "venv", "") and default.group(1) in (
         README.parent / ".gitignore").read_text()
+
+
+DOCS = sorted((README.parent / "docs").glob("*.md"))
+DOC_BLOCKS = [(path.name, i, block) for path in DOCS
+              for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S))]
+
+
+@pytest.mark.parametrize("name,index,block", DOC_BLOCKS, ids=[f"{n}#{i}" for n, i, _ in DOC_BLOCKS])
+def test_every_python_block_of_the_docs_runs(name, index, block, tmp_path, monkeypatch):
+    # Each block runs on its own, in a fresh namespace, from a scratch directory (blocks may write
+    # files), as a reader would paste it.
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, f"docs/{name} block {index}", "exec"), {"__name__": f"docs_{index}"})

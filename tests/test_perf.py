@@ -1,8 +1,8 @@
 """Unit tests of the performance model (moe_hal.perf) against hand-computed cases.
 
-Golden values are recomputed here with small independent loops from the formulas in
-reference/perf_model_and_hardware.md §4.2, or taken from that document's worked example (§4.5),
-never from the model's own output.
+Golden values are recomputed here with small independent loops from the formulas stated in
+moe_hal/perf/__init__.py (docs/perf-model.md explains them), or worked out by hand in the
+comments, never taken from the model's own output.
 """
 
 from __future__ import annotations
@@ -448,7 +448,7 @@ def test_hardware_from_entry():
 
 
 def test_design_call_with_the_hardware_db():
-    # the exact call of DESIGN.md, through the hardware DB
+    # the call docs/design.md §7 and the README show, through the hardware DB
     est = perf.estimate([4, 1026, 0, 77], n=4096, k=7168, hw="nvidia-h200-sxm", dtype="fp8", block_m=128)
     assert est.hw == "nvidia-h200-sxm" and est.num_cores == 132 and est.block_m == 128
     assert perf.estimate([4], n=128, k=128, hw="h200", dtype="bf16").hw == "nvidia-h200-sxm"

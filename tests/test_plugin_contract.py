@@ -138,3 +138,12 @@ def test_disable_plugins_denies_one_plugin(fresh_plugins, monkeypatch):
     assert "fake_vendor" not in host.specs
     assert not [f for f in host.failures() if f.plugin in ("fake_vendor", "broken_import")]
     assert os.environ["MOE_HAL_DISABLE_PLUGINS"]
+
+
+@pytest.mark.parametrize("field,value", [("dtypes", {"fp8"}), ("dtypes", {"bfloat16"}), ("out_dtypes", {"float32"}),
+                                         ("scale_formats", {"e8m0"})])
+def test_signature_refuses_names_outside_the_vocabulary(field, value):
+    # Accepted silently, such a signature would never match any call.
+    fields = {"ops": {"contiguous"}, "dtypes": {"bf16"}, "out_dtypes": {"bf16"}, field: value}
+    with pytest.raises(moe_hal.errors.ArgumentError, match=f"Signature.{field}"):
+        Signature(**fields)

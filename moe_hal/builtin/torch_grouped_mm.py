@@ -1,7 +1,8 @@
 """The ``torch`` backend: ``torch.nn.functional.grouped_mm`` plus the fix-ups our contracts need.
 
-``F.grouped_mm`` (reference/torch_and_cuda_peers.md §1) differs from moe_hal's contracts in ways
-this module repairs, each stated by :meth:`TorchBackend.describe_path`:
+``F.grouped_mm`` (see its docstring in ``torch/nn/functional.py``, torch 2.13) differs from
+moe_hal's contracts (``docs/design.md`` §2) in ways this module repairs, each stated by
+:meth:`TorchBackend.describe_path`:
 
 * It groups rows by exclusive ends with no gaps, and never writes rows past the last end. We pass
   the *aligned* segment ends, so alignment padding is computed with its group, then zero every row

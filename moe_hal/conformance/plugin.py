@@ -7,6 +7,11 @@ unrelated pytest runs); it works from an installed wheel, without a checkout::
         --moe-backend NAME [--moe-tier smoke|full|sweep|fuzz] [--moe-manifest xfails.yaml] \\
         [--moe-strict] [--moe-report out.json] [--junitxml junit.xml]
 
+Every option is also an ini setting (``moe_backend = myvendor`` in ``pytest.ini``, or under
+``[tool.pytest.ini_options]`` in ``pyproject.toml``); a command-line option overrides it. With no
+backend configured the conformance tests are skipped, not errors, so the plugin can stay enabled
+in a project's configuration.
+
 Each case and path is one test (``test_case[<case id>:<path>]``): not-applicable cases are skipped
 with their reason codes, expected failures from the vendor's manifests are xfailed with their
 reasons, and ``--moe-report`` writes the same JSON report as ``moe-hal conformance run``. Importing
@@ -23,10 +28,34 @@ import pytest
 _SESSION = pytest.StashKey["ConformanceSession"]()
 
 
+#: ini settings: name -> (help, type, default); each has the command-line option --moe-<name>.
+_INI = {
+    "moe_backend": ("backend to test (a registered name)", "string", ""),
+    "moe_tier": ("smoke, full, sweep or fuzz; comma-separated", "string", "full"),
+    "moe_manifest": ("expected-failure manifests, one per line", "linelist", []),
+    "moe_strict": ("unexpected passes and stale expected-failure entries fail the run", "bool", False),
+    "moe_report": ("write the JSON conformance report here", "string", ""),
+    "moe_device": ("torch device to test on", "string", ""),
+    "moe_case": ("only case ids matching these shell patterns, one per line", "linelist", []),
+    "moe_suite_version": ("refuse to run unless the installed suite has this version", "string", ""),
+}
+
+
+def _setting(config: pytest.Config, name: str) -> Any:
+    """The command-line option when given, else the ini setting (else its default)."""
+    given = config.getoption(name)
+    if given not in (None, [], False):
+        return given
+    value = config.getini(name)
+    return value if value not in ("", None) else (given if given is not None else _INI[name][2])
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    for name, (text, kind, default) in _INI.items():
+        parser.addini(name, f"moe_hal conformance: {text}", type=kind, default=default)
     group = parser.getgroup("moe_hal", "moe_hal conformance suite")
-    group.addoption("--moe-backend", help="backend to test (a registered name; required)")
-    group.addoption("--moe-tier", default="full", help="smoke, full (default), sweep or fuzz; comma-separated")
+    group.addoption("--moe-backend", help="backend to test (a registered name; ini: moe_backend)")
+    group.addoption("--moe-tier", help="smoke, full (default), sweep or fuzz; comma-separated (ini: moe_tier)")
     group.addoption("--moe-manifest", action="append", default=[], metavar="YAML",
                     help="expected-failure manifest (in addition to those the plugins ship); repeatable")
     group.addoption("--moe-strict", action="store_true",
@@ -38,11 +67,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--moe-suite-version", help="refuse to run unless the installed suite has this version")
 
 
+#: Why the conformance tests skip when no backend is configured.
+UNCONFIGURED = ("no backend configured: pass --moe-backend NAME or set moe_backend = NAME in the pytest "
+                "configuration (`moe-hal info` lists the registered backends)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    name = config.getoption("moe_backend")
+    name = _setting(config, "moe_backend")
     if not name:
-        raise pytest.UsageError("moe_hal.conformance.plugin: --moe-backend NAME is required "
-                                "(see `moe-hal info` for the registered backends)")
+        config.stash[_SESSION] = None  # the conformance tests skip with UNCONFIGURED
+        return
     if "," in name or name.strip() == "all":
         raise pytest.UsageError(f"moe_hal.conformance.plugin: --moe-backend takes one backend name, got {name!r} "
                                 "(run pytest once per backend, or use `moe-hal conformance run --backend all`)")
@@ -50,19 +84,39 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    return config.stash[_SESSION].header()
+    state = config.stash[_SESSION]
+    return [f"moe_hal conformance: {UNCONFIGURED}"] if state is None else state.header()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "moe_conformance_item" in metafunc.fixturenames:
-        items = metafunc.config.stash[_SESSION].items()
+        state = metafunc.config.stash[_SESSION]
+        if state is None:
+            metafunc.parametrize("moe_conformance_item", [None], ids=["unconfigured"])
+            return
+        items = state.items()
         metafunc.parametrize("moe_conformance_item", items, ids=[f"{c.id}:{p}" for c, p in items])
 
 
 @pytest.fixture(scope="session")
 def moe_conformance(request: pytest.FixtureRequest) -> "ConformanceSession":
-    """The conformance session of this pytest run."""
-    return request.config.stash[_SESSION]
+    """The conformance session of this pytest run (the test skips when no backend is configured)."""
+    state = request.config.stash[_SESSION]
+    if state is None:
+        pytest.skip(UNCONFIGURED)
+    return state
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_SESSION, None)
+    if state is None:
+        return
+    waived = [r for r in state.results if r.status in ("xfail", "xpass")]
+    if waived:
+        terminalreporter.section("moe_hal conformance: waived cases")
+        for r in waived:
+            note = "passes now: remove its waiver" if r.status == "xpass" else "fails as expected"
+            terminalreporter.line(f"{r.id} [{r.path}]: {note} ({r.waiver['reason']})")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -87,13 +141,15 @@ class ConformanceSession:
             from . import session
             from . import suite as suite_mod
 
-            opt = self.config.getoption
+            def opt(name: str) -> Any:
+                return _setting(self.config, name)
+
             suite = suite_mod.load()
             wanted = opt("moe_suite_version")
             if wanted and wanted != suite.version:
                 raise pytest.UsageError(f"--moe-suite-version {wanted}: the installed suite is {suite.version}")
             try:
-                self._plan = session.plan(opt("moe_backend"), [opt("moe_tier")], device=opt("moe_device"),
+                self._plan = session.plan(opt("moe_backend"), [opt("moe_tier")], device=opt("moe_device") or None,
                                           manifests=opt("moe_manifest"), strict=opt("moe_strict"),
                                           cases=opt("moe_case"), suite=suite)
             except ConformanceError as exc:
@@ -133,12 +189,13 @@ class ConformanceSession:
             pytest.fail(f"backend {target.name!r} cannot run here: " + "; ".join(str(r) for r in target.reasons),
                         pytrace=False)
 
-    def check(self, item: tuple[Any, str]) -> None:
-        """Run one case on one path and turn its status into the pytest outcome."""
+    def check(self, item: tuple[Any, str], node: pytest.Item | None = None) -> None:
+        """Run one case on one path and turn its status into the pytest outcome; ``node`` (the
+        test) lets a waived case that now passes be reported as XPASS."""
         case, path = item
         result = self.runner.run_case(case, path)
         self.results.append(result)
-        self._outcome(result)
+        self._outcome(result, node)
 
     def fuzz(self) -> None:
         if "fuzz" not in self.plan.tiers:
@@ -151,7 +208,7 @@ class ConformanceSession:
         self.results.append(result)
         self._outcome(result)
 
-    def _outcome(self, result: Any) -> None:
+    def _outcome(self, result: Any, node: pytest.Item | None = None) -> None:
         status = result.status
         if status == "not_applicable":
             codes = ", ".join(r["code"] for r in result.reasons)
@@ -162,12 +219,15 @@ class ConformanceSession:
             pytest.xfail(f"{result.waiver['reason']} ({result.waiver['source']}); {result.message}")
         if status == "xpass" and self.runner.strict:
             pytest.fail(result.message, pytrace=False)
+        if status == "xpass" and node is not None:  # passes although waived: pytest reports XPASS
+            node.add_marker(pytest.mark.xfail(reason=f"waived ({result.waiver['reason']}) but passes now: "
+                                                     "remove the waiver", strict=False))
         if status in ("fail", "error"):
             text = result.message + (f"\n{result.traceback}" if result.traceback else "")
             pytest.fail(text, pytrace=False)
 
     def finish(self) -> None:
-        path = self.config.getoption("moe_report")
+        path = _setting(self.config, "moe_report")
         if not path or self._plan is None:
             return
         from . import report
