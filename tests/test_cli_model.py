@@ -117,3 +117,18 @@ def test_plot_without_matplotlib_says_which_extra(tmp_path, capsys, monkeypatch)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rc, _, err = run(["--plot", str(tmp_path / "x.png")], capsys)
     assert rc == 2 and "moe-hal[plot]" in err
+
+
+def test_plot_labels_say_what_is_drawn(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rc, out, _ = run(["--dtype", "fp8", "--plot", str(tmp_path / "c.png"), "--json"], capsys)
+    labels = json.loads(out)["plot_labels"]
+    assert rc == 0 and "N=4096, K=7168" in labels["title"] and "vs the plain roofline" in labels["title"]
+    assert len(labels["candidates"]) == 3 and len(set(labels["candidates"])) == 3  # one label per tile
+    assert "M_g (rows)" in labels["panels"][0]
+    rc, out, _ = run(["--op", "k_grouped", "--m", "1536", "--n", "2048", "--counts", "300,0,700",
+                      "--plot", str(tmp_path / "k.png"), "--json"], capsys)
+    labels = json.loads(out)["plot_labels"]
+    assert rc == 0 and "M=1536, N=2048" in labels["title"] and "K=None" not in labels["title"]
+    assert "K_g (tokens)" in labels["panels"][0] and "M_g" not in labels["panels"][0]
+

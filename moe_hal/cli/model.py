@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.plot:
         try:
-            plot(advice, report, args.plot, perf.resolve_hardware(args.hw, measured=not args.spec))
+            report["plot_labels"] = plot(advice, report, args.plot,
+                                         perf.resolve_hardware(args.hw, measured=not args.spec))
         except ImportError:
             print("moe-hal model: --plot needs matplotlib; install the plot extra: pip install 'moe-hal[plot]'",
                   file=sys.stderr)
@@ -251,10 +252,16 @@ def print_report(report: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-def plot(advice: Any, report: dict[str, Any], path: str, hw: Any) -> None:
+#: Marker of each candidate tile, in rank order, so that tiles at the same point stay distinguishable.
+_MARKERS = ("*", "D", "s", "^", "v", "P", "X", "o")
+
+
+def plot(advice: Any, report: dict[str, Any], path: str, hw: Any) -> dict[str, Any]:
     """Two panels: the roofline with each expert at its arithmetic intensity (filled: the
     plain roofline; hollow: with the recommended tile's padding), and aggregate M-occupancy and
-    predicted time against BM. Raises ImportError without matplotlib."""
+    predicted time against BM. The title carries the call (op, dtype, N, K or M, groups) and the
+    best tile's gap to the roofline; each candidate tile has its own marker and label. Returns
+    the texts drawn (``title``, ``panels``, ``candidates``). Raises ImportError without matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -267,7 +274,17 @@ def plot(advice: Any, report: dict[str, Any], path: str, hw: Any) -> None:
     counts = prob["counts"]
     peak, bw = best.peak_flops, best.mem_bandwidth
     common = dict(hw=hw, dtype=best.dtype, out_dtype=best.out_dtype, op=best.op)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.6))
+    k_grouped = best.op == "k_grouped"
+    # K-grouped calls group the reduction: each group's size is its K_g (tokens), the tile pads the
+    # M x N output of every group, and the shape is given by M and N.
+    size_name = "K_g (tokens)" if k_grouped else "M_g (rows)"
+    shape = f"M={best.m}, N={best.n}" if k_grouped else f"N={best.n}, K={best.k}"
+    gap = best.t_predicted / best.t_roofline - 1 if best.t_roofline else float("nan")
+    title = (f"{hw.name}: {best.op} {best.dtype}->{best.out_dtype}, {shape}, {len(counts)} groups; best tile "
+             f"{best.block_m}x{best.block_n} predicted {best.t_predicted * 1e6:.1f} us, {gap:+.1%} vs the plain "
+             f"roofline ({best.t_roofline * 1e6:.1f} us)")
+    fig.suptitle(title, fontsize=10)
 
     # -- roofline: one point per active expert
     xs, ys, ys_pad, colors = [], [], [], []
@@ -292,17 +309,25 @@ def plot(advice: Any, report: dict[str, Any], path: str, hw: Any) -> None:
                  ha="right", va="center", fontsize=8, color="grey")
     ax1.scatter(xs, ys, c=colors, s=28, zorder=3, label="expert at its roofline (red: compute-bound)")
     ax1.scatter(xs, ys_pad, facecolors="none", edgecolors=colors, s=28, zorder=3,
-                label=f"expert with {best.block_m}-row padding (alone)")
-    for e in advice.ranked:
+                label=(f"group with its output padded to {best.block_m} rows (alone)" if k_grouped
+                       else f"expert with {best.block_m}-row padding (alone)"))
+    candidates = []
+    for rank, e in enumerate(advice.ranked):
         ai = e.useful_flops / e.bytes_min if e.bytes_min else 0
         if ai and e.t_predicted:
-            ax1.scatter([ai], [e.useful_flops / e.t_predicted / 1e12], marker="*", s=110, zorder=4,
-                        label=f"whole call, {e.block_m}x{e.block_n} predicted")
+            e_gap = e.t_predicted / e.t_roofline - 1 if e.t_roofline else float("nan")
+            label = f"whole call, {e.block_m}x{e.block_n}: {e.t_predicted * 1e6:.1f} us ({e_gap:+.1%})"
+            candidates.append(label)
+            # same intensity for every tile: distinct markers, sizes and a hollow face keep each visible
+            ax1.scatter([ai], [e.useful_flops / e.t_predicted / 1e12], marker=_MARKERS[rank % len(_MARKERS)],
+                        s=160 - 25 * min(rank, 4), facecolors="none" if rank else f"C{rank}", edgecolors=f"C{rank}",
+                        linewidths=1.5, zorder=5 + len(advice.ranked) - rank, label=label)
     ax1.set_xscale("log")
     ax1.set_yscale("log")
     ax1.set_xlabel("arithmetic intensity (FLOP / byte)")
     ax1.set_ylabel("TFLOP/s (useful)")
-    ax1.set_title(f"{hw.name} {best.dtype}: roofline, experts placed by their M_g")
+    panel1 = f"roofline, {'groups' if k_grouped else 'experts'} placed by their {size_name}"
+    ax1.set_title(panel1, fontsize=9)
     ax1.legend(fontsize=7, loc="lower right")
     ax1.grid(True, which="both", alpha=0.25)
 
@@ -314,21 +339,26 @@ def plot(advice: Any, report: dict[str, Any], path: str, hw: Any) -> None:
     else:
         sweep = [perf.estimate(counts, best.n, best.k, block_m=bm, block_n=best.block_n, **common) for bm in bms]
     ax2.plot(bms, [e.occupancy_m for e in sweep], color="tab:green", marker=".", label="aggregate M-occupancy")
-    ax2.set_xlabel("BM (tile rows)")
+    ax2.set_xlabel("BM (tile rows of each group's M x N output)" if k_grouped else "BM (tile rows)")
     ax2.set_ylabel("M-occupancy", color="tab:green")
     ax2.set_ylim(0, 1.05)
     twin = ax2.twinx()
     twin.plot(bms, [e.t_predicted * 1e6 for e in sweep], color="tab:purple", ls="--", label="predicted (us)")
     twin.axhline(best.t_roofline * 1e6, color="black", lw=1, label="plain roofline (us)")
-    for e in advice.ranked:
-        twin.scatter([e.block_m], [e.t_predicted * 1e6], color="tab:purple", zorder=4)
+    for rank, e in enumerate(advice.ranked):
+        twin.scatter([e.block_m], [e.t_predicted * 1e6], marker=_MARKERS[rank % len(_MARKERS)], color=f"C{rank}",
+                     s=60, zorder=4)
+        twin.annotate(f"{e.block_m}x{e.block_n}", (e.block_m, e.t_predicted * 1e6), textcoords="offset points",
+                      xytext=(4, 6 + 10 * (rank % 2)), fontsize=7, color=f"C{rank}")
     twin.set_ylabel("time (us)", color="tab:purple")
     twin.set_ylim(0, max(e.t_predicted for e in sweep) * 1.1 * 1e6)
-    ax2.set_title(f"occupancy and predicted time vs BM (BN={best.block_n}; dots: candidate tiles)")
+    panel2 = f"occupancy and predicted time vs BM (BN={best.block_n}; marked: candidate tiles)"
+    ax2.set_title(panel2, fontsize=9)
     handles = ax2.get_legend_handles_labels()
     handles2 = twin.get_legend_handles_labels()
     ax2.legend(handles[0] + handles2[0], handles[1] + handles2[1], fontsize=8, loc="lower right")
     ax2.grid(True, alpha=0.25)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return {"title": title, "panels": [panel1, panel2], "candidates": candidates}
