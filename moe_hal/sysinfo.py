@@ -80,27 +80,33 @@ def facts() -> dict[str, str]:
     return out
 
 
-def devices() -> list[dict[str, Any]]:
-    """Devices torch can see (CPU, CUDA, and NPU if torch_npu is already loaded) with their
-    hardware-DB match. Never imports torch_npu: doing so can break a machine without CANN."""
+def visible_devices() -> list[Any]:
+    """The CPU, then every device of each type a registered backend runs on whose torch module is
+    already loaded and reports devices (``torch.<type>.is_available()``, ``device_count()``). No
+    device extension is imported here: importing one can break a machine without its toolkit."""
     import torch
 
+    from . import plugins as _plugins
+
+    host = _plugins.host().ensure_loaded()
+    kinds = sorted({t for spec in host.specs.values() for t in spec.device_types} - {"*", "cpu"})
+    devs = [torch.device("cpu")]
+    for kind in kinds:
+        module = getattr(torch, kind, None)
+        try:
+            if module is not None and module.is_available():
+                devs += [torch.device(kind, i) for i in range(module.device_count())]
+        except Exception:  # noqa: BLE001 - a broken driver or extension must not break the listing
+            pass
+    return devs
+
+
+def devices() -> list[dict[str, Any]]:
+    """:func:`visible_devices` with their hardware-DB match."""
     from .selection import device_info
 
-    devs = [torch.device("cpu")]
-    try:
-        if torch.cuda.is_available():
-            devs += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - a broken driver must not break info
-        pass
-    npu = getattr(torch, "npu", None)
-    try:
-        if npu is not None and npu.is_available():
-            devs += [torch.device("npu", i) for i in range(npu.device_count())]
-    except Exception:  # noqa: BLE001 - a broken NPU stack must not break the report
-        pass
     out = []
-    for dev in devs:
+    for dev in visible_devices():
         info = device_info(dev)
         out.append({"device": str(dev), "hw_id": info.hw_id, "seen": info.seen,
                     "features": sorted(info.features)})

@@ -154,3 +154,22 @@ def test_a_low_priority_plugin_does_not_trigger_a_contradicting_warning(fresh_pl
     assert sel.name == "torch"
     assert not [w for w in caught if issubclass(w.category, moe_hal.errors.PathWarning)]
     assert "lowprio (optimized, priority -10)" in sel.explain()
+
+
+def test_conformant_with_waivers_lists_the_waived_and_now_passing_cases(tmp_path, capsys):
+    manifest = tmp_path / "xfails.yaml"
+    manifest.write_text('entries:\n  - id: "layout_indices/*"\n    kind: bug\n    reason: "believed broken"\n')
+    rc = main(["conformance", "run", "--backend", "reference", "--tier", "smoke", "--case", "layout_indices/*",
+               "--manifest", str(manifest), "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "conformant with waivers" in out
+    assert "reference: waived cases:" in out and "now passes: remove its waiver" in out
+    assert "layout_indices/" in out and "[library]" in out  # the case id and its path, brackets kept
+
+
+def test_hw_match_lists_the_visible_devices(capsys):
+    from moe_hal import sysinfo
+
+    assert main(["hw", "match", "--json"]) == 0
+    listed = [r["device"] for r in json.loads(capsys.readouterr().out)]
+    assert listed == [str(d) for d in sysinfo.visible_devices()] and listed[0] == "cpu"

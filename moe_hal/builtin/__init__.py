@@ -11,10 +11,10 @@ It also registers the built-in expert-parallel transport, ``all_to_all_single``
 
 from __future__ import annotations
 
-from ..backend import BackendSpec, PerfModel, Signature
+from ..backend import OPS, BackendSpec, PerfModel, Signature
 from ..hookspecs import hookimpl
 
-_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_ALL_OPS = frozenset(OPS)
 _FLOATS = frozenset({"fp32", "bf16", "fp16"})
 _FP8_OUT = frozenset({"bf16", "fp32"})
 _ANY_B_ORDER = frozenset({"k", "n", "strided"})

@@ -177,31 +177,11 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _this_machine() -> list[str]:
-    """Devices to match: the CPU, each CUDA device, and NPUs only if torch_npu is already loaded
-    (importing it on a machine without CANN can break the process)."""
-    import torch
-
-    devices = ["cpu"]
-    try:
-        if torch.cuda.is_available():
-            devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - a broken driver must not break the listing
-        pass
-    npu = getattr(torch, "npu", None)
-    try:
-        if npu is not None and npu.is_available():
-            devices += [f"npu:{i}" for i in range(npu.device_count())]
-    except Exception:  # noqa: BLE001 - a broken NPU stack must not break the listing
-        pass
-    return devices
-
-
 @_guarded
 def run_match(args: argparse.Namespace) -> int:
-    from .. import hwdb
+    from .. import hwdb, sysinfo
 
-    devices = args.device or _this_machine()
+    devices = args.device or [str(d) for d in sysinfo.visible_devices()]
     results = [{"device": d, **hwdb.match(d).to_dict()} for d in devices]
     if args.json:
         print(json.dumps(results, indent=2))

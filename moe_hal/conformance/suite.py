@@ -22,13 +22,15 @@ from typing import Any, Iterable
 
 import yaml
 
+from ..backend import OPS
 from ..errors import ConformanceError
 
 DATA_PACKAGE = "moe_hal.data.conformance"
 MANIFEST = "manifest.yaml"
 MANIFEST_SCHEMA = "manifest.schema.json"
 
-GEMM_OPS = ("contiguous", "masked", "k_grouped")
+#: The grouped-GEMM operations (the API's, defined once in moe_hal.backend).
+GEMM_OPS = OPS
 #: Library transforms checked byte for byte; they run on the backend's device.
 LIBRARY_OPS = ("quantize_fp8", "tma_align_mn_major", "pack_ue8m0", "pack_ue8m0x2", "layout_indices",
                "routing_dispatch", "routing_dispatch_masked")

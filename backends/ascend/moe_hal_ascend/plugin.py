@@ -20,11 +20,11 @@ report the EMULATED execution mode.
 
 from __future__ import annotations
 
-from moe_hal.plugin_api import BackendSpec, Signature, hookimpl
+from moe_hal.plugin_api import OPS, BackendSpec, Signature, hookimpl
 
 from . import emulation
 
-_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_ALL_OPS = frozenset(OPS)
 _ANY_B_ORDER = frozenset({"k", "n", "strided"})
 #: A single [G, ...] weight tensor takes at most 1024 groups (reference/ascend.md §1.2).
 MAX_GROUPS = 1024

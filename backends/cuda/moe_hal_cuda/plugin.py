@@ -20,11 +20,11 @@ Hardware requirements are hardware-DB feature flags, never architecture lists:
 
 from __future__ import annotations
 
-from moe_hal.plugin_api import BackendSpec, PerfModel, Signature, hookimpl
+from moe_hal.plugin_api import OPS, BackendSpec, PerfModel, Signature, hookimpl
 
 from . import configs, mode
 
-_ALL_OPS = frozenset({"contiguous", "masked", "k_grouped"})
+_ALL_OPS = frozenset(OPS)
 _M_GROUPED = frozenset({"contiguous", "masked"})
 _ANY_B_ORDER = frozenset({"k", "n", "strided"})
 
