@@ -167,7 +167,7 @@ def _instance(spec: TransportSpec) -> Transport | Reason:
             got = getattr(importlib.import_module(module), cls)(spec)
             if not isinstance(got, Transport):
                 raise TypeError(f"{spec.impl} is not a moe_hal.ep.Transport subclass")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - any import or constructor failure becomes the transport's reason
             got = Reason("import_failed", f"importing {spec.impl} failed: {type(exc).__name__}: {exc}")
         reg.instances[spec.name] = got
     return got

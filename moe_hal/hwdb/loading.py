@@ -21,7 +21,8 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from re import _constants as _sre, _parser as _sre_parser  # a regex's structure has no public API
+from re import _constants as _sre  # a regex's structure has no public API
+from re import _parser as _sre_parser
 from typing import Any
 
 import yaml

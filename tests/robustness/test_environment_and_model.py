@@ -45,7 +45,7 @@ def test_a_size_variable_that_is_no_size_names_the_variable(text, monkeypatch):
     monkeypatch.setenv(ENV_MAX_BYTES, text)
     prepared_cache.reset_max_bytes()
     with pytest.raises(errors.EnvironmentVariableError) as info:
-        prepared_cache.max_bytes
+        prepared_cache.max_bytes  # noqa: B018 - reading the property is what raises
     assert info.value.argument == ENV_MAX_BYTES
 
 
