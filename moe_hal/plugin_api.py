@@ -26,14 +26,15 @@ _LAZY = {
     "prepared_cache": ("prepared", "prepared_cache"),
     "warn_once": ("notices", "warn_once"),
     "dtypes": ("dtypes", None),
+    "ep": ("ep", None),
     "hwdb": ("hwdb", None),
     "perf": ("perf", None),
 }
 
 __all__ = [
     "API_VERSION", "ENTRY_POINT_GROUP", "OPS", "TIERS", "Backend", "BackendSpec", "DeviceInfo", "PerfModel",
-    "Problem", "QuantizedTensor", "Reason", "Signature", "clear_cache", "device_info", "dtypes", "errors", "hookimpl",
-    "hwdb", "perf", "prepared_cache", "warn_once",
+    "Problem", "QuantizedTensor", "Reason", "Signature", "clear_cache", "device_info", "dtypes", "ep", "errors",
+    "hookimpl", "hwdb", "perf", "prepared_cache", "warn_once",
 ]
 
 
@@ -64,7 +65,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers see ordinary imports
-    from . import dtypes, hwdb, perf  # noqa: F401 - re-exported through __getattr__
+    from . import dtypes, ep, hwdb, perf  # noqa: F401 - re-exported through __getattr__
     from .notices import warn_once  # noqa: F401 - for type checkers; loaded on first access at run time
     from .prepared import prepared_cache  # noqa: F401 - for type checkers; loaded on first access at run time
     from .problem import Problem  # noqa: F401 - for type checkers; loaded on first access at run time

@@ -40,11 +40,11 @@ def moe_hal_conformance_manifest(backend_name):
 @moe_hal.hookimpl
 def moe_hal_ep_transports(register):
     # A transport for a process-group backend of this test vendor's own: listed, never eligible on gloo.
-    from moe_hal.ep import TransportSpec
+    from moe_hal.plugin_api import ep
 
-    register(TransportSpec(name="fake_vendor_link", impl="moe_hal.ep.transport:AllToAllSingle",
-                           process_group_backends=("fake_ccl",), graph_safe=True, priority=5,
-                           description="test vendor's interconnect"))
+    register(ep.TransportSpec(name="fake_vendor_link", impl="moe_hal.ep.transport:AllToAllSingle",
+                              process_group_backends=("fake_ccl",), graph_safe=True, priority=5,
+                              description="test vendor's interconnect"))
 
 
 @moe_hal.hookimpl
