@@ -55,6 +55,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
-    "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
-    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
-    "problem", "quant", "routing", "selection", "sysinfo", "timing", "workloads",
+    from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .backend import Backend, BackendSpec, DeviceInfo, PerfModel, Reason, Signature  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .device_layout import PsumLayout  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .hookspecs import hookimpl  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .plugin_api import clear_cache  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .problem import Problem  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .quant import QuantizedTensor  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .selection import Selection, device_info  # noqa: F401 - for type checkers; loaded on first access at run time

@@ -19,8 +19,8 @@ FP64, FP32, BF16, FP16, FP8_E4M3 = "fp64", "fp32", "bf16", "fp16", "fp8_e4m3"
 #: Every dtype an operand or an output may have, by canonical name.
 CANONICAL = (FP64, FP32, BF16, FP16, FP8_E4M3)
 #: Other spellings accepted for them (torch's names among them), lower case.
-ALIASES = {"float64": FP64, "double": FP64, "float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16, "half": FP16,
-           "fp8": FP8_E4M3, "float8_e4m3fn": FP8_E4M3, "e4m3": FP8_E4M3}
+ALIASES = {"float64": FP64, "double": FP64, "float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16,
+           "half": FP16, "fp8": FP8_E4M3, "float8_e4m3fn": FP8_E4M3, "e4m3": FP8_E4M3}
 
 #: Forms of fp8 block scales: plain fp32, or powers of two (UE8M0 exponents).
 SCALE_FORMATS = ("fp32", "ue8m0")
@@ -69,20 +69,8 @@ def name_of(dtype: "torch.dtype") -> str:
     return names.get(dtype, str(dtype).removeprefix("torch."))
 
 
-<<<<<<< HEAD
-def parse(name: str) -> torch.dtype:
-    """torch dtype for a canonical name, also accepting torch spellings (``bfloat16``, ``float32``)."""
-    key = name.strip().lower()
-    aliases = {"float64": FP64, "double": FP64, "float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16, "half": FP16,
-               "fp8": FP8_E4M3, "float8_e4m3fn": FP8_E4M3, "e4m3": FP8_E4M3}
-    key = aliases.get(key, key)
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[key]
-=======
 def parse(name: str) -> "torch.dtype":
     """torch dtype for a canonical name or an accepted spelling (``bfloat16``, ``float32``);
     :class:`~moe_hal.errors.DTypeError` otherwise."""
     dtypes = globals().get("DTYPES") or __getattr__("DTYPES")
     return dtypes[canonical(name)]
->>>>>>> fda1b79 (Vendor CI through pytest ini settings, waived passes as XPASS; Signature names validated; one dtype vocabulary without torch; docs blocks run as tests; citations point to docs/design.md)

@@ -23,7 +23,6 @@ import weakref
 import torch
 
 from . import kernels  # first: it sets TRITON_INTERPRET before triton is imported
-
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 

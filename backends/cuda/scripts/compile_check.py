@@ -219,7 +219,8 @@ def compile_variant(task: dict) -> dict:
     """Compile one variant (in a worker process) and measure it."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, compile as triton_compile
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as triton_compile
 
     from moe_hal_cuda import kernels
 

@@ -194,7 +194,8 @@ def backend_object(name: str):
             from moe_hal.builtin import REFERENCE as spec
             from moe_hal.builtin.reference import ReferenceBackend as cls
         else:
-            from moe_hal_cuda import backend as cuda_backend, plugin
+            from moe_hal_cuda import backend as cuda_backend
+            from moe_hal_cuda import plugin
 
             spec = {s.name: s for s in plugin.specs()}[name]
             cls = cuda_backend.CudaSM90Backend if name == "cuda_sm90" else cuda_backend.CudaSM100Backend

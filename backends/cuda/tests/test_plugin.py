@@ -254,7 +254,8 @@ def test_peer_choice_is_unmeasured_without_a_committed_measurement(monkeypatch):
     """With the packaged (empty) path table a native plan runs Triton and says the peer choice is
     unmeasured; an entry from a measurement routes the call when the peer can take it."""
     monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")
-    from moe_hal_cuda import backend as cuda_backend, plugin
+    from moe_hal_cuda import backend as cuda_backend
+    from moe_hal_cuda import plugin
 
     be = cuda_backend.CudaSM90Backend(plugin.specs()[0])
     lay = moe_hal.ContiguousLayout.from_counts([30, 50], alignment=16)
