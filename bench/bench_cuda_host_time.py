@@ -35,13 +35,13 @@ import time
 
 os.environ.pop("MOE_HAL_CUDA_INTERPRET", None)  # the native launch path (kernels stubbed below)
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
-import moe_hal  # noqa: E402
-from moe_hal.problem import Problem  # noqa: E402
-from moe_hal.quant import quantize_fp8  # noqa: E402
-from moe_hal.timing import host_seconds_per_call  # noqa: E402
-from moe_hal.workloads import synthetic_counts  # noqa: E402
+import moe_hal  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.quant import quantize_fp8  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.timing import host_seconds_per_call  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.workloads import synthetic_counts  # noqa: E402 - after the environment set-up above, which must come first
 
 TARGET_US = 30.0
 

@@ -54,7 +54,7 @@ os.environ.pop("MOE_HAL_CUDA_INTERPRET", None)  # compiled kernels, not the inte
 os.environ.pop("TRITON_INTERPRET", None)
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its warning)
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - after the environment set-up above, which must come first
 
 TARGETS = {"sm90": 90, "sm100": 100}
 SHARED_LIMIT = 227 * 1024
