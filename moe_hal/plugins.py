@@ -100,9 +100,16 @@ class PluginHost:
         self.facts: list[tuple[str, Callable[[], str], str]] = []
 
     # -- discovery ---------------------------------------------------------------------------
-    def ensure_loaded(self) -> "PluginHost":
+    @property
+    def loaded(self) -> bool:
+        """True once discovery has completed."""
+        return self._loaded
+
+    def ensure_loaded(self, strict: bool | None = None) -> "PluginHost":
         """Discover plugins once. Re-entrant: a plugin's hook that calls back into the host while
-        discovery runs (e.g. ``hwdb.match`` from a probe) sees what is registered so far."""
+        discovery runs (e.g. ``hwdb.match`` from a probe) sees what is registered so far.
+        ``strict`` overrides ``MOE_HAL_STRICT_PLUGINS`` (``moe-hal info`` loads with ``False``, so
+        that it can show the failures strict mode would raise for)."""
         if self._loaded:
             return self
         with self._lock:
@@ -110,13 +117,13 @@ class PluginHost:
                 return self
             self._discovering = True
             try:
-                self._discover()
+                self._discover(environment.flag("MOE_HAL_STRICT_PLUGINS") if strict is None else strict)
                 self._loaded = True
             finally:
                 self._discovering = False
         return self
 
-    def _discover(self) -> None:
+    def _discover(self, strict: bool) -> None:
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
         self.pm = pm
@@ -147,7 +154,7 @@ class PluginHost:
         self._register_hw_overlays()
         self._collect_environment()
         failures = [f for r in self.plugins.values() for f in r.failures]
-        if failures and environment.flag("MOE_HAL_STRICT_PLUGINS"):
+        if failures and strict:
             raise PluginError(failures)
         for f in failures:
             warnings.warn(f"{f} (it is skipped; `moe-hal info` shows the traceback)", PluginWarning,

@@ -10,7 +10,8 @@ import os
 import platform
 from typing import Any
 
-from .environment import KNOWN_ENV_VARS, RELATED_ENV_VARS
+from .environment import KNOWN_ENV_VARS, RELATED_ENV_VARS, flag, size
+from .errors import EnvironmentVariableError, HardwareDBError, MoeHalError
 
 #: Distributions whose versions decide the core's results (plugins declare theirs).
 CORE_PACKAGES = ("moe-hal", "torch", "numpy", "pluggy", "safetensors", "jsonschema", "pyyaml")
@@ -107,7 +108,11 @@ def devices() -> list[dict[str, Any]]:
 
     out = []
     for dev in visible_devices():
-        info = device_info(dev)
+        try:
+            info = device_info(dev)
+        except MoeHalError as exc:   # a malformed MOE_HAL_HWDB file, a bad variable: show the device anyway
+            out.append({"device": str(dev), "hw_id": None, "seen": f"(not recognised: {exc})", "features": []})
+            continue
         out.append({"device": str(dev), "hw_id": info.hw_id, "seen": info.seen,
                     "features": sorted(info.features)})
     return out
@@ -149,6 +154,7 @@ def backends() -> list[dict[str, Any]]:
     import torch
 
     from . import plugins as _plugins
+    from .backend import Reason
     from .selection import ProbeFailed, device_info, device_reasons, probe
 
     host = _plugins.host().ensure_loaded()
@@ -168,8 +174,8 @@ def backends() -> list[dict[str, Any]]:
             if err is not None:
                 reasons.append(err)
             elif inst is not None:
-                info = device_info(dev)
                 try:
+                    info = device_info(dev)
                     reasons += device_reasons(inst, info, host)
                     if not reasons:
                         mode = probe(host, inst, "execution_mode", info)
@@ -178,14 +184,68 @@ def backends() -> list[dict[str, Any]]:
                             mode += f" (only when named: {auto.message})"
                 except ProbeFailed as failed:
                     reasons.append(failed.reason)
+                except HardwareDBError as exc:
+                    reasons.append(Reason("hardware_db_error", str(exc)))
             entry["devices"][str(dev)] = {"available": not reasons, "mode": mode,
                                           "reasons": [r.as_dict() for r in reasons]}
         out.append(entry)
     return out
 
 
+#: Boolean variables of the core (checked by :func:`problems`).
+_FLAG_VARS = ("MOE_HAL_STRICT_PLUGINS", "MOE_HAL_TRACE_PLUGINS")
+
+
+def problems() -> list[str]:
+    """What makes this installation misbehave, in words: an environment variable that cannot be
+    parsed, a malformed hardware-DB file, plugin failures while ``MOE_HAL_STRICT_PLUGINS`` asks
+    for them to be fatal. ``moe-hal info`` prints them and exits with status 3."""
+    from . import hwdb
+    from . import plugins as _plugins
+
+    found = []
+    for name in _FLAG_VARS:
+        try:
+            flag(name)
+        except EnvironmentVariableError as exc:
+            found.append(str(exc))
+    try:
+        size("MOE_HAL_PREPARED_MAX_BYTES")
+    except EnvironmentVariableError as exc:
+        found.append(str(exc))
+    try:
+        hwdb.all()
+    except HardwareDBError as exc:
+        found.append(f"hardware DB: {exc}")
+    try:
+        strict = flag("MOE_HAL_STRICT_PLUGINS")
+    except EnvironmentVariableError:
+        strict = False
+    host = _plugins.host()
+    failures = host.failures() if host.loaded else []
+    if strict and failures:
+        found.append(f"{len(failures)} plugin failure(s) while MOE_HAL_STRICT_PLUGINS is set (every call "
+                     "raises PluginError): " + "; ".join(map(str, failures)))
+    return found
+
+
 def snapshot() -> dict[str, Any]:
-    """Everything above in one JSON-serialisable mapping."""
-    backend_rows = backends()  # first: probing backends may record plugin failures
-    return {"versions": versions(), "machine": machine(), "facts": facts(), "devices": devices(),
-            "plugins": plugins(), "backends": backend_rows, "env": env_vars()}
+    """Everything above in one JSON-serialisable mapping, plus ``problems``. Never raises for a
+    broken plugin, a malformed hardware-DB file or a bad variable: it reports them."""
+    from . import plugins as _plugins
+
+    try:
+        _plugins.host().ensure_loaded(strict=False)   # show the failures strict mode would raise for
+    except MoeHalError:
+        pass                                        # e.g. MOE_HAL_TRACE_PLUGINS unparsable: in problems()
+
+    def guarded(section, default):
+        try:
+            return section()
+        except MoeHalError:                         # reported by problems()
+            return default
+
+    backend_rows = guarded(backends, [])  # first: probing backends may record plugin failures
+    return {"versions": versions(), "machine": machine(), "facts": guarded(facts, {}),
+            "devices": guarded(devices, []), "plugins": guarded(plugins, []), "backends": backend_rows,
+            "env": guarded(env_vars, {}), "problems": problems()}

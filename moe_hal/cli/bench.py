@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..timing import Timer
+from . import types
 
 # Expert GEMM shapes of the sweep (weights [G, N, K]):
 # DeepSeek-V3: hidden 7168, moe_intermediate 2048, 256 routed experts, top-8
@@ -77,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "per-expert torch.mm loop over a sweep of MoE shapes; with --model, compare with the "
                     "roofline and the model's prediction. Reports, never asserts.")
     p.add_argument("--backend", help="force this backend (default: what moe_hal selects)")
-    p.add_argument("--device", help="torch device (default: cuda when available, else cpu)")
+    p.add_argument("--device", type=types.device, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--model", action="store_true", help="add the model's ideal and prediction and the error summary")
     p.add_argument("--calibrate", action="store_true",
                    help="also fit a calibrated model (fixed time, bandwidth, peak) on three calls outside the sweep")
@@ -93,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-peers", action="store_true", help="time only the moe_hal backend")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic histograms and data")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
-    p.add_argument("--out", metavar="FILE.json", help="also write the JSON report to this file")
+    p.add_argument("--out", metavar="FILE.json", type=types.output_file, help="also write the JSON report to this file")
     p.set_defaults(func=run)
 
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from . import render
+from . import render, types
 
 
 def register(subparsers) -> None:
@@ -31,15 +31,15 @@ def register(subparsers) -> None:
     run.add_argument("--backend", default="all", help="backend name, comma list, or 'all' (default: all)")
     run.add_argument("--tier", action="append", default=None,
                      help="smoke, full (default; includes smoke), sweep, fuzz; repeat or comma-separate")
-    run.add_argument("--report", metavar="PATH", help="write the JSON report here")
-    run.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
+    run.add_argument("--report", metavar="PATH", type=types.output_file, help="write the JSON report here")
+    run.add_argument("--junit", metavar="PATH", type=types.output_file, help="write JUnit XML here")
     run.add_argument("--manifest", action="append", default=[], metavar="YAML",
                      help="an expected-failure manifest (adds to those the plugins ship); repeatable")
     run.add_argument("--no-plugin-manifests", action="store_true",
                      help="ignore the expected-failure manifests plugins ship")
     run.add_argument("--strict", action="store_true",
                      help="an unexpected pass or a stale expected-failure entry makes the run non-conformant")
-    run.add_argument("--device", help="torch device to test on (default: the backend's own, else the CPU)")
+    run.add_argument("--device", type=types.device, help="torch device to test on (default: the backend's own, else the CPU)")
     run.add_argument("--case", action="append", default=[], metavar="PATTERN",
                      help="only cases whose id matches this shell pattern; repeatable")
     run.add_argument("--sweep-seed", type=int, help="seed of the sweep tier (default: the manifest's)")

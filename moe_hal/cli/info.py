@@ -15,7 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "and its hardware-DB entry, each plugin with its hooks and hardware-DB "
                                    "entries (failures included), each backend on each device with its "
                                    "reason code, and the MOE_HAL_* variables in force. Works even when "
-                                   "every plugin is broken.")
+                                   "every plugin is broken, under MOE_HAL_STRICT_PLUGINS and with a malformed "
+                                   "hardware-DB file: it prints everything, then the problems it found, "
+                                   "and exits with status 3 when there are any.")
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
     p.add_argument("--tracebacks", action="store_true", help="also print the traceback of each plugin failure")
     p.set_defaults(func=run)
@@ -25,11 +27,12 @@ def run(args: argparse.Namespace) -> int:
     from .. import sysinfo
 
     snap = sysinfo.snapshot()
+    exit_status = 3 if snap["problems"] else 0
     if args.json:
         print(json.dumps(snap, indent=2, default=str))
-        return 0
+        return exit_status
     print("\n".join(report_lines(snap, tracebacks=args.tracebacks)))
-    return 0
+    return exit_status
 
 
 def report_lines(snap: dict[str, Any], tracebacks: bool = False) -> list[str]:
@@ -81,4 +84,5 @@ def report_lines(snap: dict[str, Any], tracebacks: bool = False) -> list[str]:
     for name, e in snap["env"].items():
         meaning = e["meaning"] + (f" (read by {e['read_by']})" if e.get("read_by") else "")
         lines.append(f"  {name}={e['value']}: {meaning}")
+    lines += [f"problem: {problem}" for problem in snap["problems"]]
     return lines

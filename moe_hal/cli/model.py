@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any
 
+from . import types
+
 #: Within this fraction of the plain roofline, the prediction counts as "at the ideal".
 AT_IDEAL = 0.03
 
@@ -47,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--impl", help="kernel implementation whose achieved efficiency applies (default: the best known)")
     p.add_argument("--no-achieved", action="store_true",
                    help="predict from the peak and bandwidth themselves, without achieved efficiency (the old model)")
-    p.add_argument("--plot", metavar="FILE.png", help="draw the roofline and the occupancy-vs-BM curve "
+    p.add_argument("--plot", metavar="FILE.png", type=types.output_file, help="draw the roofline and the occupancy-vs-BM curve "
                                                       "(needs matplotlib: pip install 'moe-hal[plot]')")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=run)

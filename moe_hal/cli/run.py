@@ -14,6 +14,8 @@ import math
 import statistics
 import time
 
+from . import types
+
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
 # scaled down 8x in N and K and to 32 experts so that the float64 verification runs in seconds.
 DEFAULTS = dict(experts=32, n=512, k=896, tokens=2048, topk=8, dtype="bf16", dist="seed", alignment=128)
@@ -26,24 +28,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--op", choices=("contiguous", "masked", "k_grouped"), default="contiguous",
                    help="grouped-GEMM operation (default: contiguous)")
-    p.add_argument("--experts", "-G", type=int, default=DEFAULTS["experts"], help="number of experts G")
-    p.add_argument("--n", type=int, default=DEFAULTS["n"], help="output features N per expert")
-    p.add_argument("--k", type=int, default=DEFAULTS["k"], help="input features K (hidden size)")
-    p.add_argument("--tokens", "-T", type=int, default=DEFAULTS["tokens"], help="tokens routed")
-    p.add_argument("--topk", type=int, default=DEFAULTS["topk"], help="experts per token")
+    p.add_argument("--experts", "-G", type=types.positive_int, default=DEFAULTS["experts"], help="number of experts G")
+    p.add_argument("--n", type=types.positive_int, default=DEFAULTS["n"], help="output features N per expert")
+    p.add_argument("--k", type=types.positive_int, default=DEFAULTS["k"], help="input features K (hidden size)")
+    p.add_argument("--tokens", "-T", type=types.positive_int, default=DEFAULTS["tokens"], help="tokens routed")
+    p.add_argument("--topk", type=types.positive_int, default=DEFAULTS["topk"], help="experts per token")
     p.add_argument("--dtype", default=DEFAULTS["dtype"], choices=("fp32", "bf16", "fp16", "fp8"),
                    help="operand dtype; fp8 is block-scaled e4m3 (default: %(default)s)")
     p.add_argument("--dist", default=DEFAULTS["dist"],
                    help="routing skew: seed (the 32-expert histogram of DeepGEMM #211), uniform, zipf:A")
-    p.add_argument("--alignment", type=int, default=DEFAULTS["alignment"], help="row alignment per expert")
+    p.add_argument("--alignment", type=types.positive_int, default=DEFAULTS["alignment"], help="row alignment per expert")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--backend", default=None, help="force a backend (default: automatic selection)")
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions after the first call")
+    p.add_argument("--repeat", type=types.non_negative_int, default=3, help="timed repetitions after the first call")
     p.add_argument("--conformance", default="smoke", metavar="TIER",
                    help="also run this conformance tier on the selected backend and print its verdict "
                         "(smoke, full; 'none' to skip; default smoke)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    p.add_argument("--out", metavar="FILE.json", help="also write the results as JSON to this file")
+    p.add_argument("--out", metavar="FILE.json", type=types.output_file, help="also write the results as JSON to this file")
     p.add_argument("--ep", type=int, default=0, metavar="W",
                    help="run it expert-parallel on W local gloo processes, verified against one process")
     p.add_argument("--ep-mode", choices=("exact", "capacity"), default="exact",

@@ -391,19 +391,22 @@ def validate(path: str | os.PathLike) -> None:
 def add_overlay(path: str | os.PathLike, origin: str) -> None:
     """Add a YAML file or a directory of them (from a plugin named ``origin``) to the database.
 
-    The whole database is rebuilt and validated at once, so a malformed file or a duplicate id
-    raises :class:`~moe_hal.errors.HardwareDBError` here (naming the file, the field and
-    ``origin``) and the overlay is not kept.
+    The built-in files and the plugins' overlays are rebuilt and validated at once, so a malformed
+    file or a duplicate id raises :class:`~moe_hal.errors.HardwareDBError` here (naming the file,
+    the field and ``origin``) and the overlay is not kept. ``MOE_HAL_HWDB`` is left out of this
+    check: a malformed file there is the user's, reported wherever the database is used, not
+    blamed on the plugin.
     """
     entry = (Path(path).expanduser(), f"plugin {origin}")
     with _lock:
         _plugin_overlays.append(entry)
         try:
-            _db()
+            _build(list(_plugin_overlays))
         except Exception:
             _plugin_overlays.remove(entry)
-            _cache["db"] = None
             raise
+        finally:
+            _cache["db"] = None
 
 
 def all() -> list[HardwareEntry]:  # noqa: A001 - public name hwdb.all() mirrors dict-like access
