@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-peers", action="store_true", help="time only the moe_hal backend")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic histograms and data")
     p.add_argument("--json", action="store_true", help="print the JSON report instead of a table")
-    p.add_argument("--out", metavar="FILE.json", type=types.output_file, help="also write the JSON report to this file")
+    p.add_argument("--out", metavar="FILE.json", help="also write the JSON report to this file")
     p.set_defaults(func=run)
 
 

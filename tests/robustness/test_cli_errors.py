@@ -35,7 +35,6 @@ USAGE_ERRORS = [
     ["run", "--op", "grouped"],
     ["model", "--plot", "/nonexistent-dir/plot.png", "--counts", "4,4"],
     ["bench", "--device", "tpu"],
-    ["bench", "--out", "/nonexistent-dir/bench.json"],
     ["conformance", "run", "--device", "tpu"],
     ["conformance", "run", "--report", "/nonexistent-dir/r.json"],
     ["conformance", "run", "--junit", "/nonexistent-dir/r.xml"],
