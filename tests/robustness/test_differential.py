@@ -172,9 +172,7 @@ def test_k_grouped_backends_agree(counts, m, n, dtype, a_transposed, b_transpose
 
 CHILD_MODES = [
     pytest.param("cuda_sm90,cuda_sm100", {"MOE_HAL_CUDA_INTERPRET": "1", "MOE_HAL_PLUGINS": "cuda"},
-                 id="interpreted-cuda",
-                 marks=pytest.mark.xfail(strict=True, reason="issue 15 major item 1 (the CUDA masked kernel ignores "
-                                         "the stride of masked_m) is the CUDA engineer's; remove once it lands")),
+                 id="interpreted-cuda"),
     pytest.param("ascend,ascend_950", {"MOE_HAL_ASCEND_EMULATE": "1", "MOE_HAL_PLUGINS": "ascend"},
                  id="emulated-ascend"),
 ]
