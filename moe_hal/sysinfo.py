@@ -42,8 +42,11 @@ def env_vars() -> dict[str, dict[str, Any]]:
 
 def versions() -> dict[str, str]:
     """Versions of Python, moe_hal and the libraries that decide results (the core's and those
-    the plugins declare)."""
-    _, packages = plugin_declarations()
+    the plugins declare, when the plugins could be discovered)."""
+    try:
+        _, packages = plugin_declarations()
+    except MoeHalError:          # reported by problems(); the core's versions still matter
+        packages = {}
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for dist in (*CORE_PACKAGES, *sorted(packages)):
         try:
