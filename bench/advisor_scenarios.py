@@ -35,12 +35,16 @@ def main(argv: list[str] | None = None) -> int:
                 picks[advice.tile[0]] += 1
                 ties += len(advice.equivalent) > 1
                 equivalent = ", ".join(f"{e.block_m}x{e.block_n}" for e in advice.equivalent)
-                print(f"N={n:5} K={k:5} {dist:9} tokens={tokens:6}: {advice.tile[0]}x{advice.tile[1]} "
-                      f"({advice.best.t_predicted * 1e6:8.1f} us); within {perf.TIE_BAND:.0%}: {equivalent}")
+                print(
+                    f"N={n:5} K={k:5} {dist:9} tokens={tokens:6}: {advice.tile[0]}x{advice.tile[1]} "
+                    f"({advice.best.t_predicted * 1e6:8.1f} us); within {perf.TIE_BAND:.0%}: {equivalent}"
+                )
     total = sum(picks.values())
-    print(f"{args.hw} {args.dtype}{' (no achieved efficiency)' if args.no_achieved else ''}: "
-          + ", ".join(f"BM={bm} in {c} of {total}" for bm, c in sorted(picks.items()))
-          + f"; more than one tile equivalent in {ties} of {total}")
+    print(
+        f"{args.hw} {args.dtype}{' (no achieved efficiency)' if args.no_achieved else ''}: "
+        + ", ".join(f"BM={bm} in {c} of {total}" for bm, c in sorted(picks.items()))
+        + f"; more than one tile equivalent in {ties} of {total}"
+    )
     return 0
 
 

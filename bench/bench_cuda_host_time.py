@@ -101,9 +101,16 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
         build_us = (time.perf_counter() - t0) / len(layouts) * 1e6
         rows = max(lay.num_rows for lay in layouts)
         a = operand(rows, k, block=(1, 128))
-        args = [(a[:lay.num_rows] if dtype != "fp8" else
-                 type(a)(a.data[:lay.num_rows], a.scale[:lay.num_rows], a.block, a.scale_format), weight, lay)
-                for lay in layouts]
+        args = [
+            (
+                a[: lay.num_rows]
+                if dtype != "fp8"
+                else type(a)(a.data[: lay.num_rows], a.scale[: lay.num_rows], a.block, a.scale_format),
+                weight,
+                lay,
+            )
+            for lay in layouts
+        ]
     else:  # k_grouped (weight gradients): a[T, M], b[T, N]
         t0 = time.perf_counter()
         layouts = [moe_hal.KGroupedLayout.from_counts(c) for c in counts_per_step]
@@ -112,7 +119,8 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
         x, dy = operand(rows, 32, block=(128, 1)), operand(rows, n, block=(128, 1))
 
         def rows_of(t, r):
-            return t[:r] if dtype != "fp8" else type(t)(t.data[:r], t.scale[:-(-r // 128)], t.block, t.scale_format)
+            return t[:r] if dtype != "fp8" else type(t)(t.data[:r], t.scale[: -(-r // 128)], t.block, t.scale_format)
+
         args = [(rows_of(x, lay.num_rows), rows_of(dy, lay.num_rows), lay) for lay in layouts]
 
     def call(a, b, lay):
@@ -120,17 +128,29 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
         return be.run(p, None)
 
     call(*args[0])  # weights prepared, the first plan of the bucket made: as after a model's first step
-    fresh = itertools.cycle(args[1:])        # every fresh call sees a layout object new to the backend
+    fresh = itertools.cycle(args[1:])  # every fresh call sees a layout object new to the backend
     per_round = max(calls // rounds, 1)
-    seconds = host_seconds_per_call({"fresh": lambda: call(*next(fresh)), "cached": lambda: call(*args[0])},
-                                    iters=per_round, repeats=rounds, clock=time.thread_time)
+    seconds = host_seconds_per_call(
+        {"fresh": lambda: call(*next(fresh)), "cached": lambda: call(*args[0])},
+        iters=per_round,
+        repeats=rounds,
+        clock=time.thread_time,
+    )
     fresh_us, cached_us = seconds["fresh"] * 1e6, seconds["cached"] * 1e6
-    return {"arch": arch, "op": op, "dtype": dtype, "routing": routing, "groups": groups,
-            "fresh_layout_us": round(fresh_us, 2), "cached_layout_us": round(cached_us, 2),
-            "fresh_over_cached": round(fresh_us / cached_us, 3), "layout_build_us": round(build_us, 2),
-            "plans_made": len(be._plans),
-            # fp8 rows also execute the activation-scale conversion on the CPU (device work on a GPU)
-            "meets_target": fresh_us <= TARGET_US if dtype != "fp8" else None}
+    return {
+        "arch": arch,
+        "op": op,
+        "dtype": dtype,
+        "routing": routing,
+        "groups": groups,
+        "fresh_layout_us": round(fresh_us, 2),
+        "cached_layout_us": round(cached_us, 2),
+        "fresh_over_cached": round(fresh_us / cached_us, 3),
+        "layout_build_us": round(build_us, 2),
+        "plans_made": len(be._plans),
+        # fp8 rows also execute the activation-scale conversion on the CPU (device work on a GPU)
+        "meets_target": fresh_us <= TARGET_US if dtype != "fp8" else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,22 +163,33 @@ def main(argv: list[str] | None = None) -> int:
     _stub_kernels()
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for arch, op, dtype, routing in [("sm90", "contiguous", "bf16", "seed32"), ("sm90", "contiguous", "fp8", "seed32"),
-                                     ("sm90", "contiguous", "bf16", "uniform256"),
-                                     ("sm100", "contiguous", "fp8", "seed32"), ("sm90", "k_grouped", "bf16", "seed32"),
-                                     ("sm100", "k_grouped", "fp8", "seed32")]:
+    for arch, op, dtype, routing in [
+        ("sm90", "contiguous", "bf16", "seed32"),
+        ("sm90", "contiguous", "fp8", "seed32"),
+        ("sm90", "contiguous", "bf16", "uniform256"),
+        ("sm100", "contiguous", "fp8", "seed32"),
+        ("sm90", "k_grouped", "bf16", "seed32"),
+        ("sm100", "k_grouped", "fp8", "seed32"),
+    ]:
         row = case(arch, op, dtype, routing, opts.calls, opts.rounds, gen)
         rows.append(row)
-        print(f"{arch:6} {op:10} {dtype:5} {routing:10} fresh {row['fresh_layout_us']:7.1f} us  "
-              f"cached {row['cached_layout_us']:7.1f} us  ratio {row['fresh_over_cached']:.2f}  "
-              f"plans {row['plans_made']}  "
-              f"{'(includes CPU scale conversion)' if row['meets_target'] is None else 'ok' if row['meets_target'] else 'OVER'}")
+        print(
+            f"{arch:6} {op:10} {dtype:5} {routing:10} fresh {row['fresh_layout_us']:7.1f} us  "
+            f"cached {row['cached_layout_us']:7.1f} us  ratio {row['fresh_over_cached']:.2f}  "
+            f"plans {row['plans_made']}  "
+            f"{'(includes CPU scale conversion)' if row['meets_target'] is None else 'ok' if row['meets_target'] else 'OVER'}"
+        )
     report = {
         "what": "host time per call of the cuda backends' launch path (Problem.build + backend.run, Triton launch "
-                "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
-        "target_us": TARGET_US, "clock": "time.thread_time (this thread's CPU time)", "torch": torch.__version__, "python": platform.python_version(),
-        "machine": platform.machine(), "processor": platform.processor() or platform.machine(),
-        "load_average": list(os.getloadavg()), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
+        "target_us": TARGET_US,
+        "clock": "time.thread_time (this thread's CPU time)",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "load_average": list(os.getloadavg()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": "python bench/bench_cuda_host_time.py --json bench/results/cuda_host_time_cpu.json",
         "cases": rows,
     }

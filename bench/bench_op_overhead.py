@@ -55,12 +55,11 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
         "op": lambda: ops.call(a, b, lay, c=c),
         "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
     }
-    if not isinstance(lay, moe_hal.PsumLayout):        # a PsumLayout always takes the op path
+    if not isinstance(lay, moe_hal.PsumLayout):  # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
-    row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name,
-           **{f"{k}_us": v * 1e6 for k, v in t.items()}}
+    row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
     if "plain" in t:
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
@@ -72,25 +71,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=15, help="timing rounds (median over them)")
     p.add_argument("--iters", type=int, default=2000, help="calls per round")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: host overhead, not throughput)")
-    p.add_argument("--clock", choices=("wall", "thread"), default="thread",
-                   help="wall time, or this thread's CPU time (default: steadier on a shared, oversubscribed host)")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="thread",
+        help="wall time, or this thread's CPU time (default: steadier on a shared, oversubscribed host)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", moe_hal.errors.MoeHalWarning)
     gen = torch.Generator().manual_seed(0)
-    results = [measure(name, *args_, iters=args.iters, repeats=args.repeats, clock=clock)
-               for name, args_ in cases(gen).items()]
+    results = [
+        measure(name, *args_, iters=args.iters, repeats=args.repeats, clock=clock) for name, args_ in cases(gen).items()
+    ]
     for r in results:
         text = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
         print(text)
     if args.json:
-        meta = {"torch": torch.__version__, "moe_hal": moe_hal.__version__, "threads": torch.get_num_threads(),
-                "machine": platform.platform(), "processor": platform.processor(), "date": time.strftime("%Y-%m-%d"),
-                "load_avg_1m": os.getloadavg()[0], "clock": args.clock,
-                "command": "python bench/bench_op_overhead.py "
-                f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock}"}
+        meta = {
+            "torch": torch.__version__,
+            "moe_hal": moe_hal.__version__,
+            "threads": torch.get_num_threads(),
+            "machine": platform.platform(),
+            "processor": platform.processor(),
+            "date": time.strftime("%Y-%m-%d"),
+            "load_avg_1m": os.getloadavg()[0],
+            "clock": args.clock,
+            "command": "python bench/bench_op_overhead.py "
+            f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock}",
+        }
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)
     return 0

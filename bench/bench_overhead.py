@@ -27,8 +27,9 @@ import moe_hal
 from moe_hal import timing, workloads
 
 
-def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, alignment: int, iters: int,
-         repeats: int) -> dict:
+def case(
+    name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, alignment: int, iters: int, repeats: int
+) -> dict:
     lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(lay.num_rows, k, generator=gen).to(dtype)
@@ -55,11 +56,22 @@ def case(name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, align
     t_ours, t_direct, t_loop = t["ours"], t["direct"], t["loop"]
     flops = 2.0 * sum(counts) * n * k
     return {
-        "case": name, "groups": len(counts), "rows": lay.num_rows, "valid_rows": sum(counts), "n": n, "k": k,
-        "dtype": moe_hal.dtypes.name_of(dtype), "alignment": alignment, "backend": moe_hal.select(a, b, lay).name,
-        "first_call_s": first, "moe_hal_s": t_ours, "grouped_mm_s": t_direct, "loop_s": t_loop,
+        "case": name,
+        "groups": len(counts),
+        "rows": lay.num_rows,
+        "valid_rows": sum(counts),
+        "n": n,
+        "k": k,
+        "dtype": moe_hal.dtypes.name_of(dtype),
+        "alignment": alignment,
+        "backend": moe_hal.select(a, b, lay).name,
+        "first_call_s": first,
+        "moe_hal_s": t_ours,
+        "grouped_mm_s": t_direct,
+        "loop_s": t_loop,
         "overhead_us": (t_ours - t_direct) * 1e6,
-        "throughput_vs_grouped_mm": t_direct / t_ours, "throughput_vs_loop": t_loop / t_ours,
+        "throughput_vs_grouped_mm": t_direct / t_ours,
+        "throughput_vs_loop": t_loop / t_ours,
         "moe_hal_gflops": flops / t_ours / 1e9,
     }
 
@@ -74,29 +86,69 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     results = [
         # 8 experts, 2..9 rows each, 16x16: all host overhead.
-        case("tiny", [2, 5, 3, 9, 4, 6, 2, 7], n=16, k=16, dtype=torch.float32, alignment=1, iters=2000,
-             repeats=args.repeats),
+        case(
+            "tiny",
+            [2, 5, 3, 9, 4, 6, 2, 7],
+            n=16,
+            k=16,
+            dtype=torch.float32,
+            alignment=1,
+            iters=2000,
+            repeats=args.repeats,
+        ),
         # The seed's 32-expert skew scaled to 4096 rows, DeepSeek-V3-like shapes scaled to the CPU.
-        case("mid", workloads.scale_counts(workloads.SEED_COUNTS, 4096), n=512, k=1024, dtype=dtype, alignment=128,
-             iters=5, repeats=args.repeats),
+        case(
+            "mid",
+            workloads.scale_counts(workloads.SEED_COUNTS, 4096),
+            n=512,
+            k=1024,
+            dtype=dtype,
+            alignment=128,
+            iters=5,
+            repeats=args.repeats,
+        ),
     ]
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"moe_hal.grouped_gemm vs peers on {platform.processor() or platform.machine()} "
-                        f"(torch {torch.__version__}, {torch.get_num_threads()} threads)")
-    for col in ("case", "shape", "backend", "moe_hal", "F.grouped_mm", "mm loop", "overhead", "vs grouped_mm",
-                "vs loop"):
+    table = Table(
+        title=f"moe_hal.grouped_gemm vs peers on {platform.processor() or platform.machine()} "
+        f"(torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    )
+    for col in (
+        "case",
+        "shape",
+        "backend",
+        "moe_hal",
+        "F.grouped_mm",
+        "mm loop",
+        "overhead",
+        "vs grouped_mm",
+        "vs loop",
+    ):
         table.add_column(col, justify="right")
     for r in results:
-        table.add_row(r["case"], f"G={r['groups']} M={r['rows']} N={r['n']} K={r['k']} {r['dtype']}", r["backend"],
-                      f"{r['moe_hal_s'] * 1e6:.1f} us", f"{r['grouped_mm_s'] * 1e6:.1f} us", f"{r['loop_s'] * 1e6:.1f} us",
-                      f"{r['overhead_us']:.1f} us", f"{r['throughput_vs_grouped_mm']:.3f}x",
-                      f"{r['throughput_vs_loop']:.3f}x")
+        table.add_row(
+            r["case"],
+            f"G={r['groups']} M={r['rows']} N={r['n']} K={r['k']} {r['dtype']}",
+            r["backend"],
+            f"{r['moe_hal_s'] * 1e6:.1f} us",
+            f"{r['grouped_mm_s'] * 1e6:.1f} us",
+            f"{r['loop_s'] * 1e6:.1f} us",
+            f"{r['overhead_us']:.1f} us",
+            f"{r['throughput_vs_grouped_mm']:.3f}x",
+            f"{r['throughput_vs_loop']:.3f}x",
+        )
     Console().print(table)
     if args.json:
-        meta = {"torch": torch.__version__, "moe_hal": moe_hal.__version__, "threads": torch.get_num_threads(),
-                "machine": platform.platform(), "processor": platform.processor(), "date": time.strftime("%Y-%m-%d")}
+        meta = {
+            "torch": torch.__version__,
+            "moe_hal": moe_hal.__version__,
+            "threads": torch.get_num_threads(),
+            "machine": platform.platform(),
+            "processor": platform.processor(),
+            "date": time.strftime("%Y-%m-%d"),
+        }
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)
     return 0

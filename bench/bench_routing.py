@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     d = dispatch(hidden, ids, args.experts, alignment=args.alignment, topk_weights=weights)
     valid, rows = d.layout.num_valid_rows, d.layout.num_rows
-    expert_out = d.a                      # identity experts: N = H
+    expert_out = d.a  # identity experts: N = H
     peer_rows, peer_order = baseline_dispatch(hidden, ids)
     copy_src = torch.empty(max(rows, 1) * hidden_size, dtype=dtype, device=device).normal_()
     copy_dst = torch.empty_like(copy_src)
@@ -91,50 +91,92 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cases: dict[str, tuple[Callable[[], object], int, str | None]] = {
         "copy limit (torch.clone)": (copy_src.clone, copy_bytes, None),
         "copy into a preallocated buffer (copy_)": (lambda: copy_dst.copy_(copy_src), copy_bytes, None),
-        "dispatch": (lambda: dispatch(hidden, ids, args.experts, alignment=args.alignment), dispatch_bytes,
-                     "dispatch peer (sort + index_select)"),
+        "dispatch": (
+            lambda: dispatch(hidden, ids, args.experts, alignment=args.alignment),
+            dispatch_bytes,
+            "dispatch peer (sort + index_select)",
+        ),
         "dispatch peer (sort + index_select)": (lambda: baseline_dispatch(hidden, ids), peer_dispatch_bytes, None),
         "combine": (lambda: combine(expert_out, d, weights), combine_bytes, "combine peer (index_add_)"),
-        "combine peer (index_add_)": (lambda: baseline_combine(peer_rows, peer_order, weights, tokens),
-                                      combine_bytes, None),
+        "combine peer (index_add_)": (
+            lambda: baseline_combine(peer_rows, peer_order, weights, tokens),
+            combine_bytes,
+            None,
+        ),
         "quantize_fp8 1x128 (fp32 scales)": (lambda: quantize_fp8(hidden), act_bytes, None),
         "quantize_fp8 1x128 (ue8m0 scales)": (lambda: quantize_fp8(hidden, ue8m0=True), act_bytes, None),
         "pack_ue8m0 (activation scales)": (lambda: pack_ue8m0(scale), scale.numel() * 5, None),
-        "quantize_fp8 128x128 (weights)": (lambda: quantize_fp8(weight, block=(128, 128)),
-                                           weight.numel() * (esize + 1), None),
+        "quantize_fp8 128x128 (weights)": (
+            lambda: quantize_fp8(weight, block=(128, 128)),
+            weight.numel() * (esize + 1),
+            None,
+        ),
     }
-    times = timing.interleaved_wall_seconds({name: fn for name, (fn, _, _) in cases.items()}, device,
-                                            warmup=args.warmup, repeat=args.repeat)
+    times = timing.interleaved_wall_seconds(
+        {name: fn for name, (fn, _, _) in cases.items()}, device, warmup=args.warmup, repeat=args.repeat
+    )
     times["dispatch + combine"] = [a + b for a, b in zip(times["dispatch"], times["combine"])]
-    times["peer dispatch + combine"] = [a + b for a, b in zip(times["dispatch peer (sort + index_select)"],
-                                                              times["combine peer (index_add_)"])]
+    times["peer dispatch + combine"] = [
+        a + b for a, b in zip(times["dispatch peer (sort + index_select)"], times["combine peer (index_add_)"])
+    ]
     cases["dispatch + combine"] = (cases["dispatch"][0], dispatch_bytes + combine_bytes, "peer dispatch + combine")
     cases["peer dispatch + combine"] = (cases["dispatch"][0], peer_dispatch_bytes + combine_bytes, None)
 
-    order = ["copy limit (torch.clone)", "copy into a preallocated buffer (copy_)", "dispatch",
-             "dispatch peer (sort + index_select)", "combine", "combine peer (index_add_)", "dispatch + combine",
-             "peer dispatch + combine", "quantize_fp8 1x128 (fp32 scales)", "quantize_fp8 1x128 (ue8m0 scales)",
-             "pack_ue8m0 (activation scales)", "quantize_fp8 128x128 (weights)"]
+    order = [
+        "copy limit (torch.clone)",
+        "copy into a preallocated buffer (copy_)",
+        "dispatch",
+        "dispatch peer (sort + index_select)",
+        "combine",
+        "combine peer (index_add_)",
+        "dispatch + combine",
+        "peer dispatch + combine",
+        "quantize_fp8 1x128 (fp32 scales)",
+        "quantize_fp8 1x128 (ue8m0 scales)",
+        "pack_ue8m0 (activation scales)",
+        "quantize_fp8 128x128 (weights)",
+    ]
     results = []
     for name in order:
         seconds = statistics.median(times[name])
         nbytes, peer = cases[name][1], cases[name][2]
-        results.append({"name": name, "seconds": seconds, "min_seconds": min(times[name]), "bytes": nbytes,
-                        "gbps": nbytes / seconds / 1e9, "peer": peer})
+        results.append(
+            {
+                "name": name,
+                "seconds": seconds,
+                "min_seconds": min(times[name]),
+                "bytes": nbytes,
+                "gbps": nbytes / seconds / 1e9,
+                "peer": peer,
+            }
+        )
     copy = results[0]
     for row in results:
         row["vs_copy"] = row["gbps"] / copy["gbps"]
         peer = next((r for r in results if r["name"] == row["peer"]), None)
         row["vs_peer"] = peer["seconds"] / row["seconds"] if peer else None
     return {
-        "config": {"tokens": tokens, "hidden": hidden_size, "experts": args.experts, "topk": k,
-                   "alignment": args.alignment, "dtype": args.dtype, "device": str(device),
-                   "weight_shape": [args.weight_groups, args.weight_n, hidden_size],
-                   "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                   "repeat": args.repeat, "warmup": args.warmup,
-                   "rows": rows, "valid_rows": valid,
-                   "load_average_1min": {"before": load_before,
-                                         "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}},
+        "config": {
+            "tokens": tokens,
+            "hidden": hidden_size,
+            "experts": args.experts,
+            "topk": k,
+            "alignment": args.alignment,
+            "dtype": args.dtype,
+            "device": str(device),
+            "weight_shape": [args.weight_groups, args.weight_n, hidden_size],
+            "threads": torch.get_num_threads(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "repeat": args.repeat,
+            "warmup": args.warmup,
+            "rows": rows,
+            "valid_rows": valid,
+            "load_average_1min": {
+                "before": load_before,
+                "after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            },
+        },
         "results": results,
     }
 
@@ -144,15 +186,22 @@ def show(report: dict[str, Any]) -> None:
     from rich.table import Table
 
     cfg = report["config"]
-    table = Table(title=f"routing + fp8 quantization: T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of "
-                        f"{cfg['experts']}, {cfg['dtype']}, {cfg['device']} ({cfg['threads']} threads); "
-                        f"{cfg['valid_rows']} routed rows, {cfg['rows']} with padding; 1-min load average "
-                        f"{cfg['load_average_1min']['before']} -> {cfg['load_average_1min']['after']}")
+    table = Table(
+        title=f"routing + fp8 quantization: T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of "
+        f"{cfg['experts']}, {cfg['dtype']}, {cfg['device']} ({cfg['threads']} threads); "
+        f"{cfg['valid_rows']} routed rows, {cfg['rows']} with padding; 1-min load average "
+        f"{cfg['load_average_1min']['before']} -> {cfg['load_average_1min']['after']}"
+    )
     for col in ("operation", "ms", "GB/s", "x copy limit", "speed-up vs peer"):
         table.add_column(col, justify="left" if col == "operation" else "right")
     for r in report["results"]:
-        table.add_row(r["name"], f"{r['seconds'] * 1e3:.2f}", f"{r['gbps']:.2f}", f"{r['vs_copy']:.2f}",
-                      f"{r['vs_peer']:.2f}x" if r["vs_peer"] is not None else "")
+        table.add_row(
+            r["name"],
+            f"{r['seconds'] * 1e3:.2f}",
+            f"{r['gbps']:.2f}",
+            f"{r['vs_copy']:.2f}",
+            f"{r['vs_peer']:.2f}x" if r["vs_peer"] is not None else "",
+        )
     Console(width=120).print(table)
 
 
@@ -160,13 +209,17 @@ def markdown(report: dict[str, Any]) -> str:
     """The table as Markdown (for docs), with the configuration line above it."""
     cfg = report["config"]
     load = cfg["load_average_1min"]
-    lines = [f"T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}, {cfg['dtype']}, "
-             f"alignment {cfg['alignment']}, {cfg['device']}, {cfg['threads']} torch thread(s) on {cfg['cpus']} CPUs, "
-             f"torch {cfg['torch']}, median of {cfg['repeat']} rounds, 1-min load average "
-             f"{load['before']:.1f} -> {load['after']:.1f}" if load["before"] is not None else "",
-             "",
-             "| operation | ms | GB/s | x copy limit | speed-up vs peer |",
-             "|---|---:|---:|---:|---:|"]
+    lines = [
+        f"T={cfg['tokens']}, H={cfg['hidden']}, top-{cfg['topk']} of {cfg['experts']}, {cfg['dtype']}, "
+        f"alignment {cfg['alignment']}, {cfg['device']}, {cfg['threads']} torch thread(s) on {cfg['cpus']} CPUs, "
+        f"torch {cfg['torch']}, median of {cfg['repeat']} rounds, 1-min load average "
+        f"{load['before']:.1f} -> {load['after']:.1f}"
+        if load["before"] is not None
+        else "",
+        "",
+        "| operation | ms | GB/s | x copy limit | speed-up vs peer |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for r in report["results"]:
         peer = f"{r['vs_peer']:.2f}x" if r["vs_peer"] is not None else ""
         lines.append(f"| {r['name']} | {r['seconds'] * 1e3:.1f} | {r['gbps']:.2f} | {r['vs_copy']:.2f} | {peer} |")

@@ -65,7 +65,9 @@ def matmul_call(dtype: str, n: int, device: torch.device) -> Callable[[], object
     if dtype == "tf32" and device.type != "cuda":
         raise RuntimeError("tf32 is a CUDA tensor-core mode; fp32 covers this device")
     if dtype in ("fp32", "tf32", "bf16", "fp16"):
-        torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+        torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+            dtype
+        ]
         a = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype)
         b = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype)
         return lambda: torch.matmul(a, b)
@@ -143,38 +145,62 @@ def build_overlay(args: argparse.Namespace, device: torch.device, entry_id: str)
             print(f"calibrate: {dtype} matmul not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
         unit = "TOPS" if dtype == "int8" else "TFLOPS"
-        api = {"fp8": "torch._scaled_mm (e4m3, unit scales, bf16 out)", "int8": "torch._int_mm"}.get(dtype, "torch.matmul")
+        api = {"fp8": "torch._scaled_mm (e4m3, unit scales, bf16 out)", "int8": "torch._int_mm"}.get(
+            dtype, "torch.matmul"
+        )
         tf32 = {"fp32": ", TF32 disabled", "tf32": ", fp32 inputs with TF32 enabled"}.get(dtype, "")
         measured["matmul"][dtype] = {
-            "value": significant(rate / 1e12), "unit": unit, **common, "shape": [n, n, n], "device": name,
+            "value": significant(rate / 1e12),
+            "unit": unit,
+            **common,
+            "shape": [n, n, n],
+            "device": name,
             "method": f"{api} on {n}x{n}x{n}{tf32}; best of sizes {args.sizes}; median of {args.repeat} "
-                      f"timed calls after {args.warmup} warm-up; FLOPs = 2*M*N*K",
+            f"timed calls after {args.warmup} warm-up; FLOPs = 2*M*N*K",
         }
         print(f"calibrate: {dtype:5s} {rate / 1e12:10.4g} {unit} (n={n})")
     if not measured["matmul"]:
         del measured["matmul"]
 
     read, copy = measure_bandwidth(int(args.bytes), device, args.warmup, args.repeat)
-    size_text = f"{int(args.bytes) / 1e6:.0f} MB fp32 buffers; median of {args.repeat} timed calls after {args.warmup} warm-up"
-    measured["read_bandwidth"] = {"value": significant(read / 1e9), "unit": "GB/s", **common, "device": name,
-                                  "bytes_moved": "read only (bytes of the buffer)",
-                                  "method": f"torch.sum over {size_text}"}
-    measured["copy_bandwidth"] = {"value": significant(copy / 1e9), "unit": "GB/s", **common, "device": name,
-                                  "bytes_moved": "read + write (2 x bytes of the buffer)",
-                                  "method": f"Tensor.copy_ between two {size_text}"}
+    size_text = (
+        f"{int(args.bytes) / 1e6:.0f} MB fp32 buffers; median of {args.repeat} timed calls after {args.warmup} warm-up"
+    )
+    measured["read_bandwidth"] = {
+        "value": significant(read / 1e9),
+        "unit": "GB/s",
+        **common,
+        "device": name,
+        "bytes_moved": "read only (bytes of the buffer)",
+        "method": f"torch.sum over {size_text}",
+    }
+    measured["copy_bandwidth"] = {
+        "value": significant(copy / 1e9),
+        "unit": "GB/s",
+        **common,
+        "device": name,
+        "bytes_moved": "read + write (2 x bytes of the buffer)",
+        "method": f"Tensor.copy_ between two {size_text}",
+    }
     print(f"calibrate: read  {read / 1e9:10.4g} GB/s   copy {copy / 1e9:10.4g} GB/s (read + write)")
     if device.type in ("cuda", "npu") and cores:
         what = "multi_processor_count" if device.type == "cuda" else "cube_core_num"
-        measured["units"] = {"value": int(cores), "unit": "count", **common,
-                             "method": f"get_device_properties().{what}"}
+        measured["units"] = {
+            "value": int(cores),
+            "unit": "count",
+            **common,
+            "method": f"get_device_properties().{what}",
+        }
     if device.type in ("cuda", "npu") and l2:
         measured["l2"] = {"value": int(l2), "unit": "B", **common, "method": "get_device_properties().L2_cache_size"}
     return {
         "schema_version": 1,
         "overlay_of": entry_id,
         "measured": measured,
-        "notes": [f"written by: python bench/calibrate.py {' '.join(sys.argv[1:])}".rstrip(),
-                  "clocks and power limits were not controlled; values are one run on one device"],
+        "notes": [
+            f"written by: python bench/calibrate.py {' '.join(sys.argv[1:])}".rstrip(),
+            "clocks and power limits were not controlled; values are one run on one device",
+        ],
     }
 
 
@@ -197,12 +223,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", help="torch device to measure (default: first CUDA device, else NPU, else cpu)")
     p.add_argument("--hw", help="hardware-DB id to attach the values to (default: what hwdb.match recognises)")
-    p.add_argument("--dtypes", type=lambda s: [d.strip() for d in s.split(",") if d.strip()],
-                   default=list(MATMUL_DTYPES), help=f"matmul dtypes, comma-separated (default: {','.join(MATMUL_DTYPES)})")
-    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="square matmul sizes to try (default: 4096,8192 on accelerators, 1024,2048 on cpu)")
-    p.add_argument("--bytes", type=float, default=None,
-                   help="bandwidth buffer size in bytes (default: 2e9 on accelerators, 5e8 on cpu)")
+    p.add_argument(
+        "--dtypes",
+        type=lambda s: [d.strip() for d in s.split(",") if d.strip()],
+        default=list(MATMUL_DTYPES),
+        help=f"matmul dtypes, comma-separated (default: {','.join(MATMUL_DTYPES)})",
+    )
+    p.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=None,
+        help="square matmul sizes to try (default: 4096,8192 on accelerators, 1024,2048 on cpu)",
+    )
+    p.add_argument(
+        "--bytes",
+        type=float,
+        default=None,
+        help="bandwidth buffer size in bytes (default: 2e9 on accelerators, 5e8 on cpu)",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeat", type=int, default=10)
     p.add_argument("--out", type=Path, help="output file (default: hwdb/measured/<id>.yaml in this checkout)")
@@ -225,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         found = hwdb.match(device)
         if found.entry is None:
-            print(f"calibrate: {found.seen} is not in the hardware DB ({found.reason}); "
-                  "add an entry or pass --hw ID", file=sys.stderr)
+            print(
+                f"calibrate: {found.seen} is not in the hardware DB ({found.reason}); add an entry or pass --hw ID",
+                file=sys.stderr,
+            )
             return 2
         entry_id = found.id
     print(f"calibrate: measuring {device} as {entry_id}")

@@ -30,9 +30,14 @@ class ToyMoEModel(nn.Module):
         super().__init__()
         self.norms = nn.ModuleList(nn.RMSNorm(hidden) for _ in range(num_layers))
         self.moes = nn.ModuleList(
-            MoE(TopKRouter(hidden, num_experts, top_k, score="sigmoid", correction_bias=True),
-                GroupedExperts(num_experts, hidden, intermediate), layout=layout, masked_capacity=64)
-            for _ in range(num_layers))
+            MoE(
+                TopKRouter(hidden, num_experts, top_k, score="sigmoid", correction_bias=True),
+                GroupedExperts(num_experts, hidden, intermediate),
+                layout=layout,
+                masked_capacity=64,
+            )
+            for _ in range(num_layers)
+        )
         self.head = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -43,7 +48,7 @@ class ToyMoEModel(nn.Module):
 
 def make_task(hidden: int, clusters: int, gen: torch.Generator):
     centers = torch.randn(clusters, hidden, generator=gen) * 2
-    maps = torch.randn(clusters, hidden, hidden, generator=gen) / hidden ** 0.5
+    maps = torch.randn(clusters, hidden, hidden, generator=gen) / hidden**0.5
 
     def batch(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         cluster = torch.randint(clusters, (tokens,), generator=gen)
@@ -56,7 +61,9 @@ def make_task(hidden: int, clusters: int, gen: torch.Generator):
 
 def histogram(counts: torch.Tensor, width: int = 40) -> str:
     peak = max(int(counts.max()), 1)
-    return "\n".join(f"    expert {e:2d} {int(c):5d} {'#' * round(width * int(c) / peak)}" for e, c in enumerate(counts))
+    return "\n".join(
+        f"    expert {e:2d} {int(c):5d} {'#' * round(width * int(c) / peak)}" for e, c in enumerate(counts)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        with torch.no_grad():                      # loss-free balancing: favour under-used experts
+        with torch.no_grad():  # loss-free balancing: favour under-used experts
             for moe in model.moes:
                 load = moe.tokens_per_expert.float()
                 moe.router.correction_bias += args.bias_rate * torch.sign(load.mean() - load)

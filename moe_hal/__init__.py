@@ -23,18 +23,59 @@ __version__ = "0.1.0"
 
 #: public name -> submodule that defines it
 _EXPORTS = {
-    "grouped_gemm": "api", "select": "api", "explain": "api", "backends": "api", "get_backend": "api",
-    "Backend": "backend", "BackendSpec": "backend", "DeviceInfo": "backend", "Reason": "backend",
-    "Signature": "backend", "hookimpl": "hookspecs", "ContiguousLayout": "layouts",
-    "KGroupedLayout": "layouts", "MaskedLayout": "layouts", "PsumLayout": "device_layout", "Problem": "problem",
-    "QuantizedTensor": "quant", "Selection": "selection", "device_info": "selection",
-    "PerfModel": "backend", "clear_cache": "plugin_api",
+    "grouped_gemm": "api",
+    "select": "api",
+    "explain": "api",
+    "backends": "api",
+    "get_backend": "api",
+    "Backend": "backend",
+    "BackendSpec": "backend",
+    "DeviceInfo": "backend",
+    "Reason": "backend",
+    "Signature": "backend",
+    "hookimpl": "hookspecs",
+    "ContiguousLayout": "layouts",
+    "KGroupedLayout": "layouts",
+    "MaskedLayout": "layouts",
+    "PsumLayout": "device_layout",
+    "Problem": "problem",
+    "QuantizedTensor": "quant",
+    "Selection": "selection",
+    "device_info": "selection",
+    "PerfModel": "backend",
+    "clear_cache": "plugin_api",
 }
-_SUBMODULES = frozenset({
-    "api", "backend", "builtin", "checks", "conformance", "device_layout", "dtypes", "environment", "ep",
-    "errors", "hookspecs", "hwdb", "layouts", "nn", "notices", "ops", "perf", "plugin_api", "plugins", "prepared",
-    "problem", "quant", "routing", "selection", "sysinfo", "timing", "workloads",
-})
+_SUBMODULES = frozenset(
+    {
+        "api",
+        "backend",
+        "builtin",
+        "checks",
+        "conformance",
+        "device_layout",
+        "dtypes",
+        "environment",
+        "ep",
+        "errors",
+        "hookspecs",
+        "hwdb",
+        "layouts",
+        "nn",
+        "notices",
+        "ops",
+        "perf",
+        "plugin_api",
+        "plugins",
+        "prepared",
+        "problem",
+        "quant",
+        "routing",
+        "selection",
+        "sysinfo",
+        "timing",
+        "workloads",
+    }
+)
 
 __all__ = sorted([*_EXPORTS, "errors", "hwdb", "perf", "quant", "routing", "__version__"])
 

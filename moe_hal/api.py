@@ -28,9 +28,12 @@ def _needs_ops(a, b, layout, c) -> bool:
     device-only layout, when a gradient is needed, or under autocast."""
     if _is_compiling() or type(layout) is _PsumLayout:
         return True
-    if _is_grad_enabled() and (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
-                               or getattr(c, "requires_grad", False)
-                               or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))):
+    if _is_grad_enabled() and (
+        getattr(a, "requires_grad", False)
+        or getattr(b, "requires_grad", False)
+        or getattr(c, "requires_grad", False)
+        or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))
+    ):
         return True
     # Operands of other types are refused later, by Problem.build.
     if not isinstance(a, (torch.Tensor, QuantizedTensor)):
@@ -46,9 +49,16 @@ def _needs_ops(a, b, layout, c) -> bool:
 _HAS_AUTOCAST: dict[str, bool] = {}
 
 
-def grouped_gemm(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
-                 out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
-                 backend: Preference = None) -> torch.Tensor:
+def grouped_gemm(
+    a: Operand,
+    b: Operand,
+    layout,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    c: torch.Tensor | None = None,
+    backend: Preference = None,
+) -> torch.Tensor:
     """Grouped GEMM for MoE layers: ``a @ b[g].T`` per group, on the best backend for the call.
 
     Layouts and shapes (``b`` follows nn.Linear: ``[G, N, K]``; a transposed view of ``[G, K, N]``
@@ -95,17 +105,25 @@ def run_checked(backend: Backend, problem: Problem, out: torch.Tensor | None) ->
     except MoeHalError:
         raise
     except Exception as exc:
-        raise BackendRunError(backend.name, f"failed while running {problem.summary()}: "
-                              f"{type(exc).__name__}: {exc} (out may be partially written)") from exc
+        raise BackendRunError(
+            backend.name,
+            f"failed while running {problem.summary()}: {type(exc).__name__}: {exc} (out may be partially written)",
+        ) from exc
     if out is not None:
         if result is not out:
-            raise BackendRunError(backend.name, f"returned {_describe(result)} instead of the out tensor it "
-                                  "was given")
+            raise BackendRunError(backend.name, f"returned {_describe(result)} instead of the out tensor it was given")
         return result
-    if not isinstance(result, torch.Tensor) or result.shape != problem.out_shape() \
-            or result.dtype != problem.out_dtype or result.device != problem.device:
-        raise BackendRunError(backend.name, f"returned {_describe(result)}; expected a tensor of shape "
-                              f"{problem.out_shape()}, dtype {problem.out_dtype}, on {problem.device}")
+    if (
+        not isinstance(result, torch.Tensor)
+        or result.shape != problem.out_shape()
+        or result.dtype != problem.out_dtype
+        or result.device != problem.device
+    ):
+        raise BackendRunError(
+            backend.name,
+            f"returned {_describe(result)}; expected a tensor of shape "
+            f"{problem.out_shape()}, dtype {problem.out_dtype}, on {problem.device}",
+        )
     return result
 
 
@@ -115,9 +133,16 @@ def _describe(x: object) -> str:
     return f"a {type(x).__name__}"
 
 
-def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
-           out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
-           backend: Preference = None) -> Selection:
+def select(
+    a: Operand,
+    b: Operand,
+    layout,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    c: torch.Tensor | None = None,
+    backend: Preference = None,
+) -> Selection:
     """The :class:`~moe_hal.selection.Selection` :func:`grouped_gemm` would use for these arguments.
 
     ``sel.name`` is the backend, ``sel.explain()`` says why each other backend was not used.
@@ -126,9 +151,16 @@ def select(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
     return _select.select(Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype), backend)
 
 
-def explain(a: Operand, b: Operand, layout, *, out: torch.Tensor | None = None,
-            out_dtype: torch.dtype | None = None, c: torch.Tensor | None = None,
-            backend: Preference = None) -> str:
+def explain(
+    a: Operand,
+    b: Operand,
+    layout,
+    *,
+    out: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    c: torch.Tensor | None = None,
+    backend: Preference = None,
+) -> str:
     """Like ``select(...).explain()``, but returns the explanation instead of raising when no
     backend can run the call (invalid arguments still raise)."""
     try:
@@ -152,8 +184,9 @@ def get_backend(name: str) -> Backend:
     if name not in host.specs:
         from .backend import Reason
 
-        raise BackendUnavailableError(name, [Reason("unknown_backend", "no installed plugin provides this backend",
-                                                     set(host.specs), name)])
+        raise BackendUnavailableError(
+            name, [Reason("unknown_backend", "no installed plugin provides this backend", set(host.specs), name)]
+        )
     inst, err = host.backend(name)
     if inst is None:
         raise BackendUnavailableError(name, [err])

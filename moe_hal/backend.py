@@ -58,8 +58,12 @@ class Reason:
         return text
 
     def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message,
-                "expected": _jsonable(self.expected), "actual": _jsonable(self.actual)}
+        return {
+            "code": self.code,
+            "message": self.message,
+            "expected": _jsonable(self.expected),
+            "actual": _jsonable(self.actual),
+        }
 
 
 def _fmt(v: Any) -> str:
@@ -110,8 +114,9 @@ class Signature:
                 raise ArgumentError(f"Signature.{name}", "a set of strings", repr(value))
             object.__setattr__(self, name, frozenset(value))
         if isinstance(self.scale_blocks, str) or not _is_collection(self.scale_blocks):
-            raise ArgumentError("Signature.scale_blocks", "a set of ((rows, cols), (rows, cols)) pairs",
-                                repr(self.scale_blocks))
+            raise ArgumentError(
+                "Signature.scale_blocks", "a set of ((rows, cols), (rows, cols)) pairs", repr(self.scale_blocks)
+            )
         object.__setattr__(self, "scale_blocks", frozenset(self.scale_blocks))
         unknown = self.ops - set(OPS)
         if unknown:
@@ -119,8 +124,9 @@ class Signature:
         for name in ("dtypes", "out_dtypes"):
             unknown = getattr(self, name) - set(CANONICAL_DTYPES)
             if unknown:  # e.g. "fp8" or "bfloat16": the signature would silently never match
-                raise ArgumentError(f"Signature.{name}", f"canonical dtype names, a subset of {list(CANONICAL_DTYPES)}",
-                                    sorted(unknown))
+                raise ArgumentError(
+                    f"Signature.{name}", f"canonical dtype names, a subset of {list(CANONICAL_DTYPES)}", sorted(unknown)
+                )
         unknown = self.scale_formats - set(SCALE_FORMATS)
         if unknown:
             raise ArgumentError("Signature.scale_formats", f"a subset of {list(SCALE_FORMATS)}", sorted(unknown))
@@ -139,36 +145,75 @@ class Signature:
         """Every field of this signature that does not admit ``problem``."""
         out: list[Reason] = []
         if problem.op not in self.ops:
-            out.append(Reason("op_unsupported", f"operation {problem.op!r} is not supported",
-                              self.ops, problem.op))
+            out.append(Reason("op_unsupported", f"operation {problem.op!r} is not supported", self.ops, problem.op))
         if problem.in_dtype not in self.dtypes:
             out.append(Reason("dtype_unsupported", "operand dtype is not supported", self.dtypes, problem.in_dtype))
         if problem.out_dtype_name not in self.out_dtypes:
-            out.append(Reason("out_dtype_unsupported", "output dtype is not supported",
-                              self.out_dtypes, problem.out_dtype_name))
+            out.append(
+                Reason(
+                    "out_dtype_unsupported", "output dtype is not supported", self.out_dtypes, problem.out_dtype_name
+                )
+            )
         if problem.scale_format is not None:
             if problem.scale_format not in self.scale_formats:
-                out.append(Reason("scale_format_unsupported", "fp8 scale format is not supported",
-                                  self.scale_formats or {"(none)"}, problem.scale_format))
+                out.append(
+                    Reason(
+                        "scale_format_unsupported",
+                        "fp8 scale format is not supported",
+                        self.scale_formats or {"(none)"},
+                        problem.scale_format,
+                    )
+                )
             if self.scale_blocks and problem.scale_blocks not in self.scale_blocks:
-                out.append(Reason("scale_block_unsupported", "fp8 scale blocks (a, b) are not supported",
-                                  self.scale_blocks or {"(none)"}, problem.scale_blocks))
+                out.append(
+                    Reason(
+                        "scale_block_unsupported",
+                        "fp8 scale blocks (a, b) are not supported",
+                        self.scale_blocks or {"(none)"},
+                        problem.scale_blocks,
+                    )
+                )
         if problem.k % self.k_multiple:
-            out.append(Reason("shape_constraint", f"K must be a multiple of {self.k_multiple}",
-                              f"K % {self.k_multiple} == 0", problem.k))
+            out.append(
+                Reason(
+                    "shape_constraint",
+                    f"K must be a multiple of {self.k_multiple}",
+                    f"K % {self.k_multiple} == 0",
+                    problem.k,
+                )
+            )
         if problem.n % self.n_multiple:
-            out.append(Reason("shape_constraint", f"N must be a multiple of {self.n_multiple}",
-                              f"N % {self.n_multiple} == 0", problem.n))
+            out.append(
+                Reason(
+                    "shape_constraint",
+                    f"N must be a multiple of {self.n_multiple}",
+                    f"N % {self.n_multiple} == 0",
+                    problem.n,
+                )
+            )
         if self.max_groups is not None and problem.num_groups > self.max_groups:
-            out.append(Reason("shape_constraint", f"at most {self.max_groups} groups",
-                              f"G <= {self.max_groups}", problem.num_groups))
+            out.append(
+                Reason(
+                    "shape_constraint",
+                    f"at most {self.max_groups} groups",
+                    f"G <= {self.max_groups}",
+                    problem.num_groups,
+                )
+            )
         alignment = getattr(problem.layout, "alignment", None)
         if self.alignment_power_of_two and alignment is not None and alignment & (alignment - 1):
-            out.append(Reason("alignment_unsupported", "the layout's alignment must be a power of two",
-                              "a power of two", alignment))
+            out.append(
+                Reason(
+                    "alignment_unsupported",
+                    "the layout's alignment must be a power of two",
+                    "a power of two",
+                    alignment,
+                )
+            )
         if problem.b_major is not None and problem.b_major not in self.b_majors:
-            out.append(Reason("layout_unsupported", "memory order of b is not supported",
-                              self.b_majors, problem.b_major))
+            out.append(
+                Reason("layout_unsupported", "memory order of b is not supported", self.b_majors, problem.b_major)
+            )
         return out
 
 
@@ -240,11 +285,16 @@ class BackendSpec:
     def __post_init__(self) -> None:
         """Check every field's type and value, so a careless declaration fails where it is made
         (inside the plugin's hook, which the host isolates) instead of in every later call."""
+
         def bad(name: str, expected: str) -> ArgumentError:
             return ArgumentError(f"BackendSpec.{name}", expected, repr(getattr(self, name)))
 
-        if not isinstance(self.name, str) or not self.name.replace("_", "").isalnum() \
-                or not self.name.isascii() or self.name != self.name.lower():
+        if (
+            not isinstance(self.name, str)
+            or not self.name.replace("_", "").isalnum()
+            or not self.name.isascii()
+            or self.name != self.name.lower()
+        ):
             raise bad("name", "a lower-case identifier")
         if not isinstance(self.vendor, str):
             raise bad("vendor", "a string")
@@ -264,8 +314,11 @@ class BackendSpec:
             raise bad("priority", "an int (larger wins)")
         if not isinstance(self.impl, str) or not _IMPL.fullmatch(self.impl):
             raise bad("impl", "'package.module:Class'")
-        if isinstance(self.signatures, Signature) or not _is_collection(self.signatures) \
-                or not all(isinstance(s, Signature) for s in self.signatures):
+        if (
+            isinstance(self.signatures, Signature)
+            or not _is_collection(self.signatures)
+            or not all(isinstance(s, Signature) for s in self.signatures)
+        ):
             raise bad("signatures", "a sequence of moe_hal.Signature")
         object.__setattr__(self, "signatures", tuple(self.signatures))
         if not isinstance(self.api_version, str) or not _API_VERSION.fullmatch(self.api_version):
@@ -332,16 +385,31 @@ class Backend:
         if "*" in self.spec.device_types:
             return reasons
         if device.type not in self.spec.device_types:
-            reasons.append(Reason("device_type_unsupported", "device type is not supported",
-                                  set(self.spec.device_types), device.type))
+            reasons.append(
+                Reason(
+                    "device_type_unsupported", "device type is not supported", set(self.spec.device_types), device.type
+                )
+            )
         missing = self.spec.requires - device.features
         if missing and device.type in self.spec.device_types:
             if device.hw_id is None:
-                reasons.append(Reason("device_unrecognised", "the hardware DB does not know this device, "
-                                      "so its features are unknown", set(self.spec.requires), device.seen))
+                reasons.append(
+                    Reason(
+                        "device_unrecognised",
+                        "the hardware DB does not know this device, so its features are unknown",
+                        set(self.spec.requires),
+                        device.seen,
+                    )
+                )
             else:
-                reasons.append(Reason("hw_feature_missing", f"{device.hw_id} lacks required features",
-                                      set(self.spec.requires), set(device.features & self.spec.requires)))
+                reasons.append(
+                    Reason(
+                        "hw_feature_missing",
+                        f"{device.hw_id} lacks required features",
+                        set(self.spec.requires),
+                        set(device.features & self.spec.requires),
+                    )
+                )
         return reasons
 
     def auto_select_reason(self, device: DeviceInfo) -> Reason | None:

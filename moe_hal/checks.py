@@ -25,7 +25,7 @@ def is_positive_number(x: Any) -> bool:
 
 #: Largest integer argument accepted (2**53: every smaller int is exact as a float, and products of
 #: a few of them stay far below the float range, so the arithmetic can neither overflow nor round).
-MAX_INT = 2 ** 53
+MAX_INT = 2**53
 
 
 def checked_int(x: Any, name: str, minimum: int) -> int:
@@ -37,8 +37,11 @@ def checked_int(x: Any, name: str, minimum: int) -> int:
         if value is not None and minimum <= value <= MAX_INT:
             return value
     kind = "a positive int" if minimum else "a non-negative int"
-    raise ArgumentError(name, f"{kind} <= 2**53", x if not isinstance(x, int) or x.bit_length() < 64
-                        else f"an int of {x.bit_length()} bits")
+    raise ArgumentError(
+        name,
+        f"{kind} <= 2**53",
+        x if not isinstance(x, int) or x.bit_length() < 64 else f"an int of {x.bit_length()} bits",
+    )
 
 
 def positive_int(x: Any, name: str) -> int:
@@ -50,8 +53,13 @@ def group_counts(counts: Any) -> tuple[int, ...]:
         raise ArgumentError("counts", "a sequence of non-negative ints", type(counts).__name__)
     if hasattr(counts, "tolist"):  # numpy arrays and host tensors
         counts = counts.tolist()
-    if type(counts) in (list, tuple) and counts and all(type(c) is int for c in counts) \
-            and min(counts) >= 0 and max(counts) <= MAX_INT:
+    if (
+        type(counts) in (list, tuple)
+        and counts
+        and all(type(c) is int for c in counts)
+        and min(counts) >= 0
+        and max(counts) <= MAX_INT
+    ):
         return tuple(counts)
     out = tuple(checked_int(c, f"counts[{g}]", 0) for g, c in enumerate(counts))
     if not out:

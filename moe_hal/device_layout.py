@@ -61,5 +61,7 @@ class PsumLayout:
         return cls.from_psum(self.psum, alignment=self.alignment, num_rows=num_rows)
 
     def __repr__(self) -> str:
-        return (f"PsumLayout(op={self.op!r}, num_groups={self.num_groups}, alignment={self.alignment}, "
-                f"device={self.psum.device})")
+        return (
+            f"PsumLayout(op={self.op!r}, num_groups={self.num_groups}, alignment={self.alignment}, "
+            f"device={self.psum.device})"
+        )

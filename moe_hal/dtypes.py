@@ -19,8 +19,18 @@ FP64, FP32, BF16, FP16, FP8_E4M3 = "fp64", "fp32", "bf16", "fp16", "fp8_e4m3"
 #: Every dtype an operand or an output may have, by canonical name.
 CANONICAL = (FP64, FP32, BF16, FP16, FP8_E4M3)
 #: Other spellings accepted for them (torch's names among them), lower case.
-ALIASES = {"float64": FP64, "double": FP64, "float32": FP32, "float": FP32, "bfloat16": BF16, "float16": FP16,
-           "half": FP16, "fp8": FP8_E4M3, "float8_e4m3fn": FP8_E4M3, "e4m3": FP8_E4M3}
+ALIASES = {
+    "float64": FP64,
+    "double": FP64,
+    "float32": FP32,
+    "float": FP32,
+    "bfloat16": BF16,
+    "float16": FP16,
+    "half": FP16,
+    "fp8": FP8_E4M3,
+    "float8_e4m3fn": FP8_E4M3,
+    "e4m3": FP8_E4M3,
+}
 
 #: Forms of fp8 block scales: plain fp32, or powers of two (UE8M0 exponents).
 SCALE_FORMATS = ("fp32", "ue8m0")
@@ -49,8 +59,13 @@ def _is_torch_dtype(value: Any) -> bool:
 def _torch_maps() -> tuple[dict, dict]:
     import torch
 
-    names = {torch.float64: FP64, torch.float32: FP32, torch.bfloat16: BF16, torch.float16: FP16,
-             torch.float8_e4m3fn: FP8_E4M3}
+    names = {
+        torch.float64: FP64,
+        torch.float32: FP32,
+        torch.bfloat16: BF16,
+        torch.float16: FP16,
+        torch.float8_e4m3fn: FP8_E4M3,
+    }
     return names, {v: k for k, v in names.items()}
 
 

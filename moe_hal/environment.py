@@ -21,11 +21,10 @@ from .errors import ArgumentError, EnvironmentVariableError
 # -- parsing ---------------------------------------------------------------------------------------
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
-_UNITS = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12,
-          "ki": 2 ** 10, "mi": 2 ** 20, "gi": 2 ** 30, "ti": 2 ** 40}
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?(?:e[0-9]+)?)\s*([kmgt]i?)?b?\s*")
 #: Largest byte count a size may give (16 EiB): beyond it a value is a typo, not a budget.
-MAX_SIZE = 2 ** 64
+MAX_SIZE = 2**64
 
 
 def parse_flag(text: str, name: str) -> bool:

@@ -70,8 +70,12 @@ class EPCapacityError(CapacityError):
 
     def __init__(self, expert: int, rank: int, owner: int, count: int, capacity: int, detail: str | None = None):
         self.expert, self.rank, self.owner, self.count, self.capacity = expert, rank, owner, count, capacity
-        super().__init__(f"expert {expert} (held by rank {owner}) from rank {rank}",
-                         f"at most capacity = {capacity} routed slots per (source rank, expert)", count, detail)
+        super().__init__(
+            f"expert {expert} (held by rank {owner}) from rank {rank}",
+            f"at most capacity = {capacity} routed slots per (source rank, expert)",
+            count,
+            detail,
+        )
 
 
 class PeerRankError(MoeHalError, RuntimeError):
@@ -81,8 +85,10 @@ class PeerRankError(MoeHalError, RuntimeError):
     def __init__(self, operation: str, ranks: Sequence[int], what: str):
         self.operation = operation
         self.ranks = list(ranks)
-        super().__init__(f"{operation}: rank(s) {self.ranks} failed ({what}); this rank stopped with them "
-                         "instead of waiting in the collective")
+        super().__init__(
+            f"{operation}: rank(s) {self.ranks} failed ({what}); this rank stopped with them "
+            "instead of waiting in the collective"
+        )
 
 
 class SpawnError(MoeHalError, RuntimeError):

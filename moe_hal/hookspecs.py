@@ -58,8 +58,9 @@ def moe_hal_hardware_db(register: Callable[[str | os.PathLike], None]) -> None:
 
 
 @hookspec
-def moe_hal_environment(env_var: Callable[[str, str], None], package: Callable[[str], None],
-                        fact: Callable[[str, Callable[[], str]], None]) -> None:
+def moe_hal_environment(
+    env_var: Callable[[str, str], None], package: Callable[[str], None], fact: Callable[[str, Callable[[], str]], None]
+) -> None:
     """Declare what of the environment this plugin depends on, for ``moe-hal info`` and the
     reports (the core lists no vendor variable or package itself).
 

@@ -42,7 +42,7 @@ def _check_alignment(alignment: object, argument: str = "alignment") -> int:
 
 
 #: Largest row index or offset the int32 psum / m_indices forms can hold.
-INT32_MAX = 2 ** 31 - 1
+INT32_MAX = 2**31 - 1
 
 
 def _check_count(value: object, argument: str) -> int:
@@ -66,8 +66,9 @@ def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
         out = []
         for i, v in enumerate(values):
             if isinstance(v, bool) or not hasattr(v, "__index__"):
-                raise LayoutError(argument, "a sequence of ints or a 1-D integer tensor",
-                                  f"{type(v).__name__} {v!r} at index {i}")
+                raise LayoutError(
+                    argument, "a sequence of ints or a 1-D integer tensor", f"{type(v).__name__} {v!r} at index {i}"
+                )
             out.append(operator.index(v))
     for i, v in enumerate(out):
         if abs(v) > INT32_MAX:
@@ -79,8 +80,16 @@ class SegmentLayout:
     """Groups as ordered row segments of one axis; the shared base of the contiguous and
     K-grouped layouts. Holds host-side segment bounds and caches device tensors per device."""
 
-    __slots__ = ("_counts", "_starts", "_ends", "alignment", "num_rows", "num_valid_rows", "_device_cache",
-                 "__weakref__")
+    __slots__ = (
+        "_counts",
+        "_starts",
+        "_ends",
+        "alignment",
+        "num_rows",
+        "num_valid_rows",
+        "_device_cache",
+        "__weakref__",
+    )
 
     #: Operation name used in problem signatures and backend support matrices.
     op: str = ""
@@ -99,13 +108,18 @@ class SegmentLayout:
         for g, (start, count) in enumerate(zip(starts, counts)):
             expected = align(end, alignment)
             if isinstance(start, bool) or not isinstance(start, int) or start != expected:
-                raise LayoutError(f"starts[{g}]", f"{expected} (align(end of group {g - 1}, {alignment}))"
-                                  if g else "0", start, "segments follow each other at the alignment")
+                raise LayoutError(
+                    f"starts[{g}]",
+                    f"{expected} (align(end of group {g - 1}, {alignment}))" if g else "0",
+                    start,
+                    "segments follow each other at the alignment",
+                )
             end = start + count
         _check_count(num_rows, "num_rows")
         if num_rows < align(end, alignment):
-            raise LayoutError("num_rows", f"an int >= {align(end, alignment)} (the aligned end of the last group)",
-                              num_rows)
+            raise LayoutError(
+                "num_rows", f"an int >= {align(end, alignment)} (the aligned end of the last group)", num_rows
+            )
         self._counts = tuple(counts)
         self._starts = tuple(starts)
         self._ends = tuple(s + c for s, c in zip(self._starts, self._counts))
@@ -146,8 +160,13 @@ class SegmentLayout:
         for g, e in enumerate(ends):
             start = align(prev_end, alignment)
             if e < start:
-                raise LayoutError(f"psum[{g}]", f"a non-decreasing offset >= {start} "
-                                  f"(align(psum[{g - 1}], {alignment}))" if g else "a non-negative offset", e)
+                raise LayoutError(
+                    f"psum[{g}]",
+                    f"a non-decreasing offset >= {start} (align(psum[{g - 1}], {alignment}))"
+                    if g
+                    else "a non-negative offset",
+                    e,
+                )
             starts.append(start)
             counts.append(e - start)
             prev_end = e
@@ -161,8 +180,11 @@ class SegmentLayout:
         if num_rows is None:
             return needed
         if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not needed <= num_rows <= INT32_MAX:
-            raise LayoutError("num_rows", f"an int in [{needed}, {INT32_MAX}] (from the aligned end of the "
-                              "last group to the int32 limit)", num_rows)
+            raise LayoutError(
+                "num_rows",
+                f"an int in [{needed}, {INT32_MAX}] (from the aligned end of the last group to the int32 limit)",
+                num_rows,
+            )
         return num_rows
 
     # -- views ------------------------------------------------------------------------------
@@ -212,23 +234,27 @@ class SegmentLayout:
 
     def aligned_ends_on(self, device: torch.device | str | None) -> torch.Tensor:
         """int32 ``[G]`` of ``align(psum[g], alignment)``: segment ends padding included (cached)."""
-        return self._cached("aligned_ends", device, lambda: torch.tensor(
-            [align(e, self.alignment) for e in self._ends], dtype=torch.int32))
+        return self._cached(
+            "aligned_ends",
+            device,
+            lambda: torch.tensor([align(e, self.alignment) for e in self._ends], dtype=torch.int32),
+        )
 
     def gap_rows_on(self, device: torch.device | str | None) -> torch.Tensor:
         """int64 indices of the rows that belong to no group (cached per device)."""
-        return self._cached("gap_rows", device,
-                            lambda: torch.nonzero(self._build_m_indices() < 0).flatten())
+        return self._cached("gap_rows", device, lambda: torch.nonzero(self._build_m_indices() < 0).flatten())
 
     def valid_rows_on(self, device: torch.device | str | None) -> torch.Tensor:
         """int64 indices of the rows that belong to some group, in order (cached per device)."""
-        return self._cached("valid_rows", device,
-                            lambda: torch.nonzero(self._build_m_indices() >= 0).flatten())
+        return self._cached("valid_rows", device, lambda: torch.nonzero(self._build_m_indices() >= 0).flatten())
 
     def packed_ends_on(self, device: torch.device | str | None) -> torch.Tensor:
         """int32 ``[G]`` cumulative counts: group ends once the rows of no group are removed."""
-        return self._cached("packed_ends", device, lambda: torch.cumsum(
-            torch.tensor(self._counts, dtype=torch.int64), 0).to(torch.int32))
+        return self._cached(
+            "packed_ends",
+            device,
+            lambda: torch.cumsum(torch.tensor(self._counts, dtype=torch.int64), 0).to(torch.int32),
+        )
 
     def _build_m_indices(self) -> torch.Tensor:
         ids = torch.full((self.num_rows,), -1, dtype=torch.int32)
@@ -266,8 +292,10 @@ class SegmentLayout:
     def __repr__(self) -> str:
         counts = list(self._counts)
         shown = counts if len(counts) <= 16 else counts[:16] + ["..."]
-        return (f"{type(self).__name__}(num_groups={self.num_groups}, counts={shown}, "
-                f"alignment={self.alignment}, num_rows={self.num_rows})")
+        return (
+            f"{type(self).__name__}(num_groups={self.num_groups}, counts={shown}, "
+            f"alignment={self.alignment}, num_rows={self.num_rows})"
+        )
 
 
 class ContiguousLayout(SegmentLayout):
@@ -308,8 +336,12 @@ class ContiguousLayout(SegmentLayout):
         descending = torch.nonzero(vals[1:] < vals[:-1]).flatten()
         if descending.numel():
             row = int(rows[descending[0] + 1])
-            raise LayoutError(f"m_indices[{row}]", "group ids in ascending order (one run per group)",
-                              int(ids[row]), hint.lstrip("; "))
+            raise LayoutError(
+                f"m_indices[{row}]",
+                "group ids in ascending order (one run per group)",
+                int(ids[row]),
+                hint.lstrip("; "),
+            )
         counts = torch.bincount(vals, minlength=num_groups).tolist()
         first = [-1] * num_groups
         if vals.numel():
@@ -319,26 +351,39 @@ class ContiguousLayout(SegmentLayout):
                 first[g] = r
         for g, (start, count) in enumerate(zip(first, counts)):
             if count and int(ids[start + count - 1]) != g:
-                row = start + int(torch.nonzero(ids[start:start + count] != g)[0])
-                raise LayoutError(f"m_indices[{row}]", f"{g} (the rows of group {g} must be contiguous)",
-                                  int(ids[row]), hint.lstrip("; "))
+                row = start + int(torch.nonzero(ids[start : start + count] != g)[0])
+                raise LayoutError(
+                    f"m_indices[{row}]",
+                    f"{g} (the rows of group {g} must be contiguous)",
+                    int(ids[row]),
+                    hint.lstrip("; "),
+                )
         if alignment is None:
             # Every non-first start is a multiple of the alignment: try the divisors of their gcd.
             starts = [f for f in first if f > 0]
             common = math.gcd(*starts) if starts else 1
             fitting = [d for d in range(1, common + 1) if common % d == 0 and cls._fits(counts, first, d, num_rows)]
             if not fitting:
-                raise LayoutError("m_indices", "groups placed at align(previous end, A) for some alignment A",
-                                  "an irregular placement", hint.lstrip("; "))
+                raise LayoutError(
+                    "m_indices",
+                    "groups placed at align(previous end, A) for some alignment A",
+                    "an irregular placement",
+                    hint.lstrip("; "),
+                )
             alignment = fitting[0]
         elif not cls._fits(counts, first, _check_alignment(alignment), num_rows):
-            raise LayoutError("m_indices", f"each group to start at align(previous end, {alignment})",
-                              "a different placement", hint.lstrip("; "))
+            raise LayoutError(
+                "m_indices",
+                f"each group to start at align(previous end, {alignment})",
+                "a different placement",
+                hint.lstrip("; "),
+            )
         return cls(counts, cls._place(counts, alignment), alignment, num_rows)
 
     @classmethod
-    def from_m_indices_permuted(cls, m_indices: torch.Tensor, num_groups: int,
-                                alignment: int = 1) -> tuple["ContiguousLayout", torch.Tensor]:
+    def from_m_indices_permuted(
+        cls, m_indices: torch.Tensor, num_groups: int, alignment: int = 1
+    ) -> tuple["ContiguousLayout", torch.Tensor]:
         """Any per-row ``m_indices`` (int32 ``[M]``, group id of each row, -1 on rows of no group;
         groups in any order, split into any number of runs, -1 blocks anywhere) -> the canonical
         layout plus the row permutation that realises it.
@@ -430,8 +475,9 @@ class MaskedLayout:
             raise ShapeError("masked_m", "a 1-D tensor [G]", tuple(masked_m.shape))
         if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 0:
             raise LayoutError("max_m", "a non-negative int", max_m)
-        if expected_m is not None and (isinstance(expected_m, bool) or not isinstance(expected_m, int)
-                                       or expected_m < 1):
+        if expected_m is not None and (
+            isinstance(expected_m, bool) or not isinstance(expected_m, int) or expected_m < 1
+        ):
             raise LayoutError("expected_m", "None or a positive int", expected_m)
         if check and masked_m.numel() and not _values_unreadable(masked_m.device):
             lo, hi = (int(v) for v in torch.aminmax(masked_m))
@@ -454,8 +500,10 @@ class MaskedLayout:
         return self.masked_m.device
 
     def __repr__(self) -> str:
-        return (f"MaskedLayout(num_groups={self.num_groups}, max_m={self.max_m}, "
-                f"expected_m={self.expected_m}, device={self.masked_m.device})")
+        return (
+            f"MaskedLayout(num_groups={self.num_groups}, max_m={self.max_m}, "
+            f"expected_m={self.expected_m}, device={self.masked_m.device})"
+        )
 
 
 def _values_unreadable(device: torch.device) -> bool:
@@ -468,8 +516,17 @@ def _values_unreadable(device: torch.device) -> bool:
 
 Layout = ContiguousLayout | MaskedLayout | KGroupedLayout
 
-__all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "SegmentLayout", "align",
-           "contiguous_to_masked", "masked_to_contiguous", "take_rows"]
+__all__ = [
+    "ContiguousLayout",
+    "KGroupedLayout",
+    "Layout",
+    "MaskedLayout",
+    "SegmentLayout",
+    "align",
+    "contiguous_to_masked",
+    "masked_to_contiguous",
+    "take_rows",
+]
 
 
 # -- data conversions between the contiguous and masked layouts -------------------------------------
@@ -482,8 +539,9 @@ __all__ = ["ContiguousLayout", "KGroupedLayout", "Layout", "MaskedLayout", "Segm
 RowOperand = torch.Tensor | QuantizedTensor
 
 
-def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor,
-              filled_rows: torch.Tensor | None = None) -> RowOperand:
+def take_rows(
+    x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor, filled_rows: torch.Tensor | None = None
+) -> RowOperand:
     """``x[source_rows]`` along dim 0 (a tensor, or a QuantizedTensor with per-row scales) with the
     rows listed in ``empty_rows`` (int64, same device) set to zero — their scale to 1.0, a power of
     two, so UE8M0 packing stays exact.
@@ -494,14 +552,14 @@ def take_rows(x: RowOperand, source_rows: torch.Tensor, empty_rows: torch.Tensor
     if filled_rows is not None and empty_rows.numel() > filled_rows.numel():
         return _fill_rows(x, source_rows.index_select(0, filled_rows), filled_rows, source_rows.shape[0])
     if isinstance(x, QuantizedTensor):
-        raw = x.data.view(torch.uint8)                    # fp8 lacks fill kernels; zero bits == 0.0
+        raw = x.data.view(torch.uint8)  # fp8 lacks fill kernels; zero bits == 0.0
         data = take_rows(raw, source_rows, empty_rows).view(torch.float8_e4m3fn)
         if x.scale.shape[0] == 0:
             scale = x.scale.new_ones(source_rows.shape[0], *x.scale.shape[1:])
         else:
             scale = x.scale.index_select(0, source_rows).index_fill_(0, empty_rows, 1.0)
         return QuantizedTensor(data, scale, x.block, x.scale_format)
-    if x.shape[0] == 0:                                   # nothing to read: every row is empty
+    if x.shape[0] == 0:  # nothing to read: every row is empty
         return x.new_zeros(source_rows.shape[0], *x.shape[1:])
     return x.index_select(0, source_rows).index_fill_(0, empty_rows, 0)
 
@@ -514,7 +572,7 @@ def _fill_rows(x: RowOperand, sources: torch.Tensor, rows: torch.Tensor, num_row
         scale.index_put_((rows,), x.scale.index_select(0, sources))
         return QuantizedTensor(data, scale, x.block, x.scale_format)
     out = x.new_zeros(num_rows, *x.shape[1:])
-    return out.index_put_((rows,), x.index_select(0, sources))   # unique rows: deterministic
+    return out.index_put_((rows,), x.index_select(0, sources))  # unique rows: deterministic
 
 
 def _check_rows_operand(x: object, argument: str, rank: int) -> torch.Tensor:
@@ -525,20 +583,21 @@ def _check_rows_operand(x: object, argument: str, rank: int) -> torch.Tensor:
     if data.dim() != rank:
         raise ShapeError(argument, f"a {rank}-D tensor", tuple(data.shape))
     if isinstance(x, QuantizedTensor) and x.block[0] != 1:
-        raise ShapeError(f"{argument}.block", "(1, cols): per-row scales, so rows can move with their scales",
-                         x.block)
+        raise ShapeError(f"{argument}.block", "(1, cols): per-row scales, so rows can move with their scales", x.block)
     return data
 
 
 def _reshape_rows(x: RowOperand, lead: tuple[int, ...]) -> RowOperand:
     if isinstance(x, QuantizedTensor):
-        return QuantizedTensor(x.data.reshape(*lead, x.data.shape[-1]),
-                               x.scale.reshape(*lead, x.scale.shape[-1]), x.block, x.scale_format)
+        return QuantizedTensor(
+            x.data.reshape(*lead, x.data.shape[-1]), x.scale.reshape(*lead, x.scale.shape[-1]), x.block, x.scale_format
+        )
     return x.reshape(*lead, x.shape[-1])
 
 
-def contiguous_to_masked(a: RowOperand, layout: ContiguousLayout,
-                         max_m: int | None = None) -> tuple[RowOperand, MaskedLayout]:
+def contiguous_to_masked(
+    a: RowOperand, layout: ContiguousLayout, max_m: int | None = None
+) -> tuple[RowOperand, MaskedLayout]:
     """Rows of a contiguous M-grouped tensor -> the masked layout.
 
     ``a``: ``[num_rows, K]`` tensor (activations or GEMM output) or a QuantizedTensor with
@@ -560,11 +619,15 @@ def contiguous_to_masked(a: RowOperand, layout: ContiguousLayout,
         raise LayoutError("max_m", "None or a non-negative int", max_m)
     over = [g for g, c in enumerate(counts) if c > max_m]
     if over:
-        raise CapacityError(f"layout.counts[{over[0]}]", f"<= max_m = {max_m}", counts[over[0]],
-                            f"{len(over)} group(s) exceed the capacity")
+        raise CapacityError(
+            f"layout.counts[{over[0]}]",
+            f"<= max_m = {max_m}",
+            counts[over[0]],
+            f"{len(over)} group(s) exceed the capacity",
+        )
     num_groups = layout.num_groups
     m = torch.arange(max_m, dtype=torch.int64)
-    filled = m < torch.tensor(counts, dtype=torch.int64).reshape(num_groups, 1)       # [G, max_m]
+    filled = m < torch.tensor(counts, dtype=torch.int64).reshape(num_groups, 1)  # [G, max_m]
     starts = torch.tensor(layout.starts, dtype=torch.int64).reshape(num_groups, 1)
     source = torch.where(filled, starts + m, 0).reshape(-1)
     empty = torch.nonzero(~filled.reshape(-1)).flatten()
@@ -573,8 +636,9 @@ def contiguous_to_masked(a: RowOperand, layout: ContiguousLayout,
     return _reshape_rows(rows, (num_groups, max_m)), MaskedLayout(masked_m, max_m, check=False)
 
 
-def masked_to_contiguous(a3: RowOperand, layout: MaskedLayout,
-                         alignment: int = 128) -> tuple[RowOperand, ContiguousLayout]:
+def masked_to_contiguous(
+    a3: RowOperand, layout: MaskedLayout, alignment: int = 128
+) -> tuple[RowOperand, ContiguousLayout]:
     """Rows of a masked M-grouped tensor -> the contiguous layout (DeepGEMM's masked-to-psum).
 
     ``a3``: ``[G, max_m, K]`` tensor (activations or GEMM output) or a QuantizedTensor with

@@ -56,12 +56,17 @@ LAYOUTS = ("contiguous", "masked", "k_grouped")
 _FP8_OUT = torch.bfloat16
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
-_OPERAND_ARGS = ("Tensor? a_scale=None, Tensor? b_scale=None, int[] a_block=[], int[] b_block=[], "
-                 "str scale_format=\"fp32\"")
-_lib.define("grouped_gemm(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
-            f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> Tensor")
-_lib.define("grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
-            f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()")
+_OPERAND_ARGS = (
+    'Tensor? a_scale=None, Tensor? b_scale=None, int[] a_block=[], int[] b_block=[], str scale_format="fp32"'
+)
+_lib.define(
+    "grouped_gemm(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
+    f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> Tensor"
+)
+_lib.define(
+    "grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
+    f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()"
+)
 
 grouped_gemm_op = torch.ops.moe_hal.grouped_gemm.default
 grouped_gemm_masked_out_op = torch.ops.moe_hal.grouped_gemm_masked_out.default
@@ -85,8 +90,7 @@ def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, i
         if not torch.compiler.is_compiling():
             _host_layouts[(id(psum), layout.op)] = layout
         return psum, layout.op, layout.alignment, None
-    raise LayoutError("layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout",
-                      type(layout).__name__)
+    raise LayoutError("layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__)
 
 
 def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, expected_m: int | None):
@@ -98,8 +102,12 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     cls = _SEGMENT_CLASSES[layout]
     for op in _SEGMENT_CLASSES:
         known = _host_layouts.get((id(groups), op))
-        if (known is not None and known.psum_on(groups.device) is groups and known.alignment == alignment
-                and known.num_rows == num_rows):
+        if (
+            known is not None
+            and known.psum_on(groups.device) is groups
+            and known.alignment == alignment
+            and known.num_rows == num_rows
+        ):
             if op == layout:
                 return known
             return cls(known.counts_list, known.starts, known.alignment, known.num_rows)
@@ -111,8 +119,17 @@ def operand_args(a, b) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
     """``(a, b, fp8 keyword arguments)``: tensors as they are; QuantizedTensors flattened."""
     if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
         fmt = "ue8m0" if a.scale_format == b.scale_format == "ue8m0" else "fp32"
-        return a.data, b.data, {"a_scale": a.scale, "b_scale": b.scale, "a_block": list(a.block),
-                                "b_block": list(b.block), "scale_format": fmt}
+        return (
+            a.data,
+            b.data,
+            {
+                "a_scale": a.scale,
+                "b_scale": b.scale,
+                "a_block": list(a.block),
+                "b_block": list(b.block),
+                "scale_format": fmt,
+            },
+        )
     return a, b, {}
 
 
@@ -136,19 +153,55 @@ def run_plain(a, b, layout, *, c=None, out=None, out_dtype=None, backend=None) -
 
 
 # -- eager kernels --------------------------------------------------------------------------------------
-def _grouped_gemm_kernel(a, b, groups, layout, alignment=1, c=None, out_dtype=None, a_scale=None, b_scale=None,
-                         a_block=(), b_block=(), scale_format="fp32", expected_m=None, backend=None):
+def _grouped_gemm_kernel(
+    a,
+    b,
+    groups,
+    layout,
+    alignment=1,
+    c=None,
+    out_dtype=None,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+    expected_m=None,
+    backend=None,
+):
     num_rows = a.shape[1] if layout == "masked" else a.shape[0]
     lay = host_layout(layout, groups, alignment, num_rows, expected_m)
-    return run_plain(_operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format),
-                     lay, c=c, out_dtype=out_dtype, backend=_backend(backend))
+    return run_plain(
+        _operand(a, a_scale, a_block, scale_format),
+        _operand(b, b_scale, b_block, scale_format),
+        lay,
+        c=c,
+        out_dtype=out_dtype,
+        backend=_backend(backend),
+    )
 
 
-def _masked_out_kernel(a, b, masked_m, out, a_scale=None, b_scale=None, a_block=(), b_block=(),
-                       scale_format="fp32", expected_m=None, backend=None):
+def _masked_out_kernel(
+    a,
+    b,
+    masked_m,
+    out,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+    expected_m=None,
+    backend=None,
+):
     lay = MaskedLayout(masked_m, a.shape[1], expected_m, check=False)
-    run_plain(_operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format),
-              lay, out=out, backend=_backend(backend))
+    run_plain(
+        _operand(a, a_scale, a_block, scale_format),
+        _operand(b, b_scale, b_block, scale_format),
+        lay,
+        out=out,
+        backend=_backend(backend),
+    )
 
 
 _lib.impl("grouped_gemm", _grouped_gemm_kernel, "CompositeExplicitAutograd")
@@ -166,8 +219,22 @@ def result_dtype(a: torch.Tensor, a_scale, c, out_dtype) -> torch.dtype:
 
 
 @torch.library.register_fake("moe_hal::grouped_gemm", lib=_lib)
-def _grouped_gemm_fake(a, b, groups, layout, alignment=1, c=None, out_dtype=None, a_scale=None, b_scale=None,
-                       a_block=(), b_block=(), scale_format="fp32", expected_m=None, backend=None):
+def _grouped_gemm_fake(
+    a,
+    b,
+    groups,
+    layout,
+    alignment=1,
+    c=None,
+    out_dtype=None,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+    expected_m=None,
+    backend=None,
+):
     dtype = result_dtype(a, a_scale, c, out_dtype)
     if layout == "contiguous":
         shape = (a.shape[0], b.shape[1])
@@ -181,8 +248,19 @@ def _grouped_gemm_fake(a, b, groups, layout, alignment=1, c=None, out_dtype=None
 
 
 @torch.library.register_fake("moe_hal::grouped_gemm_masked_out", lib=_lib)
-def _masked_out_fake(a, b, masked_m, out, a_scale=None, b_scale=None, a_block=(), b_block=(),
-                     scale_format="fp32", expected_m=None, backend=None):
+def _masked_out_fake(
+    a,
+    b,
+    masked_m,
+    out,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+    expected_m=None,
+    backend=None,
+):
     return None
 
 
@@ -191,7 +269,7 @@ def _setup_context(ctx, inputs, output):
     a, b, groups, layout, alignment, c, _out_dtype, a_scale, *_rest = inputs
     ctx.layout, ctx.alignment, ctx.fp8 = layout, alignment, a_scale is not None
     ctx.has_c = c is not None
-    ctx.backend = inputs[-1]                  # the gradient products run where the forward did
+    ctx.backend = inputs[-1]  # the gradient products run where the forward did
     ctx.main_grad = None
     if layout == "contiguous" and isinstance(getattr(b, "main_grad", None), torch.Tensor):
         ctx.main_grad = b.main_grad
@@ -206,8 +284,9 @@ def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _backward(ctx, grad):
     if ctx.fp8:
-        raise GradientError("a, b", "fp32/bf16/fp16 operands for a gradient",
-                            "fp8 QuantizedTensor operands (forward only)")
+        raise GradientError(
+            "a, b", "fp32/bf16/fp16 operands for a gradient", "fp8 QuantizedTensor operands (forward only)"
+        )
     a, b, groups = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     da = db = dc = None
@@ -227,7 +306,7 @@ def _backward(ctx, grad):
             da = grouped_gemm_op(dy, b.transpose(1, 2), groups, "masked", 0, backend=backend)
         if need_b:
             rows = torch.arange(a.shape[1], device=a.device)
-            valid = (rows[None, :] < groups[:, None])[..., None]          # [G, max_m, 1], no sync
+            valid = (rows[None, :] < groups[:, None])[..., None]  # [G, max_m, 1], no sync
             zero = a.new_zeros(())
             db = torch.bmm(torch.where(valid, dy, zero).transpose(1, 2), torch.where(valid, a, zero))
     else:
@@ -246,14 +325,43 @@ torch.library.register_autograd("moe_hal::grouped_gemm", _backward, setup_contex
 
 # -- autocast -------------------------------------------------------------------------------------------
 def _autocast_kernel(device_type: str):
-    def kernel(a, b, groups, layout, alignment=1, c=None, out_dtype=None, a_scale=None, b_scale=None,
-               a_block=(), b_block=(), scale_format="fp32", expected_m=None, backend=None):
+    def kernel(
+        a,
+        b,
+        groups,
+        layout,
+        alignment=1,
+        c=None,
+        out_dtype=None,
+        a_scale=None,
+        b_scale=None,
+        a_block=(),
+        b_block=(),
+        scale_format="fp32",
+        expected_m=None,
+        backend=None,
+    ):
         if a_scale is None:
             dtype = torch.get_autocast_dtype(device_type)
             a, b = a.to(dtype), b.to(dtype)
         with torch.autocast(device_type, enabled=False):
-            return grouped_gemm_op(a, b, groups, layout, alignment, c, out_dtype, a_scale, b_scale, a_block,
-                                   b_block, scale_format, expected_m, backend)
+            return grouped_gemm_op(
+                a,
+                b,
+                groups,
+                layout,
+                alignment,
+                c,
+                out_dtype,
+                a_scale,
+                b_scale,
+                a_block,
+                b_block,
+                scale_format,
+                expected_m,
+                backend,
+            )
+
     return kernel
 
 
@@ -264,10 +372,16 @@ _lib.impl("grouped_gemm", _autocast_kernel("cuda"), "AutocastCUDA")
 # -- the user API's op path -------------------------------------------------------------------------------
 def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> torch.Tensor:
     """:func:`moe_hal.grouped_gemm` through the custom ops (autograd, autocast, compiled graphs)."""
-    if isinstance(a, QuantizedTensor) and torch.is_grad_enabled() and any(
-            t.requires_grad for t in (a.data, a.scale, getattr(b, "data", b), getattr(b, "scale", b))):
-        raise GradientError("a, b", "fp32/bf16/fp16 operands for a gradient",
-                            "fp8 QuantizedTensor operands that require grad (fp8 is forward only)")
+    if (
+        isinstance(a, QuantizedTensor)
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (a.data, a.scale, getattr(b, "data", b), getattr(b, "scale", b)))
+    ):
+        raise GradientError(
+            "a, b",
+            "fp32/bf16/fp16 operands for a gradient",
+            "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
+        )
     data_a = a.data if isinstance(a, QuantizedTensor) else a
     groups, name, alignment, expected_m = layout_args(layout, data_a.device)
     ta, tb, fp8 = operand_args(a, b)
@@ -278,8 +392,9 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
             raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
         grouped_gemm_masked_out_op(ta, tb, groups, out, expected_m=expected_m, backend=backend, **fp8)
         return out
-    result = grouped_gemm_op(ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m,
-                             backend=backend, **fp8)
+    result = grouped_gemm_op(
+        ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
+    )
     if out is not None:
         if out.shape != result.shape:
             raise ShapeError("out", f"shape {tuple(result.shape)}", tuple(out.shape))

@@ -32,9 +32,28 @@ _LAZY = {
 }
 
 __all__ = [
-    "API_VERSION", "ENTRY_POINT_GROUP", "OPS", "TIERS", "Backend", "BackendSpec", "DeviceInfo", "PerfModel",
-    "Problem", "QuantizedTensor", "Reason", "Signature", "clear_cache", "device_info", "dtypes", "ep", "errors",
-    "hookimpl", "hwdb", "perf", "prepared_cache", "warn_once",
+    "API_VERSION",
+    "ENTRY_POINT_GROUP",
+    "OPS",
+    "TIERS",
+    "Backend",
+    "BackendSpec",
+    "DeviceInfo",
+    "PerfModel",
+    "Problem",
+    "QuantizedTensor",
+    "Reason",
+    "Signature",
+    "clear_cache",
+    "device_info",
+    "dtypes",
+    "ep",
+    "errors",
+    "hookimpl",
+    "hwdb",
+    "perf",
+    "prepared_cache",
+    "warn_once",
 ]
 
 

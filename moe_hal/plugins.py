@@ -72,9 +72,15 @@ class PluginRecord:
     failures: list[PluginFailure] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "value": self.value, "distribution": self.distribution,
-                "version": self.version, "status": self.status, "backends": list(self.backends),
-                "failures": [f.as_dict() for f in self.failures]}
+        return {
+            "name": self.name,
+            "value": self.value,
+            "distribution": self.distribution,
+            "version": self.version,
+            "status": self.status,
+            "backends": list(self.backends),
+            "failures": [f.as_dict() for f in self.failures],
+        }
 
 
 class PluginHost:
@@ -130,8 +136,9 @@ class PluginHost:
         from . import builtin
 
         pm.register(builtin, name=BUILTIN_PLUGIN)
-        self.plugins[BUILTIN_PLUGIN] = PluginRecord(BUILTIN_PLUGIN, "moe_hal.builtin", "moe-hal",
-                                                    _version("moe-hal"), "builtin")
+        self.plugins[BUILTIN_PLUGIN] = PluginRecord(
+            BUILTIN_PLUGIN, "moe_hal.builtin", "moe-hal", _version("moe-hal"), "builtin"
+        )
         for ep, record in self._entry_points():
             self.plugins[record.name] = record
             if record.status != "loaded":
@@ -157,8 +164,7 @@ class PluginHost:
         if failures and strict:
             raise PluginError(failures)
         for f in failures:
-            warnings.warn(f"{f} (it is skipped; `moe-hal info` shows the traceback)", PluginWarning,
-                          stacklevel=4)
+            warnings.warn(f"{f} (it is skipped; `moe-hal info` shows the traceback)", PluginWarning, stacklevel=4)
 
     def _entry_points(self):
         """Entry points to load as (entry point, record); de-duplicated, conflicts and
@@ -179,22 +185,34 @@ class PluginHost:
             if name == BUILTIN_PLUGIN:
                 record.name = f"{name}:{eps[0].value}"  # keep the core's own record intact
                 record.status = "conflict"
-                record.failures.append(PluginFailure(name, "conflict", "NameError",
-                                                     f"plugin name {name!r} is reserved for the core"))
+                record.failures.append(
+                    PluginFailure(name, "conflict", "NameError", f"plugin name {name!r} is reserved for the core")
+                )
             elif len(eps) > 1:
                 record.status = "conflict"
                 values = ", ".join(sorted(e.value for e in eps))
-                record.failures.append(PluginFailure(
-                    name, "conflict", "NameError",
-                    f"several distributions provide the entry point {name!r} ({values}); none is loaded"))
+                record.failures.append(
+                    PluginFailure(
+                        name,
+                        "conflict",
+                        "NameError",
+                        f"several distributions provide the entry point {name!r} ({values}); none is loaded",
+                    )
+                )
             elif (allow is not None and name not in allow) or name in deny:
                 record.status = "disabled"
             out.append((eps[0], record))
         for name in sorted((allow or set()) - set(found)):
             record = PluginRecord(name, "", status="not_installed")
-            record.failures.append(PluginFailure(name, "not_installed", "LookupError",
-                                                 f"MOE_HAL_PLUGINS names {name!r}, but no installed "
-                                                 f"distribution provides that {hookspecs.ENTRY_POINT_GROUP} entry point"))
+            record.failures.append(
+                PluginFailure(
+                    name,
+                    "not_installed",
+                    "LookupError",
+                    f"MOE_HAL_PLUGINS names {name!r}, but no installed "
+                    f"distribution provides that {hookspecs.ENTRY_POINT_GROUP} entry point",
+                )
+            )
             out.append((None, record))
         return out
 
@@ -229,19 +247,38 @@ class PluginHost:
         for name, plugin_names in owners.items():
             reasons = self.spec_reasons.setdefault(name, [])
             if len(plugin_names) > 1:
-                reasons.append(Reason("name_conflict", f"several plugins register a backend named {name!r}; "
-                                      "none of them is used", "one plugin per backend name", sorted(plugin_names)))
+                reasons.append(
+                    Reason(
+                        "name_conflict",
+                        f"several plugins register a backend named {name!r}; none of them is used",
+                        "one plugin per backend name",
+                        sorted(plugin_names),
+                    )
+                )
             spec = self.specs[name]
             if spec.api_version.split(".")[0] != API_VERSION.split(".")[0]:
-                reasons.append(Reason("api_version_mismatch", "backend API major version differs from the core's",
-                                      API_VERSION, spec.api_version))
+                reasons.append(
+                    Reason(
+                        "api_version_mismatch",
+                        "backend API major version differs from the core's",
+                        API_VERSION,
+                        spec.api_version,
+                    )
+                )
 
     def _fail(self, record: PluginRecord, phase: str, exc: BaseException) -> None:
         record.status = "failed"
-        record.failures.append(PluginFailure(
-            record.name, phase, type(exc).__name__, str(exc),
-            "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-            record.distribution, record.version))
+        record.failures.append(
+            PluginFailure(
+                record.name,
+                phase,
+                type(exc).__name__,
+                str(exc),
+                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                record.distribution,
+                record.version,
+            )
+        )
 
     # -- hardware-DB overlays ------------------------------------------------------------------
     def _register_hw_overlays(self) -> None:
@@ -360,8 +397,11 @@ class PluginHost:
             if any(f.phase == phase for f in record.failures):
                 return
             self._fail(record, phase, exc)
-        warnings.warn(f"{record.failures[-1]} (the backend is skipped; `moe-hal info` shows the traceback)",
-                      PluginWarning, stacklevel=4)
+        warnings.warn(
+            f"{record.failures[-1]} (the backend is skipped; `moe-hal info` shows the traceback)",
+            PluginWarning,
+            stacklevel=4,
+        )
 
     def failures(self) -> list[PluginFailure]:
         self.ensure_loaded()
@@ -380,8 +420,10 @@ def _check_hook_names(module: Any) -> None:
     marker = f"{hookspecs.PROJECT}_impl"
     for attr in dir(module):
         if hasattr(getattr(module, attr, None), marker) and attr not in known:
-            raise AttributeError(f"{module.__name__}.{attr} is marked as a moe_hal hook, but no such hook "
-                                 f"exists (known: {sorted(known)})")
+            raise AttributeError(
+                f"{module.__name__}.{attr} is marked as a moe_hal hook, but no such hook "
+                f"exists (known: {sorted(known)})"
+            )
 
 
 def _trace(message: str) -> None:

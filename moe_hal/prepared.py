@@ -51,6 +51,7 @@ from .quant import QuantizedTensor
 ENV_MAX_BYTES = "MOE_HAL_PREPARED_MAX_BYTES"
 Source = torch.Tensor | QuantizedTensor
 
+
 def parse_bytes(text: str, argument: str = ENV_MAX_BYTES) -> int:
     """``"8000000000"``, ``"8e9"``, ``"512MiB"``, ``"8GB"``, ``"8G"`` -> bytes (case-insensitive);
     the environment's parser (:func:`moe_hal.environment.parse_bytes`)."""
@@ -63,7 +64,7 @@ class _Entry:
     backend: str
     value: Any
     versions: tuple[int | None, ...]
-    anchors: tuple[weakref.ref, ...]   # weak references to the source storages
+    anchors: tuple[weakref.ref, ...]  # weak references to the source storages
     nbytes: int
 
 
@@ -74,7 +75,7 @@ class _Counters:
     invalidations: int = 0
     evictions: int = 0
     uncached: int = 0
-    by_backend: dict[str, list[int]] = field(default_factory=dict)   # backend -> [entries, bytes]
+    by_backend: dict[str, list[int]] = field(default_factory=dict)  # backend -> [entries, bytes]
 
 
 def _source_tensors(source: object) -> tuple[torch.Tensor, ...]:
@@ -88,7 +89,7 @@ def _source_tensors(source: object) -> tuple[torch.Tensor, ...]:
 def _version(t: torch.Tensor) -> int | None:
     try:
         return t._version
-    except RuntimeError:          # inference-mode tensors have no version counter
+    except RuntimeError:  # inference-mode tensors have no version counter
         return None
 
 
@@ -111,9 +112,9 @@ class PreparedCache:
     """Process-wide cache of backend-specific forms of weight tensors (see the module docs)."""
 
     def __init__(self) -> None:
-        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()     # LRU order, oldest first
-        self._by_storage: dict[int, set[Hashable]] = {}                  # id(storage) -> keys
-        self._dead: list[int] = []                                       # freed storages to purge
+        self._entries: OrderedDict[Hashable, _Entry] = OrderedDict()  # LRU order, oldest first
+        self._by_storage: dict[int, set[Hashable]] = {}  # id(storage) -> keys
+        self._dead: list[int] = []  # freed storages to purge
         self._lock = threading.Lock()
         self._max_bytes: int | None = None
         self._max_bytes_set = False
@@ -137,13 +138,17 @@ class PreparedCache:
         tensors = _source_tensors(source)
         try:
             storages = tuple(t.untyped_storage() for t in tensors)
-        except (RuntimeError, NotImplementedError):      # sparse / storage-less tensor subclasses
-            warn_once(("prepared-nostorage", backend, kind),
-                      f"moe_hal prepared cache: the source of {backend}/{kind} has no plain storage; "
-                      "it is converted on every call", stacklevel=3)
+        except (RuntimeError, NotImplementedError):  # sparse / storage-less tensor subclasses
+            warn_once(
+                ("prepared-nostorage", backend, kind),
+                f"moe_hal prepared cache: the source of {backend}/{kind} has no plain storage; "
+                "it is converted on every call",
+                stacklevel=3,
+            )
             return build(source)
         key = (backend, kind) + tuple(
-            (id(s), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype) for s, t in zip(storages, tensors))
+            (id(s), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype) for s, t in zip(storages, tensors)
+        )
         versions = tuple(_version(t) for t in tensors)
         with self._lock:
             self._purge_dead()
@@ -157,14 +162,17 @@ class PreparedCache:
                 self._counters.invalidations += 1
             self._counters.misses += 1
 
-        value = build(source)                # outside the lock: a build may itself use the cache
+        value = build(source)  # outside the lock: a build may itself use the cache
         nbytes, aliased, fresh = self._measure(value, storages)
         if aliased:
             if fresh:
-                warn_once(("prepared-alias", backend, kind),
-                          f"moe_hal prepared cache: build() for {backend}/{kind} returned views of its source "
-                          "together with new tensors; it is not cached (it would keep the source alive) and "
-                          "reruns on every call. Return only the new tensors.", stacklevel=3)
+                warn_once(
+                    ("prepared-alias", backend, kind),
+                    f"moe_hal prepared cache: build() for {backend}/{kind} returned views of its source "
+                    "together with new tensors; it is not cached (it would keep the source alive) and "
+                    "reruns on every call. Return only the new tensors.",
+                    stacklevel=3,
+                )
             with self._lock:
                 self._counters.uncached += 1
             return value
@@ -173,11 +181,14 @@ class PreparedCache:
             budget = self.max_bytes
             if budget is not None and nbytes > budget:
                 self._counters.uncached += 1
-                warn_once(("prepared-budget", backend, kind),
-                          f"moe_hal prepared cache: {backend}/{kind} needs {nbytes} bytes, more than the budget "
-                          f"of {budget} ({ENV_MAX_BYTES}); it is converted on every call", stacklevel=3)
+                warn_once(
+                    ("prepared-budget", backend, kind),
+                    f"moe_hal prepared cache: {backend}/{kind} needs {nbytes} bytes, more than the budget "
+                    f"of {budget} ({ENV_MAX_BYTES}); it is converted on every call",
+                    stacklevel=3,
+                )
                 return value
-            if key in self._entries:                      # another thread built it meanwhile
+            if key in self._entries:  # another thread built it meanwhile
                 self._remove(key)
             anchors = tuple(weakref.ref(s, functools.partial(self._on_storage_freed, id(s))) for s in storages)
             self._entries[key] = _Entry(backend, value, versions, anchors, nbytes)
@@ -240,9 +251,14 @@ class PreparedCache:
             self._purge_dead()
             c = self._counters
             return {
-                "entries": len(self._entries), "bytes": self._bytes, "max_bytes": self.max_bytes,
-                "hits": c.hits, "misses": c.misses, "invalidations": c.invalidations,
-                "evictions": c.evictions, "uncached": c.uncached,
+                "entries": len(self._entries),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "hits": c.hits,
+                "misses": c.misses,
+                "invalidations": c.invalidations,
+                "evictions": c.evictions,
+                "uncached": c.uncached,
                 "backends": {name: {"entries": n, "bytes": b} for name, (n, b) in sorted(c.by_backend.items()) if n},
             }
 

@@ -18,7 +18,6 @@ _NAMES = dtypes.NAMES
 _FLOAT_DTYPES = frozenset(dtypes.DTYPES[n] for n in dtypes.FLOAT_INPUTS)
 
 
-
 class Problem:
     """A validated grouped-GEMM call.
 
@@ -32,8 +31,27 @@ class Problem:
     ``device_type`` is ``device.type``, kept as a plain string for backends' per-call checks.
     """
 
-    __slots__ = ("op", "a", "b", "layout", "c", "out_dtype", "device", "device_type", "num_groups", "m", "n", "k",
-                 "in_dtype", "out_dtype_name", "quantized", "scale_format", "scale_blocks", "b_major", "signature")
+    __slots__ = (
+        "op",
+        "a",
+        "b",
+        "layout",
+        "c",
+        "out_dtype",
+        "device",
+        "device_type",
+        "num_groups",
+        "m",
+        "n",
+        "k",
+        "in_dtype",
+        "out_dtype_name",
+        "quantized",
+        "scale_format",
+        "scale_blocks",
+        "b_major",
+        "signature",
+    )
 
     def __init__(self, op, a, b, layout, c, out_dtype, device, num_groups, m, n, k, b_major):
         self.op = op
@@ -53,8 +71,20 @@ class Problem:
         self.scale_blocks = (a.block, b.block) if quantized else None
         self.b_major = b_major
         alignment = getattr(layout, "alignment", None)
-        self.signature = (op, self.in_dtype, self.out_dtype_name, self.scale_format, self.scale_blocks,
-                          num_groups, n, k, alignment, b_major, device, c is not None)
+        self.signature = (
+            op,
+            self.in_dtype,
+            self.out_dtype_name,
+            self.scale_format,
+            self.scale_blocks,
+            num_groups,
+            n,
+            k,
+            alignment,
+            b_major,
+            device,
+            c is not None,
+        )
 
     def out_shape(self) -> tuple[int, ...]:
         if self.op == "contiguous":
@@ -99,7 +129,9 @@ class Problem:
         if self.quantized:
             dt += f" (scales {self.scale_format}, blocks a{self.scale_blocks[0]} b{self.scale_blocks[1]})"
         k_name = "T" if self.op == "k_grouped" else "K"
-        text = f"{self.op} {dt} -> {self.out_dtype_name}, G={self.num_groups}, M={self.m}, N={self.n}, {k_name}={self.k}"
+        text = (
+            f"{self.op} {dt} -> {self.out_dtype_name}, G={self.num_groups}, M={self.m}, N={self.n}, {k_name}={self.k}"
+        )
         if self.op == "contiguous":
             text += f", alignment={self.layout.alignment}, b {self.b_major}-major"
         elif self.op == "masked":
@@ -113,8 +145,16 @@ class Problem:
 
     # ------------------------------------------------------------------------------------------
     @classmethod
-    def build(cls, a: Operand, b: Operand, layout, *, c: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> "Problem":
+    def build(
+        cls,
+        a: Operand,
+        b: Operand,
+        layout,
+        *,
+        c: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        out_dtype: torch.dtype | None = None,
+    ) -> "Problem":
         """Validate a call and return its :class:`Problem`; raises a :mod:`moe_hal.errors`
         ``ArgumentError`` subclass naming the argument on any inconsistency."""
         a_q, b_q = isinstance(a, QuantizedTensor), isinstance(b, QuantizedTensor)
@@ -123,8 +163,11 @@ class Problem:
         if not b_q:
             _check_operand(b, "b")
         if a_q != b_q:
-            raise DTypeError("b", "a QuantizedTensor like a" if a_q else "a plain tensor like a",
-                             "a QuantizedTensor" if b_q else f"a {b.dtype} tensor")
+            raise DTypeError(
+                "b",
+                "a QuantizedTensor like a" if a_q else "a plain tensor like a",
+                "a QuantizedTensor" if b_q else f"a {b.dtype} tensor",
+            )
         if not a_q:
             if a.dtype not in _FLOAT_DTYPES:
                 raise DTypeError("a", "torch.float32, torch.bfloat16, torch.float16 or a QuantizedTensor", a.dtype)
@@ -132,8 +175,11 @@ class Problem:
                 raise DTypeError("b", f"{a.dtype} (the dtype of a)", b.dtype)
         device = a.device
         if device.type == "meta":
-            raise DeviceError("a", "a tensor with data (meta tensors cannot be multiplied; trace with "
-                              "fake tensors instead)", "a tensor on the meta device")
+            raise DeviceError(
+                "a",
+                "a tensor with data (meta tensors cannot be multiplied; trace with fake tensors instead)",
+                "a tensor on the meta device",
+            )
         if b.device != device:
             raise DeviceError("b", f"device {device} (that of a)", b.device)
 
@@ -146,8 +192,7 @@ class Problem:
         elif isinstance(layout, KGroupedLayout):
             problem = cls._k_grouped(a, b, layout, c, out_dtype, device, out)
         else:
-            raise LayoutError("layout", "a ContiguousLayout, MaskedLayout or KGroupedLayout",
-                              type(layout).__name__)
+            raise LayoutError("layout", "a ContiguousLayout, MaskedLayout or KGroupedLayout", type(layout).__name__)
         if out is not None:
             _check_out(out, problem)
         return problem
@@ -163,14 +208,17 @@ class Problem:
         m, k = a.shape
         g, n, kb = b.shape
         if m != layout.num_rows:
-            raise ShapeError("a.shape[0]", f"{layout.num_rows} rows (layout.num_rows)", m,
-                             "the layout's aligned group counts must cover exactly the rows of a")
+            raise ShapeError(
+                "a.shape[0]",
+                f"{layout.num_rows} rows (layout.num_rows)",
+                m,
+                "the layout's aligned group counts must cover exactly the rows of a",
+            )
         if g != layout.num_groups:
             raise ShapeError("b.shape[0]", f"{layout.num_groups} groups (layout.num_groups)", g)
         if kb != k:
             raise ShapeError("b.shape[2]", f"K = {k} (a.shape[1])", kb)
-        return cls("contiguous", a, b, layout, None, _out_dtype(a, out_dtype, None), device,
-                   g, m, n, k, _b_major(b))
+        return cls("contiguous", a, b, layout, None, _out_dtype(a, out_dtype, None), device, g, m, n, k, _b_major(b))
 
     @classmethod
     def _masked(cls, a, b, layout, c, out_dtype, device):
@@ -189,8 +237,7 @@ class Problem:
             raise ShapeError("b.shape[2]", f"K = {k} (a.shape[2])", kb)
         if layout.masked_m.device != device:
             raise DeviceError("layout.masked_m", f"device {device} (that of a)", layout.masked_m.device)
-        return cls("masked", a, b, layout, None, _out_dtype(a, out_dtype, None), device,
-                   g, max_m, n, k, _b_major(b))
+        return cls("masked", a, b, layout, None, _out_dtype(a, out_dtype, None), device, g, max_m, n, k, _b_major(b))
 
     @classmethod
     def _k_grouped(cls, a, b, layout, c, out_dtype, device, out):
@@ -199,8 +246,12 @@ class Problem:
         t, m = a.shape
         tb, n = b.shape
         if t != layout.num_rows:
-            raise ShapeError("a.shape[0]", f"{layout.num_rows} tokens (layout.num_rows)", t,
-                             "the layout's aligned group counts must cover exactly the tokens of a")
+            raise ShapeError(
+                "a.shape[0]",
+                f"{layout.num_rows} tokens (layout.num_rows)",
+                t,
+                "the layout's aligned group counts must cover exactly the tokens of a",
+            )
         if tb != t:
             raise ShapeError("b.shape[0]", f"{t} tokens (a.shape[0])", tb)
         g = layout.num_groups
@@ -231,21 +282,39 @@ def _row_block_origin(q: QuantizedTensor, name: str, layout) -> QuantizedTensor:
             if per_group == tuple(q.scale.shape):
                 in_groups = layout.valid_rows_on("cpu")
                 tensor_rows = in_groups // q.block[0]
-                group_rows = torch.repeat_interleave(torch.cumsum(torch.tensor(
-                    [0] + [-(-(e - s) // q.block[0]) for s, e in segments[:-1]], dtype=torch.int64), 0),
-                    torch.tensor([e - s for s, e in segments], dtype=torch.int64))
-                group_rows = group_rows + (in_groups - torch.repeat_interleave(
-                    torch.tensor([s for s, _ in segments], dtype=torch.int64),
-                    torch.tensor([e - s for s, e in segments], dtype=torch.int64))) // q.block[0]
+                group_rows = torch.repeat_interleave(
+                    torch.cumsum(
+                        torch.tensor([0] + [-(-(e - s) // q.block[0]) for s, e in segments[:-1]], dtype=torch.int64), 0
+                    ),
+                    torch.tensor([e - s for s, e in segments], dtype=torch.int64),
+                )
+                group_rows = (
+                    group_rows
+                    + (
+                        in_groups
+                        - torch.repeat_interleave(
+                            torch.tensor([s for s, _ in segments], dtype=torch.int64),
+                            torch.tensor([e - s for s, e in segments], dtype=torch.int64),
+                        )
+                    )
+                    // q.block[0]
+                )
                 if not torch.equal(tensor_rows, group_rows):
-                    raise LayoutError(f"{name}.row_groups", "the block origin stated: the scale shape fits both "
-                                      f"blocks of {q.block[0]} rows from row 0 and blocks restarting at each group "
-                                      "(DeepGEMM's K-grouped scales), which mean different things here",
-                                      None, f"pass row_groups={segments[:3]}{'...' if len(segments) > 3 else ''} "
-                                      f"(layout groups) or (({0}, {rows}),) (row 0), or use quantize_fp8")
+                    raise LayoutError(
+                        f"{name}.row_groups",
+                        "the block origin stated: the scale shape fits both "
+                        f"blocks of {q.block[0]} rows from row 0 and blocks restarting at each group "
+                        "(DeepGEMM's K-grouped scales), which mean different things here",
+                        None,
+                        f"pass row_groups={segments[:3]}{'...' if len(segments) > 3 else ''} "
+                        f"(layout groups) or (({0}, {rows}),) (row 0), or use quantize_fp8",
+                    )
         elif q.row_groups is not None and q.row_groups != ((0, rows),) and q.row_groups != segments:
-            raise LayoutError(f"{name}.row_groups", f"the layout's groups {segments[:4]}"
-                              f"{'...' if len(segments) > 4 else ''} or ((0, {rows}),)", q.row_groups)
+            raise LayoutError(
+                f"{name}.row_groups",
+                f"the layout's groups {segments[:4]}{'...' if len(segments) > 4 else ''} or ((0, {rows}),)",
+                q.row_groups,
+            )
     return to_tensor_origin(q) if q.row_groups is not None else q
 
 
@@ -304,19 +373,27 @@ def _check_out(out, problem: Problem) -> None:
     if out.numel() and out.stride(-1) != 1:
         raise ShapeError("out", "a row-major tensor (stride(-1) == 1)", f"strides {tuple(out.stride())}")
     if not _non_overlapping(out):
-        raise AliasError("out", "a tensor whose elements do not overlap each other",
-                         f"strides {tuple(out.stride())} for shape {tuple(out.shape)}")
+        raise AliasError(
+            "out",
+            "a tensor whose elements do not overlap each other",
+            f"strides {tuple(out.stride())} for shape {tuple(out.shape)}",
+        )
     inputs = [("a", problem.a), ("b", problem.b)]
     if problem.op == "masked":
         inputs.append(("layout.masked_m", problem.layout.masked_m))
     for name, x in inputs:
-        parts = [(name + ".data", x.data), (name + ".scale", x.scale)] if isinstance(x, QuantizedTensor) else [(name, x)]
+        parts = (
+            [(name + ".data", x.data), (name + ".scale", x.scale)] if isinstance(x, QuantizedTensor) else [(name, x)]
+        )
         for part_name, t in parts:
             if _overlaps(out, t):
                 raise AliasError("out", f"memory disjoint from {part_name}", f"a tensor overlapping {part_name}")
     if problem.c is not None and problem.c is not out and _overlaps(out, problem.c):
-        raise AliasError("out", "either c itself (in-place accumulation) or memory disjoint from c",
-                         "a tensor partially overlapping c")
+        raise AliasError(
+            "out",
+            "either c itself (in-place accumulation) or memory disjoint from c",
+            "a tensor partially overlapping c",
+        )
 
 
 def _non_overlapping(t: torch.Tensor) -> bool:

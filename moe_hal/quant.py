@@ -28,7 +28,9 @@ def _ceil_div(a: int, b: int) -> int:
 RowGroups = tuple[tuple[int, int], ...]
 
 
-def _check_row_groups(row_groups: object, data: torch.Tensor, argument: str = "QuantizedTensor.row_groups") -> RowGroups:
+def _check_row_groups(
+    row_groups: object, data: torch.Tensor, argument: str = "QuantizedTensor.row_groups"
+) -> RowGroups:
     """Checked ``((start, end), ...)``: sorted, disjoint ranges inside the rows of 2-D ``data``."""
     if data.dim() != 2:
         raise ShapeError(argument, "None for data of rank > 2 (row groups apply to 2-D data)", tuple(data.shape))
@@ -41,8 +43,11 @@ def _check_row_groups(row_groups: object, data: torch.Tensor, argument: str = "Q
     for i, (start, end) in enumerate(groups):
         ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end))
         if not ints or not previous_end <= start <= end <= rows:
-            raise ShapeError(f"{argument}[{i}]", f"ints {previous_end} <= start <= end <= {rows} "
-                             "(sorted, disjoint ranges inside the rows of data)", (start, end))
+            raise ShapeError(
+                f"{argument}[{i}]",
+                f"ints {previous_end} <= start <= end <= {rows} (sorted, disjoint ranges inside the rows of data)",
+                (start, end),
+            )
         previous_end = end
     return groups
 
@@ -95,15 +100,18 @@ class QuantizedTensor:
             object.__setattr__(self, "row_groups", _check_row_groups(self.row_groups, self.data))
         expected = self.scale_shape(tuple(self.data.shape), block, self.row_groups)
         if tuple(self.scale.shape) != expected:
-            raise ShapeError("QuantizedTensor.scale", f"shape {expected} for data {tuple(self.data.shape)} "
-                             f"and block {block}", tuple(self.scale.shape))
+            raise ShapeError(
+                "QuantizedTensor.scale",
+                f"shape {expected} for data {tuple(self.data.shape)} and block {block}",
+                tuple(self.scale.shape),
+            )
         if self.scale.device != self.data.device:
-            raise DeviceError("QuantizedTensor.scale", f"device {self.data.device} (that of data)",
-                              self.scale.device)
+            raise DeviceError("QuantizedTensor.scale", f"device {self.data.device} (that of data)", self.scale.device)
 
     @staticmethod
-    def scale_shape(data_shape: tuple[int, ...], block: tuple[int, int],
-                    row_groups: tuple[tuple[int, int], ...] | None = None) -> tuple[int, ...]:
+    def scale_shape(
+        data_shape: tuple[int, ...], block: tuple[int, int], row_groups: tuple[tuple[int, int], ...] | None = None
+    ) -> tuple[int, ...]:
         """Logical scale shape for ``data_shape`` blocked by ``block`` over its last two dims
         (row blocks restarting at each of ``row_groups`` when given)."""
         *lead, rows, cols = data_shape
@@ -172,8 +180,11 @@ _CPU_CHUNK_ELEMENTS = 1 << 22
 
 def _check_block(block: object, argument: str = "block") -> tuple[int, int]:
     """``block`` as ``(rows, cols)``: exactly two positive ints (no bools, floats or strings)."""
-    valid = (isinstance(block, (tuple, list)) and len(block) == 2
-             and all(hasattr(b, "__index__") and not isinstance(b, bool) for b in block))
+    valid = (
+        isinstance(block, (tuple, list))
+        and len(block) == 2
+        and all(hasattr(b, "__index__") and not isinstance(b, bool) for b in block)
+    )
     if not valid or min(operator.index(b) for b in block) < 1:  # type: ignore[union-attr]
         raise ShapeError(argument, "two positive ints (rows, cols)", repr(block))
     rows, cols = (operator.index(b) for b in block)  # type: ignore[union-attr]
@@ -186,8 +197,14 @@ def _check_block(block: object, argument: str = "block") -> tuple[int, int]:
 ROUNDINGS = ("divide", "reciprocal")
 
 
-def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool = False, *,
-                 rounding: str = "divide", row_groups: RowGroups | None = None) -> QuantizedTensor:
+def quantize_fp8(
+    x: torch.Tensor,
+    block: tuple[int, int] = (1, 128),
+    ue8m0: bool = False,
+    *,
+    rounding: str = "divide",
+    row_groups: RowGroups | None = None,
+) -> QuantizedTensor:
     """Block-scaled fp8 e4m3 quantization of ``x`` over its last two dimensions.
 
     ``x``: float32 / bfloat16 / float16 of rank >= 2, any strides, any device.
@@ -249,13 +266,13 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
     on_cpu = x.device.type == "cpu"
     step = max(1, _CPU_CHUNK_ELEMENTS // max(br * sc * bc, 1) if on_cpu else nblock_rows)
     for i in range(0, nblock_rows, step):
-        chunk = block_rows[i:i + step]
+        chunk = block_rows[i : i + step]
         # max |x| per block as max(max, -min): no |x| temporary, exact in the input dtype.
         amax = torch.maximum(chunk.amax(dim=(1, 3)), chunk.amin(dim=(1, 3)).neg_()).to(torch.float32)
         chunk_scale = amax.clamp_(min=AMAX_FLOOR) / dtypes.FP8_E4M3_MAX
         if ue8m0:
             chunk_scale = ceil_to_ue8m0(chunk_scale)
-        scale_rows[i:i + step] = chunk_scale
+        scale_rows[i : i + step] = chunk_scale
         # |x / scale| <= 448 up to one fp32 rounding, which the round-to-nearest fp8 cast maps to
         # 448: no clamp pass is needed.
         quotient = chunk.to(torch.float32, copy=True)
@@ -263,7 +280,7 @@ def quantize_fp8(x: torch.Tensor, block: tuple[int, int] = (1, 128), ue8m0: bool
             quotient.div_(chunk_scale[:, None, :, None])
         else:
             quotient.mul_(torch.reciprocal(chunk_scale)[:, None, :, None])
-        data_rows[i:i + step].copy_(quotient)
+        data_rows[i : i + step].copy_(quotient)
     if pad_r or pad_c:
         data = data[..., :rows, :cols].contiguous()
     # Blocks of several rows counted from row 0, stated explicitly: a K-grouped call never has to
@@ -298,14 +315,15 @@ def to_tensor_origin(q: QuantizedTensor) -> QuantizedTensor:
     if q.row_groups is None or q.row_groups == ((0, rows),):
         return q
     step = math.gcd(q.block[0], *(s for s, e in q.row_groups if e > s))
-    source = q.scale_rows()[::step]                           # per-group scale row of each new block
+    source = q.scale_rows()[::step]  # per-group scale row of each new block
     padded = torch.cat([q.scale, q.scale.new_ones(1, q.scale.shape[-1])])
     scale = padded.index_select(0, torch.where(source >= 0, source, q.scale.shape[0]).to(q.scale.device))
     return QuantizedTensor(q.data, scale, (step, q.block[1]), q.scale_format, ((0, rows),))
 
 
-def to_group_origin(q: QuantizedTensor, row_groups: RowGroups, block_rows: int | None = None, *,
-                    rounding: str = "divide") -> QuantizedTensor:
+def to_group_origin(
+    q: QuantizedTensor, row_groups: RowGroups, block_rows: int | None = None, *, rounding: str = "divide"
+) -> QuantizedTensor:
     """The operand with row blocks of ``block_rows`` (default ``q.block[0]``) restarting at each of
     ``row_groups`` (DeepGEMM's K-grouped layout, ``block_rows = gran_k``).
 
@@ -324,7 +342,7 @@ def to_group_origin(q: QuantizedTensor, row_groups: RowGroups, block_rows: int |
     picks, exact = [], True
     for start, end in groups:
         for first in range(start, end, br):
-            rows = source[first:min(first + br, end)]
+            rows = source[first : min(first + br, end)]
             exact = exact and bool((rows == rows[0]).all())
             picks.append(int(rows[0]))
     if exact:
@@ -440,7 +458,8 @@ def _exponent_bytes(scale: torch.Tensor, check: bool) -> torch.Tensor:
                 f"scale[{', '.join(map(str, index))}]",
                 "a positive normal power of two (round scales up with ceil_to_ue8m0 or quantize with ue8m0=True)",
                 float(scale[index]),
-                "UE8M0 stores only the exponent byte; DeepGEMM would silently truncate this scale")
+                "UE8M0 stores only the exponent byte; DeepGEMM would silently truncate this scale",
+            )
     return exponent
 
 
@@ -453,7 +472,7 @@ def _pack_bytes(exponent: torch.Tensor, per_word: int, word_dtype: torch.dtype) 
     shifts = torch.arange(per_word, device=exponent.device, dtype=torch.int64) * 8
     value = (padded.reshape(*exponent.shape[:-1], words, per_word) << shifts).sum(-1)
     bits = 8 * per_word
-    value = value - (value >= 2 ** (bits - 1)).to(torch.int64) * 2 ** bits
+    value = value - (value >= 2 ** (bits - 1)).to(torch.int64) * 2**bits
     return value.to(word_dtype)
 
 
@@ -527,6 +546,21 @@ def unpack_ue8m0x2(packed: torch.Tensor, sk: int) -> torch.Tensor:
     return _unpack_bytes(packed, sk, 2, torch.int16, "packed")
 
 
-__all__ = ["AMAX_FLOOR", "QuantizedTensor", "ROUNDINGS", "SCALE_FORMATS", "ceil_to_ue8m0", "dequantize",
-           "from_tma_aligned", "pack_ue8m0", "pack_ue8m0x2", "quantize_fp8", "tma_align_mn_major",
-           "tma_aligned_size", "to_group_origin", "to_tensor_origin", "unpack_ue8m0", "unpack_ue8m0x2"]
+__all__ = [
+    "AMAX_FLOOR",
+    "QuantizedTensor",
+    "ROUNDINGS",
+    "SCALE_FORMATS",
+    "ceil_to_ue8m0",
+    "dequantize",
+    "from_tma_aligned",
+    "pack_ue8m0",
+    "pack_ue8m0x2",
+    "quantize_fp8",
+    "tma_align_mn_major",
+    "tma_aligned_size",
+    "to_group_origin",
+    "to_tensor_origin",
+    "unpack_ue8m0",
+    "unpack_ue8m0x2",
+]

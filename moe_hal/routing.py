@@ -40,9 +40,9 @@ OVERFLOW_POLICIES = ("error", "drop")
 class _CombinePlan:
     """Kept slots in token order, for the fused gather-reduce of ``combine``."""
 
-    slots: torch.Tensor     # int64 [n_kept]: flat slot index t*k + j
-    rows: torch.Tensor      # int64 [n_kept]: row of the (flattened) expert output holding that slot
-    offsets: torch.Tensor   # int64 [T]: first entry of token t in ``slots`` / ``rows``
+    slots: torch.Tensor  # int64 [n_kept]: flat slot index t*k + j
+    rows: torch.Tensor  # int64 [n_kept]: row of the (flattened) expert output holding that slot
+    offsets: torch.Tensor  # int64 [T]: first entry of token t in ``slots`` / ``rows``
 
 
 class _Routed:
@@ -127,13 +127,15 @@ class MaskedDispatch(_Routed):
 
 # -- validation ----------------------------------------------------------------------------------
 
+
 def _check_hidden(hidden: object) -> tuple[torch.Tensor, torch.device]:
     if isinstance(hidden, QuantizedTensor):
         if hidden.data.dim() != 2:
             raise ShapeError("hidden", "a 2-D [T, H] tensor", tuple(hidden.data.shape))
         if hidden.block[0] != 1:
-            raise ShapeError("hidden.block", "(1, cols): per-token scales, so rows can move with their scales",
-                             hidden.block)
+            raise ShapeError(
+                "hidden.block", "(1, cols): per-token scales, so rows can move with their scales", hidden.block
+            )
         return hidden.data, hidden.device
     if not isinstance(hidden, torch.Tensor):
         raise DTypeError("hidden", "a torch.Tensor or moe_hal.QuantizedTensor [T, H]", type(hidden).__name__)
@@ -142,16 +144,20 @@ def _check_hidden(hidden: object) -> tuple[torch.Tensor, torch.device]:
     return hidden, hidden.device
 
 
-def _check_routing(hidden: Hidden, topk_ids: object, num_experts: object,
-                   topk_weights: object) -> tuple[torch.Tensor, int, int, int]:
+def _check_routing(
+    hidden: Hidden, topk_ids: object, num_experts: object, topk_weights: object
+) -> tuple[torch.Tensor, int, int, int]:
     data, device = _check_hidden(hidden)
     if not isinstance(topk_ids, torch.Tensor):
         raise DTypeError("topk_ids", "an int32/int64 tensor [T, k]", type(topk_ids).__name__)
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise DTypeError("topk_ids", "torch.int32 or torch.int64", topk_ids.dtype)
     if topk_ids.dim() != 2 or topk_ids.shape[0] != data.shape[0] or topk_ids.shape[1] < 1:
-        raise ShapeError("topk_ids", f"a 2-D [T, k] tensor with T = {data.shape[0]} (rows of hidden) and k >= 1",
-                         tuple(topk_ids.shape))
+        raise ShapeError(
+            "topk_ids",
+            f"a 2-D [T, k] tensor with T = {data.shape[0]} (rows of hidden) and k >= 1",
+            tuple(topk_ids.shape),
+        )
     if topk_ids.device != device:
         raise DeviceError("topk_ids", f"device {device} (that of hidden)", topk_ids.device)
     if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 0:
@@ -176,11 +182,13 @@ def _check_weights(topk_weights: object, shape: tuple[int, int] | torch.Size, de
 
 def _raise_bad_id(flat: torch.Tensor, k: int, num_experts: int) -> None:
     bad = int(torch.nonzero((flat < -1) | (flat >= num_experts))[0])
-    raise LayoutError(f"topk_ids[{bad // k}, {bad % k}]", f"an expert id in [0, {num_experts}) or -1 (not local)",
-                      int(flat[bad]))
+    raise LayoutError(
+        f"topk_ids[{bad // k}, {bad % k}]", f"an expert id in [0, {num_experts}) or -1 (not local)", int(flat[bad])
+    )
 
 
 # -- shared machinery ----------------------------------------------------------------------------
+
 
 def _sort_slots(flat: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stable sort of the slots by expert id, and a histogram that also validates the ids.
@@ -216,12 +224,17 @@ def _combine_plan(row_of_slot_flat: torch.Tensor, tokens: int, k: int, kept: int
     return _CombinePlan(slots, row_of_slot_flat[slots], offsets)
 
 
-def _resolve_weights(d: Dispatch | MaskedDispatch, topk_weights: torch.Tensor | None,
-                     device: torch.device) -> torch.Tensor:
+def _resolve_weights(
+    d: Dispatch | MaskedDispatch, topk_weights: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
     if topk_weights is None:
         if d.topk_weights is None:
-            raise ArgumentError("topk_weights", "a [T, k] tensor (here or given to dispatch); pass "
-                                "torch.ones_like(topk_ids, dtype=...) for an unweighted sum", None)
+            raise ArgumentError(
+                "topk_weights",
+                "a [T, k] tensor (here or given to dispatch); pass "
+                "torch.ones_like(topk_ids, dtype=...) for an unweighted sum",
+                None,
+            )
         return d.topk_weights
     return _check_weights(topk_weights, d.row_of_slot.shape, device)
 
@@ -242,16 +255,17 @@ def _combine(flat_out: torch.Tensor, d: Dispatch | MaskedDispatch, topk_weights:
     # One fused gather + weighted sum per token (fp32 accumulation on CPU and CUDA); skipped and
     # dropped slots are simply absent from the bag, so garbage in unused rows can never leak in.
     return torch.nn.functional.embedding_bag(
-        plan.rows, flat_out, plan.offsets, mode="sum",
-        per_sample_weights=w.reshape(-1)[plan.slots].to(flat_out.dtype))
+        plan.rows, flat_out, plan.offsets, mode="sum", per_sample_weights=w.reshape(-1)[plan.slots].to(flat_out.dtype)
+    )
 
 
 def _check_out(expert_out: object, shape: tuple[int, ...], what: str, device: torch.device) -> torch.Tensor:
     if not isinstance(expert_out, torch.Tensor):
         raise DTypeError("expert_out", f"a floating-point tensor {what}", type(expert_out).__name__)
     if not expert_out.dtype.is_floating_point or expert_out.dtype.itemsize < 2:
-        raise DTypeError("expert_out", "torch.float32, torch.bfloat16, torch.float16 or torch.float64",
-                         expert_out.dtype)
+        raise DTypeError(
+            "expert_out", "torch.float32, torch.bfloat16, torch.float16 or torch.float64", expert_out.dtype
+        )
     if expert_out.dim() != len(shape) + 1 or tuple(expert_out.shape[:-1]) != shape:
         raise ShapeError("expert_out", f"{what} with leading dims {shape}", tuple(expert_out.shape))
     if expert_out.device != device:
@@ -261,8 +275,14 @@ def _check_out(expert_out: object, shape: tuple[int, ...], what: str, device: to
 
 # -- public API ----------------------------------------------------------------------------------
 
-def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment: int = 128,
-             topk_weights: torch.Tensor | None = None) -> Dispatch:
+
+def dispatch(
+    hidden: Hidden,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    alignment: int = 128,
+    topk_weights: torch.Tensor | None = None,
+) -> Dispatch:
     """Group the routed copies of the tokens by expert into the contiguous M-grouped layout.
 
     ``hidden``: ``[T, H]`` tensor of any dtype, or a :class:`QuantizedTensor` with ``block = (1, c)``
@@ -286,10 +306,10 @@ def dispatch(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, alignment
     # Skipped slots sort first; the next ``kept`` sorted slots are the routed ones, expert-major,
     # and the i-th of them lands on row i + (start[g] - first routed index of g). Both maps are
     # scatters with unique indices (deterministic on every device).
-    routed = order[skipped:skipped + kept]
+    routed = order[skipped : skipped + kept]
     first_routed = torch.tensor([0] + counts, dtype=torch.int64).cumsum(0)[:num_experts]
     shift = (torch.tensor(layout.starts, dtype=torch.int64) - first_routed).to(device)
-    dest = torch.arange(kept, device=device) + shift[key_sorted[skipped:skipped + kept]]
+    dest = torch.arange(kept, device=device) + shift[key_sorted[skipped : skipped + kept]]
     row_of_slot = torch.full_like(flat, -1).scatter_(0, routed, dest)
     slot_of_row = torch.full((layout.num_rows,), -1, dtype=torch.int64, device=device).scatter_(0, dest, routed)
 
@@ -314,8 +334,14 @@ def combine(expert_out: torch.Tensor, d: Dispatch, topk_weights: torch.Tensor | 
     return _combine(out, d, topk_weights)
 
 
-def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, max_m: int,
-                    overflow: str = "error", topk_weights: torch.Tensor | None = None) -> MaskedDispatch:
+def dispatch_masked(
+    hidden: Hidden,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    max_m: int,
+    overflow: str = "error",
+    topk_weights: torch.Tensor | None = None,
+) -> MaskedDispatch:
     """Group the routed copies of the tokens by expert into the masked layout ``a[G, max_m, H]``.
 
     Arguments as in :func:`dispatch`; ``max_m`` is the per-expert capacity. Row ``m`` of ``a[g]``
@@ -337,16 +363,19 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
     over = [g for g, c in enumerate(counts_host) if c > max_m]
     if over and overflow == "error":
         g = over[0]
-        raise CapacityError(f"expert {g}", f"at most max_m = {max_m} routed slots", counts_host[g],
-                            f"{len(over)} expert(s) over capacity; pass overflow='drop' to keep the first "
-                            f"{max_m} of each")
+        raise CapacityError(
+            f"expert {g}",
+            f"at most max_m = {max_m} routed slots",
+            counts_host[g],
+            f"{len(over)} expert(s) over capacity; pass overflow='drop' to keep the first {max_m} of each",
+        )
     routed_total = sum(counts_host)
     kept = sum(min(c, max_m) for c in counts_host)
 
     # As in dispatch, the routed slots follow the skipped ones in expert-major order; the m-th slot
     # of expert g goes to row g * max_m + m if m < max_m, else it is dropped.
-    routed = order[skipped:skipped + routed_total]
-    expert = key_sorted[skipped:skipped + routed_total]
+    routed = order[skipped : skipped + routed_total]
+    expert = key_sorted[skipped : skipped + routed_total]
     counts = bins[2:-1]
     first_routed = torch.cumsum(counts, 0) - counts
     rank = torch.arange(routed_total, device=device) - first_routed[expert]
@@ -355,7 +384,7 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
 
     masked_m = counts.clamp(max=max_m).to(torch.int32)
     m = torch.arange(max_m, device=device)
-    filled = m[None, :] < masked_m[:, None]                           # [G, max_m]
+    filled = m[None, :] < masked_m[:, None]  # [G, max_m]
     if routed_total:
         position = (first_routed[:, None] + m[None, :]).clamp_(max=routed_total - 1)
         slot_of_row = torch.where(filled, routed[position], -1)
@@ -367,13 +396,13 @@ def dispatch_masked(hidden: Hidden, topk_ids: torch.Tensor, num_experts: int, ma
     empty_rows = torch.nonzero_static(~filled, size=num_experts * max_m - kept).flatten()
     filled_rows = torch.nonzero_static(filled, size=kept).flatten()
     a = _reshape_rows(take_rows(hidden, source_token, empty_rows, filled_rows), (num_experts, max_m))
-    layout = MaskedLayout(masked_m, max_m, check=False)    # in range by construction
-    return MaskedDispatch(a, layout, routed_total - kept, row_of_slot.view(tokens, k), slot_of_row, topk_weights,
-                          kept)
+    layout = MaskedLayout(masked_m, max_m, check=False)  # in range by construction
+    return MaskedDispatch(a, layout, routed_total - kept, row_of_slot.view(tokens, k), slot_of_row, topk_weights, kept)
 
 
-def combine_masked(expert_out: torch.Tensor, md: MaskedDispatch,
-                   topk_weights: torch.Tensor | None = None) -> torch.Tensor:
+def combine_masked(
+    expert_out: torch.Tensor, md: MaskedDispatch, topk_weights: torch.Tensor | None = None
+) -> torch.Tensor:
     """:func:`combine` for the masked layout: ``expert_out`` is ``[G, max_m, N]``; rows past
     ``masked_m`` (never written by a masked GEMM) are never read. Returns ``[T, N]``. No host sync."""
     if not isinstance(md, MaskedDispatch):
@@ -383,5 +412,12 @@ def combine_masked(expert_out: torch.Tensor, md: MaskedDispatch,
     return _combine(out.reshape(shape[0] * shape[1], out.shape[-1]), md, topk_weights)
 
 
-__all__ = ["Dispatch", "MaskedDispatch", "OVERFLOW_POLICIES", "combine", "combine_masked", "dispatch",
-           "dispatch_masked"]
+__all__ = [
+    "Dispatch",
+    "MaskedDispatch",
+    "OVERFLOW_POLICIES",
+    "combine",
+    "combine_masked",
+    "dispatch",
+    "dispatch_masked",
+]

@@ -74,10 +74,25 @@ class Selection:
         return render(self.problem, self.device, self.candidates, self.name, self.ranked, self.how)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"selected": self.name, "how": self.how, "mode": self.mode, "device": self.device.label,
-                "hw_id": self.device.hw_id, "problem": self.problem, "ranked": list(self.ranked),
-                "candidates": [{"name": c.name, "eligible": c.eligible, "mode": c.mode, "path": c.path,
-                                "reasons": [r.as_dict() for r in c.reasons]} for c in self.candidates]}
+        return {
+            "selected": self.name,
+            "how": self.how,
+            "mode": self.mode,
+            "device": self.device.label,
+            "hw_id": self.device.hw_id,
+            "problem": self.problem,
+            "ranked": list(self.ranked),
+            "candidates": [
+                {
+                    "name": c.name,
+                    "eligible": c.eligible,
+                    "mode": c.mode,
+                    "path": c.path,
+                    "reasons": [r.as_dict() for r in c.reasons],
+                }
+                for c in self.candidates
+            ],
+        }
 
     def __repr__(self) -> str:
         return f"<Selection {self.name} ({self.how}) for {self.problem} on {self.device.label}>"
@@ -161,12 +176,15 @@ def select(problem: Problem, backend: Preference = None) -> Selection:
         cand = by_name.get(name)
         if cand is None:
             known = sorted(n for n, c in by_name.items() if c.spec is not None)
-            raise BackendUnavailableError(name, [Reason("unknown_backend", "no installed plugin provides this "
-                                                        "backend", set(known), name)],
-                                          render(problem.summary(), device, candidates, None, [], how))
+            raise BackendUnavailableError(
+                name,
+                [Reason("unknown_backend", "no installed plugin provides this backend", set(known), name)],
+                render(problem.summary(), device, candidates, None, [], how),
+            )
         if not cand.eligible:
-            raise BackendUnavailableError(name, cand.reasons,
-                                          render(problem.summary(), device, candidates, None, [], how))
+            raise BackendUnavailableError(
+                name, cand.reasons, render(problem.summary(), device, candidates, None, [], how)
+            )
         ranked = [name]
     elif how == "preference":
         unknown = [n for n in names if n not in by_name]
@@ -178,8 +196,17 @@ def select(problem: Problem, backend: Preference = None) -> Selection:
     else:
         ranked = [c.name for c in sorted((c for c in candidates if c.eligible), key=_rank)]
     if not ranked:
-        raise NoBackendError(render(problem.summary(), device, candidates, None, [], how,
-                                    considered=list(names) if how == "preference" else None))
+        raise NoBackendError(
+            render(
+                problem.summary(),
+                device,
+                candidates,
+                None,
+                [],
+                how,
+                considered=list(names) if how == "preference" else None,
+            )
+        )
     chosen, err = host.backend(ranked[0])
     assert chosen is not None, err  # eligible backends were instantiated during evaluation
     selection = Selection(chosen, device, problem.summary(), candidates, ranked, how)
@@ -190,8 +217,9 @@ def select(problem: Problem, backend: Preference = None) -> Selection:
     return selection
 
 
-def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, disabled: frozenset[str],
-             named: set[str]) -> list[Candidate]:
+def evaluate(
+    problem: Problem, device: DeviceInfo, host: plugins.PluginHost, disabled: frozenset[str], named: set[str]
+) -> list[Candidate]:
     """Every known backend and failed plugin with the full list of reasons it cannot run ``problem``."""
     out = []
     for name in sorted(host.specs):
@@ -214,14 +242,18 @@ def evaluate(problem: Problem, device: DeviceInfo, host: plugins.PluginHost, dis
     for record in host.plugins.values():
         for failure in record.failures:
             if failure.phase in ("load", "validate", "register_backends", "conflict"):
-                cand = Candidate(f"plugin:{record.name}", None, [Reason(
-                    "plugin_failed" if failure.phase != "conflict" else "plugin_conflict", str(failure))])
+                cand = Candidate(
+                    f"plugin:{record.name}",
+                    None,
+                    [Reason("plugin_failed" if failure.phase != "conflict" else "plugin_conflict", str(failure))],
+                )
                 out.append(cand)
     return out
 
 
-def _probe_candidate(cand: Candidate, inst: Backend, problem: Problem, device: DeviceInfo,
-                     host: plugins.PluginHost, named: set[str]) -> None:
+def _probe_candidate(
+    cand: Candidate, inst: Backend, problem: Problem, device: DeviceInfo, host: plugins.PluginHost, named: set[str]
+) -> None:
     cand.reasons.extend(device_reasons(inst, device, host, always_probe=cand.name in named))
     if cand.reasons:
         return
@@ -256,8 +288,10 @@ _PROBES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "is_available": _REASON_LIST,
     "check_device": _REASON_LIST,
     "unsupported": _REASON_LIST,
-    "execution_mode": (lambda v: v in (Backend.NATIVE, Backend.INTERPRETED, Backend.EMULATED),
-                       f"one of {Backend.NATIVE!r}, {Backend.INTERPRETED!r}, {Backend.EMULATED!r}"),
+    "execution_mode": (
+        lambda v: v in (Backend.NATIVE, Backend.INTERPRETED, Backend.EMULATED),
+        f"one of {Backend.NATIVE!r}, {Backend.INTERPRETED!r}, {Backend.EMULATED!r}",
+    ),
     "auto_select_reason": (lambda v: v is None or isinstance(v, Reason), "None or a moe_hal.Reason"),
     "describe_path": (lambda v: isinstance(v, str), "a string"),
 }
@@ -291,8 +325,9 @@ def _shown(value: Any) -> str:
 _availability: dict[str, list[Reason]] = {}
 
 
-def device_reasons(inst: Backend, device: DeviceInfo, host: plugins.PluginHost,
-                   always_probe: bool = False) -> list[Reason]:
+def device_reasons(
+    inst: Backend, device: DeviceInfo, host: plugins.PluginHost, always_probe: bool = False
+) -> list[Reason]:
     """Why ``inst`` cannot run on ``device`` at all: the device check first (so a backend for
     another device type is not asked whether its software stack loads, which may be slow, unless
     ``always_probe``: the caller named it and wants every reason), then
@@ -322,21 +357,33 @@ def _warn_if_slow(selection: Selection) -> None:
     path change: ``explain()`` shows it with its priority, and there is no warning."""
     spec = selection.backend.spec
     dev = selection.device.type
-    optimized = [c for c in selection.candidates
-                 if c.spec is not None and c.spec.tier == "optimized" and dev in c.spec.device_types]
+    optimized = [
+        c
+        for c in selection.candidates
+        if c.spec is not None and c.spec.tier == "optimized" and dev in c.spec.device_types
+    ]
     if spec.tier == "fallback" and any(c.eligible for c in optimized):
         return
     unable = sorted(c.name for c in optimized if not c.eligible)
     if spec.tier == "reference" or (spec.tier == "fallback" and unable):
         why = f"; optimized backends for {dev} ({', '.join(unable)}) cannot run it" if unable else ""
-        warn_once(("selected", spec.name, selection.problem, dev),
-                  f"moe_hal selected the {spec.tier} backend {spec.name!r} for {selection.problem} "
-                  f"on {selection.device.label}{why}. Call moe_hal.select(...).explain() for the reasons.")
+        warn_once(
+            ("selected", spec.name, selection.problem, dev),
+            f"moe_hal selected the {spec.tier} backend {spec.name!r} for {selection.problem} "
+            f"on {selection.device.label}{why}. Call moe_hal.select(...).explain() for the reasons.",
+        )
 
 
 # -- rendering ---------------------------------------------------------------------------------------
-def render(problem: str, device: DeviceInfo, candidates: list[Candidate], chosen: str | None,
-           ranked: list[str], how: str, considered: list[str] | None = None) -> str:
+def render(
+    problem: str,
+    device: DeviceInfo,
+    candidates: list[Candidate],
+    chosen: str | None,
+    ranked: list[str],
+    how: str,
+    considered: list[str] | None = None,
+) -> str:
     """Plain-text explanation used by ``explain()`` and by selection errors."""
     lines = [f"call: {problem}", f"device: {device.label}"]
     by_name = {c.name: c for c in candidates}
@@ -349,8 +396,12 @@ def render(problem: str, device: DeviceInfo, candidates: list[Candidate], chosen
             lines.append(f"  path: {c.path}")
         others = ranked[1:]
         if others:
-            lines.append("also eligible, ranked lower: " + ", ".join(
-                f"{name} ({by_name[name].spec.tier}, priority {by_name[name].spec.priority})" for name in others))
+            lines.append(
+                "also eligible, ranked lower: "
+                + ", ".join(
+                    f"{name} ({by_name[name].spec.tier}, priority {by_name[name].spec.priority})" for name in others
+                )
+            )
     elif considered:
         lines.append("considered (MOE_HAL_BACKEND / backend= preference): " + ", ".join(considered))
     rejected = [c for c in candidates if not c.eligible]

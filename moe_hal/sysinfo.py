@@ -45,7 +45,7 @@ def versions() -> dict[str, str]:
     the plugins declare, when the plugins could be discovered)."""
     try:
         _, packages = plugin_declarations()
-    except MoeHalError:          # reported by problems(); the core's versions still matter
+    except MoeHalError:  # reported by problems(); the core's versions still matter
         packages = {}
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for dist in (*CORE_PACKAGES, *sorted(packages)):
@@ -62,10 +62,16 @@ def machine() -> dict[str, Any]:
 
     from .hwdb.matching import cpu_model
 
-    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch_interop_threads": torch.get_num_interop_threads(),
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-            "mkl": bool(torch.backends.mkl.is_available()), "openmp": bool(torch.backends.openmp.is_available())}
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "mkl": bool(torch.backends.mkl.is_available()),
+        "openmp": bool(torch.backends.openmp.is_available()),
+    }
 
 
 def facts() -> dict[str, str]:
@@ -113,11 +119,10 @@ def devices() -> list[dict[str, Any]]:
     for dev in visible_devices():
         try:
             info = device_info(dev)
-        except MoeHalError as exc:   # a malformed MOE_HAL_HWDB file, a bad variable: show the device anyway
+        except MoeHalError as exc:  # a malformed MOE_HAL_HWDB file, a bad variable: show the device anyway
             out.append({"device": str(dev), "hw_id": None, "seen": f"(not recognised: {exc})", "features": []})
             continue
-        out.append({"device": str(dev), "hw_id": info.hw_id, "seen": info.seen,
-                    "features": sorted(info.features)})
+        out.append({"device": str(dev), "hw_id": info.hw_id, "seen": info.seen, "features": sorted(info.features)})
     return out
 
 
@@ -165,11 +170,21 @@ def backends() -> list[dict[str, Any]]:
     out = []
     for name in sorted(host.specs):
         spec = host.specs[name]
-        entry = {"name": name, "vendor": spec.vendor, "tier": spec.tier, "priority": spec.priority,
-                 "plugin": spec.plugin, "distribution": spec.distribution, "version": spec.version,
-                 "device_types": list(spec.device_types), "requires": sorted(spec.requires),
-                 "description": spec.description, "deterministic": spec.deterministic,
-                 "graph_capturable": spec.graph_capturable, "devices": {}}
+        entry = {
+            "name": name,
+            "vendor": spec.vendor,
+            "tier": spec.tier,
+            "priority": spec.priority,
+            "plugin": spec.plugin,
+            "distribution": spec.distribution,
+            "version": spec.version,
+            "device_types": list(spec.device_types),
+            "requires": sorted(spec.requires),
+            "description": spec.description,
+            "deterministic": spec.deterministic,
+            "graph_capturable": spec.graph_capturable,
+            "devices": {},
+        }
         inst, err = (None, None) if host.spec_reasons.get(name) else host.backend(name)
         for dev in devs:
             reasons = list(host.spec_reasons.get(name, []))
@@ -189,8 +204,11 @@ def backends() -> list[dict[str, Any]]:
                     reasons.append(failed.reason)
                 except HardwareDBError as exc:
                     reasons.append(Reason("hardware_db_error", str(exc)))
-            entry["devices"][str(dev)] = {"available": not reasons, "mode": mode,
-                                          "reasons": [r.as_dict() for r in reasons]}
+            entry["devices"][str(dev)] = {
+                "available": not reasons,
+                "mode": mode,
+                "reasons": [r.as_dict() for r in reasons],
+            }
         out.append(entry)
     return out
 
@@ -227,8 +245,10 @@ def problems() -> list[str]:
     host = _plugins.host()
     failures = host.failures() if host.loaded else []
     if strict and failures:
-        found.append(f"{len(failures)} plugin failure(s) while MOE_HAL_STRICT_PLUGINS is set (every call "
-                     "raises PluginError): " + "; ".join(map(str, failures)))
+        found.append(
+            f"{len(failures)} plugin failure(s) while MOE_HAL_STRICT_PLUGINS is set (every call "
+            "raises PluginError): " + "; ".join(map(str, failures))
+        )
     return found
 
 
@@ -238,17 +258,24 @@ def snapshot() -> dict[str, Any]:
     from . import plugins as _plugins
 
     try:
-        _plugins.host().ensure_loaded(strict=False)   # show the failures strict mode would raise for
+        _plugins.host().ensure_loaded(strict=False)  # show the failures strict mode would raise for
     except MoeHalError:
-        pass                                        # e.g. MOE_HAL_TRACE_PLUGINS unparsable: in problems()
+        pass  # e.g. MOE_HAL_TRACE_PLUGINS unparsable: in problems()
 
     def guarded(section, default):
         try:
             return section()
-        except MoeHalError:                         # reported by problems()
+        except MoeHalError:  # reported by problems()
             return default
 
     backend_rows = guarded(backends, [])  # first: probing backends may record plugin failures
-    return {"versions": versions(), "machine": machine(), "facts": guarded(facts, {}),
-            "devices": guarded(devices, []), "plugins": guarded(plugins, []), "backends": backend_rows,
-            "env": guarded(env_vars, {}), "problems": problems()}
+    return {
+        "versions": versions(),
+        "machine": machine(),
+        "facts": guarded(facts, {}),
+        "devices": guarded(devices, []),
+        "plugins": guarded(plugins, []),
+        "backends": backend_rows,
+        "env": guarded(env_vars, {}),
+        "problems": problems(),
+    }

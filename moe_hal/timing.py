@@ -56,8 +56,16 @@ class Timing:
         return asdict(self)
 
 
-def time_calls(calls: Callable[[], Any] | Sequence[Callable[[], Any]], device: Any, *, warmup: int, reps: int,
-               flush_bytes: int = 0, budget_s: float | None = None, events: bool = True) -> Timing:
+def time_calls(
+    calls: Callable[[], Any] | Sequence[Callable[[], Any]],
+    device: Any,
+    *,
+    warmup: int,
+    reps: int,
+    flush_bytes: int = 0,
+    budget_s: float | None = None,
+    events: bool = True,
+) -> Timing:
     """Time a call: ``calls`` is one callable, or several run round-robin (one per rotating input
     set, so no set is still in cache when it comes back).
 
@@ -123,8 +131,9 @@ def wall_seconds(fn: Callable[[], Any], device: Any, *, warmup: int, repeat: int
     return interleaved_wall_seconds({"fn": fn}, device, warmup=warmup, repeat=repeat)["fn"]
 
 
-def interleaved_wall_seconds(fns: Mapping[str, Callable[[], Any]], device: Any, *, warmup: int,
-                             repeat: int) -> dict[str, list[float]]:
+def interleaved_wall_seconds(
+    fns: Mapping[str, Callable[[], Any]], device: Any, *, warmup: int, repeat: int
+) -> dict[str, list[float]]:
     """Wall time of each call of each function: ``repeat`` rounds that run every function once in
     turn, so that all of them see the same machine load (a shared host drifts between rounds)."""
     for fn in fns.values():
@@ -141,8 +150,9 @@ def interleaved_wall_seconds(fns: Mapping[str, Callable[[], Any]], device: Any, 
     return times
 
 
-def host_seconds_per_call(fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int,
-                          clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+def host_seconds_per_call(
+    fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, float]:
     """Median host seconds per call of each function, without synchronising: every round times
     ``iters`` back-to-back calls of each function in turn (what a launch-overhead benchmark
     measures). ``max(3, iters // 10)`` warm-up calls each first. ``clock``: wall time by default;
@@ -181,6 +191,7 @@ class Timer:
 
     def __call__(self, fn: Callable[[], Any], budget_s: float = 2.0) -> dict[str, float]:
         """``{"median": s, "min": s, "host": s, "reps": n}`` of ``fn`` (see :class:`Timing`)."""
-        t = time_calls(fn, self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes,
-                       budget_s=budget_s)
+        t = time_calls(
+            fn, self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes, budget_s=budget_s
+        )
         return {"median": t.median, "min": t.min, "host": t.host, "reps": t.reps}

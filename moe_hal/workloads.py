@@ -15,8 +15,40 @@ from .checks import group_counts, positive_int
 from .errors import ArgumentError
 
 #: The 32-expert routing histogram of DeepGEMM issue #211 (seed ``000``): 8048 rows, 25 active.
-SEED_COUNTS: tuple[int, ...] = (4, 1026, 1799, 166, 694, 753, 0, 16, 0, 240, 1119, 19, 6, 0, 46, 659,
-                                10, 0, 112, 808, 181, 0, 28, 22, 90, 0, 176, 0, 37, 5, 10, 22)
+SEED_COUNTS: tuple[int, ...] = (
+    4,
+    1026,
+    1799,
+    166,
+    694,
+    753,
+    0,
+    16,
+    0,
+    240,
+    1119,
+    19,
+    6,
+    0,
+    46,
+    659,
+    10,
+    0,
+    112,
+    808,
+    181,
+    0,
+    28,
+    22,
+    90,
+    0,
+    176,
+    0,
+    37,
+    5,
+    10,
+    22,
+)
 
 
 DISTRIBUTIONS = ("uniform", "balanced", "zipf:A", "seed")

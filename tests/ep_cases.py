@@ -30,16 +30,26 @@ H, N = 32, 16
 class Problem:
     """A global routing problem and rank ``rank``'s block of it."""
 
-    x: torch.Tensor          # [T, H]
-    ids: torch.Tensor        # [T, k]
-    w: torch.Tensor          # [T, k] routing weights
-    experts: torch.Tensor    # [E, N, H]
+    x: torch.Tensor  # [T, H]
+    ids: torch.Tensor  # [T, k]
+    w: torch.Tensor  # [T, k] routing weights
+    experts: torch.Tensor  # [E, N, H]
     lo: int
     hi: int
 
 
-def make(seed: int, rank: int, tokens: list[int], E: int, k: int, *, ints: bool = True,
-         dtype: torch.dtype = torch.float32, skip: float = 0.0, ids: torch.Tensor | None = None) -> Problem:
+def make(
+    seed: int,
+    rank: int,
+    tokens: list[int],
+    E: int,
+    k: int,
+    *,
+    ints: bool = True,
+    dtype: torch.dtype = torch.float32,
+    skip: float = 0.0,
+    ids: torch.Tensor | None = None,
+) -> Problem:
     g = torch.Generator().manual_seed(seed)
     T = sum(tokens)
     if ints:
@@ -49,9 +59,9 @@ def make(seed: int, rank: int, tokens: list[int], E: int, k: int, *, ints: bool 
     else:
         x = torch.randn(T, H, generator=g).to(dtype)
         w = torch.rand(T, k, generator=g)
-        experts = (torch.randn(E, N, H, generator=g) / H ** 0.5).to(dtype)
+        experts = (torch.randn(E, N, H, generator=g) / H**0.5).to(dtype)
     if ids is None:
-        ids = torch.rand(T, E, generator=g).argsort(1)[:, :k]      # k distinct experts per token
+        ids = torch.rand(T, E, generator=g).argsort(1)[:, :k]  # k distinct experts per token
         ids = torch.where(torch.rand(T, k, generator=g) < skip, -1, ids)
     lo = sum(tokens[:rank])
     return Problem(x, ids, w, experts, lo, lo + tokens[rank])
@@ -92,12 +102,20 @@ def _probe_rows(y: torch.Tensor, lo: int) -> torch.Tensor:
     return (t % 3 - 1).float()
 
 
-def run_ep(p: Problem, g: ep.EPGroup, mode: str = "exact", alignment: int = 8, capacity: int | None = None,
-           grads: bool = True, gemm=None, **kw):
-    x = p.x[p.lo:p.hi].clone().requires_grad_(grads)
-    w = p.w[p.lo:p.hi].clone().requires_grad_(grads)
+def run_ep(
+    p: Problem,
+    g: ep.EPGroup,
+    mode: str = "exact",
+    alignment: int = 8,
+    capacity: int | None = None,
+    grads: bool = True,
+    gemm=None,
+    **kw,
+):
+    x = p.x[p.lo : p.hi].clone().requires_grad_(grads)
+    w = p.w[p.lo : p.hi].clone().requires_grad_(grads)
     local = p.experts[list(g.local_experts)].clone().requires_grad_(grads)
-    d = ep.dispatch(x, p.ids[p.lo:p.hi], w, g, mode=mode, alignment=alignment, capacity=capacity, **kw)
+    d = ep.dispatch(x, p.ids[p.lo : p.hi], w, g, mode=mode, alignment=alignment, capacity=capacity, **kw)
     out = (gemm or (expert_gemm if grads else moe_hal.grouped_gemm))(d.a, local, d.layout)
     y = ep.combine(out, d)
     if grads:
@@ -106,21 +124,36 @@ def run_ep(p: Problem, g: ep.EPGroup, mode: str = "exact", alignment: int = 8, c
     return d, y, None, None, None
 
 
-def check(p: Problem, g: ep.EPGroup, E: int, exact: bool = True, mode: str = "exact", alignment: int = 8,
-          capacity: int | None = None, grads: bool = True, atol: float = 1e-5, rtol: float = 1e-5):
+def check(
+    p: Problem,
+    g: ep.EPGroup,
+    E: int,
+    exact: bool = True,
+    mode: str = "exact",
+    alignment: int = 8,
+    capacity: int | None = None,
+    grads: bool = True,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+):
     """Forward and gradients of x, expert weights and topk_weights against the single process."""
     ref_y, ref_gx, ref_gw, ref_ge = single_process(p, E, alignment, grads)
     d, y, gx, gw, ge = run_ep(p, g, mode, alignment, capacity, grads)
-    pairs = [("y", y, ref_y[p.lo:p.hi])]
+    pairs = [("y", y, ref_y[p.lo : p.hi])]
     if grads:
-        pairs += [("grad x", gx, ref_gx[p.lo:p.hi]), ("grad topk_weights", gw, ref_gw[p.lo:p.hi]),
-                  ("grad experts", ge, ref_ge[list(g.local_experts)])]
+        pairs += [
+            ("grad x", gx, ref_gx[p.lo : p.hi]),
+            ("grad topk_weights", gw, ref_gw[p.lo : p.hi]),
+            ("grad experts", ge, ref_ge[list(g.local_experts)]),
+        ]
     for name, got, want in pairs:
         if got is None and name == "grad experts" and not want.any():
-            got = torch.zeros_like(want)     # no row reached these experts: the GEMM may leave them out
+            got = torch.zeros_like(want)  # no row reached these experts: the GEMM may leave them out
         assert got.shape == want.shape and got.dtype == want.dtype, (name, got.shape, want.shape, got.dtype, want.dtype)
         if exact:
-            assert torch.equal(got, want), f"{name}: not bit-identical, max diff {(got.float() - want.float()).abs().max()}"
+            assert torch.equal(got, want), (
+                f"{name}: not bit-identical, max diff {(got.float() - want.float()).abs().max()}"
+            )
         else:
             torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m, n=name: f"{n}: {m}")
     return d
@@ -138,10 +171,10 @@ def segments_match(d: ep.EPDispatch, p: Problem, g: ep.EPGroup, E: int, alignmen
         assert s % alignment == 0, (s, alignment)
         rs = ref.layout.starts[e]
         assert n == ref.layout.counts_list[e], (e, n, ref.layout.counts_list[e])
-        assert torch.equal(a[s:s + n], ra[rs:rs + n]), f"segment of expert {e} differs"
+        assert torch.equal(a[s : s + n], ra[rs : rs + n]), f"segment of expert {e} differs"
         if isinstance(d.a, moe_hal.QuantizedTensor):
-            assert torch.equal(d.a.scale[s:s + n], ref.a.scale[rs:rs + n])
-        covered[s:s + n] = True
+            assert torch.equal(d.a.scale[s : s + n], ref.a.scale[rs : rs + n])
+        covered[s : s + n] = True
     assert not a[~covered].any(), "padding rows are not zero"
 
 
@@ -150,7 +183,7 @@ def _expected_overflow(p: Problem, g: ep.EPGroup, tokens: list[int], capacity: i
     first = None
     for s in range(len(tokens)):
         lo = sum(tokens[:s])
-        block = p.ids[lo:lo + tokens[s]].reshape(-1)
+        block = p.ids[lo : lo + tokens[s]].reshape(-1)
         for e in range(g.num_experts):
             c = int((block == e).sum())
             if c > capacity and first is None:
@@ -159,17 +192,32 @@ def _expected_overflow(p: Problem, g: ep.EPGroup, tokens: list[int], capacity: i
 
 
 def _max_pair_count(p: Problem, g: ep.EPGroup, tokens: list[int]) -> int:
-    counts = [int((p.ids[sum(tokens[:s]):sum(tokens[:s + 1])] == e).sum())
-              for s in range(len(tokens)) for e in range(g.num_experts)]
+    counts = [
+        int((p.ids[sum(tokens[:s]) : sum(tokens[: s + 1])] == e).sum())
+        for s in range(len(tokens))
+        for e in range(g.num_experts)
+    ]
     return max(counts)
 
 
 class NoHostSync(TorchFunctionMode):
     """Fails on every operation that reads device values on the host or sizes an output from them."""
 
-    SYNCS: typing.ClassVar = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__, torch.Tensor.__int__,
-             torch.Tensor.__float__, torch.Tensor.__index__, torch.nonzero, torch.Tensor.nonzero, torch.argwhere,
-             torch.masked_select, torch.Tensor.masked_select, torch.unique, torch.bincount}
+    SYNCS: typing.ClassVar = {
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+        torch.nonzero,
+        torch.Tensor.nonzero,
+        torch.argwhere,
+        torch.masked_select,
+        torch.Tensor.masked_select,
+        torch.unique,
+        torch.bincount,
+    }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -186,9 +234,10 @@ class NoHostSync(TorchFunctionMode):
 
 # -- the cases -----------------------------------------------------------------------------------
 
+
 def cases(rank: int, world: int) -> dict:
     W = world
-    E = 2 * W + 1                                  # uneven default blocks
+    E = 2 * W + 1  # uneven default blocks
     tok = [7 + 3 * r for r in range(W)]
     g = ep.EPGroup(None, E)
 
@@ -196,7 +245,7 @@ def cases(rank: int, world: int) -> dict:
         p = make(1, rank, tok, E, 3, skip=0.2)
         d = check(p, g, E)
         segments_match(d, p, g, E, 8)
-        check(p, g, E, grads=False)                   # forward through moe_hal.grouped_gemm
+        check(p, g, E, grads=False)  # forward through moe_hal.grouped_gemm
         check(p, g, E, grads=False, mode="capacity", capacity=_max_pair_count(p, g, tok))
 
     def exact_float_fp32_deterministic():
@@ -224,12 +273,12 @@ def cases(rank: int, world: int) -> dict:
 
     def exact_all_minus_one_on_a_rank():
         p = make(6, rank, tok, E, 3)
-        p.ids[: tok[0]] = -1                          # rank 0 routes nothing
-        p.ids[tok[0]] = -1                            # a token of rank 1 with no expert
+        p.ids[: tok[0]] = -1  # rank 0 routes nothing
+        p.ids[tok[0]] = -1  # a token of rank 1 with no expert
         check(p, g, E)
 
     def exact_topk_greater_than_local():
-        g1 = ep.EPGroup(None, W)                      # one expert per rank
+        g1 = ep.EPGroup(None, W)  # one expert per rank
         k = min(W, 3)
         check(make(7, rank, tok, W, k), g1, W)
 
@@ -240,7 +289,7 @@ def cases(rank: int, world: int) -> dict:
             segments_match(d, p, g, E, alignment)
 
     def exact_uneven_placement():
-        placement = [(e * 7 + 3) % (W - 1) + 1 for e in range(E)]   # rank 0 holds nothing
+        placement = [(e * 7 + 3) % (W - 1) + 1 for e in range(E)]  # rank 0 holds nothing
         gu = ep.EPGroup(None, E, placement=placement)
         assert gu.num_local_experts == (0 if rank == 0 else gu.num_local_experts)
         check(make(9, rank, tok, E, 3, skip=0.1), gu, E)
@@ -253,12 +302,12 @@ def cases(rank: int, world: int) -> dict:
         qx = quantize_fp8(p.x)
         qe = quantize_fp8(p.experts, block=(128, 128))
         local = moe_hal.QuantizedTensor(qe.data[list(g.local_experts)], qe.scale[list(g.local_experts)], qe.block)
-        mine = moe_hal.QuantizedTensor(qx.data[p.lo:p.hi], qx.scale[p.lo:p.hi], qx.block)
-        d = ep.dispatch(mine, p.ids[p.lo:p.hi], p.w[p.lo:p.hi], g, alignment=128)
+        mine = moe_hal.QuantizedTensor(qx.data[p.lo : p.hi], qx.scale[p.lo : p.hi], qx.block)
+        d = ep.dispatch(mine, p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, alignment=128)
         segments_match(d, Problem(qx, p.ids, p.w, p.experts, p.lo, p.hi), g, E, 128)
         y = ep.combine(moe_hal.grouped_gemm(d.a, local, d.layout), d)
         ref = routing.dispatch(qx, p.ids, E, alignment=128, topk_weights=p.w)
-        ref_y = routing.combine(moe_hal.grouped_gemm(ref.a, qe, ref.layout), ref)[p.lo:p.hi]
+        ref_y = routing.combine(moe_hal.grouped_gemm(ref.a, qe, ref.layout), ref)[p.lo : p.hi]
         torch.testing.assert_close(y.float(), ref_y.float(), atol=2e-2, rtol=2e-2)
 
     def capacity_exactly_full():
@@ -294,19 +343,19 @@ def cases(rank: int, world: int) -> dict:
         dropped = 0
         for s in range(W):
             lo = sum(tok[:s])
-            block = ids[lo:lo + tok[s]].view(-1)
+            block = ids[lo : lo + tok[s]].view(-1)
             for e in range(E):
                 hits = (block == e).nonzero().flatten()[cap:]
                 block[hits] = -1
                 dropped += len(hits) if s == rank else 0
         assert d.dropped.item() == dropped > 0, (d.dropped, dropped)
         ref_y = single_process(Problem(p.x, ids, p.w, p.experts, p.lo, p.hi), E, grads=False)[0]
-        assert torch.equal(y, ref_y[p.lo:p.hi])
+        assert torch.equal(y, ref_y[p.lo : p.hi])
 
     def capacity_no_host_sync():
         p = make(14, rank, tok, E, 3, skip=0.2)
         cap = _max_pair_count(p, g, tok)
-        x, ids, w = p.x[p.lo:p.hi], p.ids[p.lo:p.hi], p.w[p.lo:p.hi]
+        x, ids, w = p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi]
         local = p.experts[list(g.local_experts)]
         with NoHostSync():
             try:
@@ -320,7 +369,7 @@ def cases(rank: int, world: int) -> dict:
             d2 = ep.dispatch(x, ids, w, g, mode="capacity", capacity=1, overflow="drop")
             ep.combine(expert_gemm(d2.a, local, d2.layout), d2)
         ref_y = single_process(p, E, grads=False)[0]
-        assert torch.equal(y, ref_y[p.lo:p.hi])
+        assert torch.equal(y, ref_y[p.lo : p.hi])
 
     def capacity_grads_float():
         p = make(15, rank, tok, E, 3, ints=False, skip=0.1)
@@ -339,41 +388,42 @@ def cases(rank: int, world: int) -> dict:
     def capacity_fp8():
         p = make(18, rank, tok, E, 2, ints=False)
         qx = quantize_fp8(p.x)
-        mine = moe_hal.QuantizedTensor(qx.data[p.lo:p.hi], qx.scale[p.lo:p.hi], qx.block)
-        d = ep.dispatch(mine, p.ids[p.lo:p.hi], p.w[p.lo:p.hi], g, mode="capacity",
-                        capacity=_max_pair_count(p, g, tok))
+        mine = moe_hal.QuantizedTensor(qx.data[p.lo : p.hi], qx.scale[p.lo : p.hi], qx.block)
+        d = ep.dispatch(
+            mine, p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode="capacity", capacity=_max_pair_count(p, g, tok)
+        )
         ref = routing.dispatch(qx, p.ids, E, alignment=1)
         for lo_, e in enumerate(g.local_experts):
             n = int(d.layout.masked_m[lo_])
             rs = ref.layout.starts[e]
-            assert torch.equal(d.a.data[lo_, :n].view(torch.uint8), ref.a.data[rs:rs + n].view(torch.uint8))
-            assert torch.equal(d.a.scale[lo_, :n], ref.a.scale[rs:rs + n])
+            assert torch.equal(d.a.data[lo_, :n].view(torch.uint8), ref.a.data[rs : rs + n].view(torch.uint8))
+            assert torch.equal(d.a.scale[lo_, :n], ref.a.scale[rs : rs + n])
             assert (d.a.scale[lo_, n:] == 1).all() and not d.a.data[lo_, n:].view(torch.uint8).any()
 
     def broken_rank_fails_everywhere():
         for mode, cap in (("exact", None), ("capacity", 64)):
             for kind in ("bad id", "bad shape"):
                 p = make(19, rank, tok, E, 2)
-                x, ids = p.x[p.lo:p.hi], p.ids[p.lo:p.hi].clone()
+                x, ids = p.x[p.lo : p.hi], p.ids[p.lo : p.hi].clone()
                 bad = rank == W - 1
                 if bad and kind == "bad id":
                     ids[0, 0] = E + 5
                 if bad and kind == "bad shape":
                     x = x[:, :, None]
                 try:
-                    ep.dispatch(x, ids, p.w[p.lo:p.hi], g, mode=mode, capacity=cap)
+                    ep.dispatch(x, ids, p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
                 except (LayoutError, ShapeError) as exc:
                     assert bad, f"{mode}/{kind}: healthy rank raised {exc!r}"
                 except PeerRankError as exc:
                     assert not bad and exc.ranks == [W - 1], (mode, kind, exc.ranks)
                 else:
                     raise AssertionError(f"{mode}/{kind}: rank {rank} did not fail")
-        check(make(20, rank, tok, E, 2), g, E)      # the group still works afterwards
+        check(make(20, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def nn_moe_with_ep_group():
         from moe_hal.nn import GroupedExperts, MoE, TopKRouter
 
-        torch.manual_seed(21)                          # identical modules on every rank
+        torch.manual_seed(21)  # identical modules on every rank
         router = TopKRouter(H, E, 3)
         full = GroupedExperts(E, H, 8)
         local = GroupedExperts(g.num_local_experts, H, 8)
@@ -381,7 +431,7 @@ def cases(rank: int, world: int) -> dict:
             local.w13.copy_(full.w13[list(g.local_experts)])
             local.w2.copy_(full.w2[list(g.local_experts)])
         x = torch.randn(sum(tok), H, generator=torch.Generator().manual_seed(22))
-        lo, hi = sum(tok[:rank]), sum(tok[:rank + 1])
+        lo, hi = sum(tok[:rank]), sum(tok[: rank + 1])
         for layout in ("contiguous", "masked"):
             want_x = x.clone().requires_grad_()
             want = MoE(router, full, layout="contiguous")(want_x)
@@ -413,17 +463,35 @@ def cases(rank: int, world: int) -> dict:
 
 
 def run_cases(rank: int, world: int) -> dict:
-    os.environ["MOE_HAL_PLUGINS"] = ""           # the core alone; test plugins are not under test here
+    os.environ["MOE_HAL_PLUGINS"] = ""  # the core alone; test plugins are not under test here
     torch.manual_seed(0)
     return cases(rank, world)
 
 
-CASES = ["exact_int_fp32", "exact_float_fp32_deterministic", "exact_skew_one_expert", "exact_skew_one_rank",
-         "exact_empty_ranks", "exact_all_minus_one_on_a_rank", "exact_topk_greater_than_local", "exact_alignments",
-         "exact_uneven_placement", "exact_bf16", "exact_fp8", "capacity_exactly_full",
-         "capacity_full_plus_one_raises", "capacity_drop_reports", "capacity_no_host_sync", "capacity_grads_float",
-         "capacity_empty_ranks_topk_gt_local", "capacity_bf16", "capacity_fp8", "broken_rank_fails_everywhere",
-         "nn_moe_with_ep_group", "select_explains"]
+CASES = [
+    "exact_int_fp32",
+    "exact_float_fp32_deterministic",
+    "exact_skew_one_expert",
+    "exact_skew_one_rank",
+    "exact_empty_ranks",
+    "exact_all_minus_one_on_a_rank",
+    "exact_topk_greater_than_local",
+    "exact_alignments",
+    "exact_uneven_placement",
+    "exact_bf16",
+    "exact_fp8",
+    "capacity_exactly_full",
+    "capacity_full_plus_one_raises",
+    "capacity_drop_reports",
+    "capacity_no_host_sync",
+    "capacity_grads_float",
+    "capacity_empty_ranks_topk_gt_local",
+    "capacity_bf16",
+    "capacity_fp8",
+    "broken_rank_fails_everywhere",
+    "nn_moe_with_ep_group",
+    "select_explains",
+]
 
 
 def crash_on_one_rank(rank: int, world: int) -> None:

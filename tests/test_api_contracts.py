@@ -21,7 +21,7 @@ def oracle_contiguous(a, b, starts, counts, num_rows):
     a64, b64 = a.double(), b.double()
     out = torch.zeros(num_rows, b.shape[1], dtype=torch.float64)
     for g, (s, c) in enumerate(zip(starts, counts)):
-        out[s:s + c] = a64[s:s + c] @ b64[g].T
+        out[s : s + c] = a64[s : s + c] @ b64[g].T
     return out
 
 
@@ -32,7 +32,7 @@ def assert_matches(out, ref64, k):
     if out.dtype == torch.float32:
         torch.testing.assert_close(got, ref64, rtol=1e-5, atol=1e-5 * math.sqrt(max(k, 1)))
     else:
-        eps = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}[out.dtype]
+        eps = {torch.bfloat16: 2**-8, torch.float16: 2**-11}[out.dtype]
         torch.testing.assert_close(got, ref, rtol=2 * eps, atol=2 * eps * math.sqrt(max(k, 1)))
         assert calc_diff(got, ref64) < 1e-5
 
@@ -48,8 +48,9 @@ def expected_layout(counts, alignment):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("counts,alignment", [([5, 0, 17, 1, 0, 9], 8), ([3, 0, 4], 128), ([2, 7, 1], 1),
-                                              ([0, 0, 0], 4)])
+@pytest.mark.parametrize(
+    "counts,alignment", [([5, 0, 17, 1, 0, 9], 8), ([3, 0, 4], 128), ([2, 7, 1], 1), ([0, 0, 0], 4)]
+)
 def test_contiguous_writes_every_row_and_zeroes_padding(backend, dtype, counts, alignment, gen):
     lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
     starts, num_rows = expected_layout(counts, alignment)
@@ -58,7 +59,7 @@ def test_contiguous_writes_every_row_and_zeroes_padding(backend, dtype, counts, 
     a = randn(gen, num_rows, k, dtype=dtype)
     valid = torch.zeros(num_rows, dtype=torch.bool)
     for s, c in zip(starts, counts):
-        valid[s:s + c] = True
+        valid[s : s + c] = True
     a[~valid] = float("nan")  # garbage in padding rows must not reach the output
     b = randn(gen, len(counts), n, k, dtype=dtype)
     out = torch.full((num_rows, n), 7.0, dtype=dtype)
@@ -137,7 +138,7 @@ def test_k_grouped_adds_c(backend, dtype, with_c, counts, alignment, gen):
     dy = randn(gen, t, n, dtype=dtype)
     valid = torch.zeros(t, dtype=torch.bool)
     for s, c in zip(starts, counts):
-        valid[s:s + c] = True
+        valid[s : s + c] = True
     x[~valid] = float("nan")  # tokens of no group must not contribute
     c = randn(gen, len(counts), m, n, dtype=dtype) if with_c else None
     out = moe_hal.grouped_gemm(x, dy, lay, c=c, backend=backend)
@@ -145,7 +146,7 @@ def test_k_grouped_adds_c(backend, dtype, with_c, counts, alignment, gen):
     if c is not None:
         ref += c.double()
     for g, (s, cnt) in enumerate(zip(starts, counts)):
-        ref[g] += x[s:s + cnt].double().T @ dy[s:s + cnt].double()
+        ref[g] += x[s : s + cnt].double().T @ dy[s : s + cnt].double()
     assert out.shape == (len(counts), m, n) and out.dtype == dtype
     assert_matches(out, ref, max(counts + [1]))
 
@@ -180,7 +181,7 @@ def test_fp8_block_scaled_contiguous_matches_dequantized_oracle(backend, ue8m0, 
     valid = lay.m_indices() >= 0
     assert torch.equal(out[~valid], torch.zeros_like(out[~valid]))
     assert calc_diff(out[valid], ref[valid]) < 1e-5
-    torch.testing.assert_close(out[valid].double(), ref[valid], rtol=2 ** -7, atol=2 ** -7 * math.sqrt(k))
+    torch.testing.assert_close(out[valid].double(), ref[valid], rtol=2**-7, atol=2**-7 * math.sqrt(k))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -200,17 +201,20 @@ def test_odd_sizes_and_strides(backend, gen):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_degenerate_dimensions(backend, gen):
     lay = moe_hal.ContiguousLayout.from_counts([2, 3], alignment=1)
-    assert torch.equal(moe_hal.grouped_gemm(torch.empty(5, 0), torch.empty(2, 4, 0), lay, backend=backend),
-                       torch.zeros(5, 4))
+    assert torch.equal(
+        moe_hal.grouped_gemm(torch.empty(5, 0), torch.empty(2, 4, 0), lay, backend=backend), torch.zeros(5, 4)
+    )
     empty = moe_hal.ContiguousLayout.from_counts([], alignment=1, num_rows=3)
-    assert torch.equal(moe_hal.grouped_gemm(randn(gen, 3, 4), torch.empty(0, 2, 4), empty, backend=backend),
-                       torch.zeros(3, 2))
+    assert torch.equal(
+        moe_hal.grouped_gemm(randn(gen, 3, 4), torch.empty(0, 2, 4), empty, backend=backend), torch.zeros(3, 2)
+    )
     zero_rows = moe_hal.ContiguousLayout.from_counts([0, 0], alignment=1)
     assert moe_hal.grouped_gemm(torch.empty(0, 4), randn(gen, 2, 3, 4), zero_rows, backend=backend).shape == (0, 3)
     klay = moe_hal.KGroupedLayout.from_counts([0, 0])
     c = randn(gen, 2, 3, 4)
-    torch.testing.assert_close(moe_hal.grouped_gemm(torch.empty(0, 3), torch.empty(0, 4), klay, c=c,
-                                                    backend=backend), c)
+    torch.testing.assert_close(
+        moe_hal.grouped_gemm(torch.empty(0, 3), torch.empty(0, 4), klay, c=c, backend=backend), c
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -36,7 +36,7 @@ def test_gradcheck_contiguous(gen, case, transposed_b):
     lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment, num_rows=num_rows)
     a = randn(gen, lay.num_rows, 5, dtype=f64).requires_grad_()
     if transposed_b:
-        b = randn(gen, len(counts), 5, 3, dtype=f64).requires_grad_()       # [G, K, N] stored
+        b = randn(gen, len(counts), 5, 3, dtype=f64).requires_grad_()  # [G, K, N] stored
         fn = lambda a, b: _ref(a, b.transpose(1, 2), lay)
     else:
         b = randn(gen, len(counts), 3, 5, dtype=f64).requires_grad_()
@@ -72,7 +72,7 @@ def test_rows_of_no_group_and_empty_groups_get_exact_zero_gradients(gen):
     a = randn(gen, 12, 8).requires_grad_()
     b = randn(gen, 3, 6, 8).requires_grad_()
     y = moe_hal.grouped_gemm(a, b, lay)
-    y.backward(randn(gen, *y.shape))                  # nonzero gradient on every row, padding included
+    y.backward(randn(gen, *y.shape))  # nonzero gradient on every row, padding included
     assert bool((b.grad[1] == 0).all())
     assert bool((a.grad[lay.gap_rows_on("cpu")] == 0).all())
     mlay = moe_hal.MaskedLayout(torch.tensor([2, 0, 3], dtype=torch.int32), 4)
@@ -103,7 +103,7 @@ def test_zero_stride_incoming_gradient(gen):
     lay = moe_hal.ContiguousLayout.from_counts([3, 1, 4], alignment=2)
     a = randn(gen, lay.num_rows, 8).requires_grad_()
     b = randn(gen, 3, 6, 8).requires_grad_()
-    moe_hal.grouped_gemm(a, b, lay).sum().backward()          # grad is ones expanded: stride (0, 0)
+    moe_hal.grouped_gemm(a, b, lay).sum().backward()  # grad is ones expanded: stride (0, 0)
     expected = torch.autograd.grad(moe_hal.grouped_gemm(a, b, lay), (a, b), torch.ones(lay.num_rows, 6))
     assert torch.equal(a.grad, expected[0]) and torch.equal(b.grad, expected[1])
     klay = moe_hal.KGroupedLayout.from_counts([3, 1, 4])

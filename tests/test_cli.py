@@ -11,14 +11,17 @@ from moe_hal.cli import SUBCOMMANDS, build_parser, main
 SMALL = ["--tokens", "96", "--n", "48", "--k", "160", "--repeat", "1", "--conformance", "none"]
 
 
-@pytest.mark.parametrize("extra", [
-    [],
-    ["--dtype", "fp32", "--dist", "uniform", "--experts", "8", "--alignment", "16"],
-    ["--dtype", "fp8", "--dist", "zipf:1.2", "--experts", "8", "--k", "256"],
-    ["--op", "masked", "--dtype", "fp16", "--experts", "8", "--dist", "uniform"],
-    ["--op", "k_grouped", "--dtype", "bf16", "--experts", "8", "--dist", "zipf:0.8", "--alignment", "1"],
-    ["--backend", "reference", "--experts", "8", "--dist", "uniform", "--topk", "2"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [],
+        ["--dtype", "fp32", "--dist", "uniform", "--experts", "8", "--alignment", "16"],
+        ["--dtype", "fp8", "--dist", "zipf:1.2", "--experts", "8", "--k", "256"],
+        ["--op", "masked", "--dtype", "fp16", "--experts", "8", "--dist", "uniform"],
+        ["--op", "k_grouped", "--dtype", "bf16", "--experts", "8", "--dist", "zipf:0.8", "--alignment", "1"],
+        ["--backend", "reference", "--experts", "8", "--dist", "uniform", "--topk", "2"],
+    ],
+)
 def test_main_job_verifies_against_the_reference(extra, tmp_path, capsys):
     out = tmp_path / "run.json"
     assert main(["run", *SMALL, *extra, "--out", str(out)]) == 0

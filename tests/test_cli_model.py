@@ -25,8 +25,10 @@ def run(argv, capsys):
 def test_seed_question_json_on_the_peak_figures(capsys):
     # --no-achieved: the tile + wave model on the DB's peak and bandwidth alone (the ideal, not the
     # expected time), whose numbers the reference computes by hand
-    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json",
-                      "--no-achieved"], capsys)
+    rc, out, _ = run(
+        ["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json", "--no-achieved"],
+        capsys,
+    )
     assert rc == 0
     report = json.loads(out)
     ranked = report["ranked"]
@@ -56,8 +58,9 @@ def test_default_histogram_is_the_seed_and_table_output(capsys):
 
 
 def test_seed_question_with_achieved_efficiency_uses_one_basis(capsys):
-    rc, out, _ = run(["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"],
-                     capsys)
+    rc, out, _ = run(
+        ["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"], capsys
+    )
     assert rc == 0
     report = json.loads(out)
     best = report["ranked"][0]
@@ -72,8 +75,22 @@ def test_seed_question_with_achieved_efficiency_uses_one_basis(capsys):
 
 
 def test_memory_bound_decode_answer(capsys):
-    rc, out, _ = run(["--op", "masked", "--counts", ",".join(["8"] * 32), "--max-m", "128", "--dtype", "fp8",
-                      "--tiles", "64x128,128x128", "--json"], capsys)
+    rc, out, _ = run(
+        [
+            "--op",
+            "masked",
+            "--counts",
+            ",".join(["8"] * 32),
+            "--max-m",
+            "128",
+            "--dtype",
+            "fp8",
+            "--tiles",
+            "64x128,128x128",
+            "--json",
+        ],
+        capsys,
+    )
     assert rc == 0
     report = json.loads(out)
     assert report["answer"]["free"] is True
@@ -91,14 +108,17 @@ def test_dist_and_k_grouped(capsys):
     assert rc == 0 and report["problem"]["k"] is None and report["ranked"][0]["m"] == 4096
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--dist", "uniform"], "--tokens"),
-    (["--counts", "1,x"], "--counts"),
-    (["--tiles", "64by128"], "--tiles"),
-    (["--dtype", "fp64"], "dtype"),
-    (["--hw", "no-such-gpu"], "hw"),
-    (["--op", "masked", "--counts", "5,300", "--max-m", "256"], "counts[1]"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--dist", "uniform"], "--tokens"),
+        (["--counts", "1,x"], "--counts"),
+        (["--tiles", "64by128"], "--tiles"),
+        (["--dtype", "fp64"], "dtype"),
+        (["--hw", "no-such-gpu"], "hw"),
+        (["--op", "masked", "--counts", "5,300", "--max-m", "256"], "counts[1]"),
+    ],
+)
 def test_bad_input_exits_2_with_a_message(argv, needle, capsys):
     rc, _, err = run(argv, capsys)
     assert rc == 2 and needle in err
@@ -126,9 +146,22 @@ def test_plot_labels_say_what_is_drawn(tmp_path, capsys):
     assert rc == 0 and "N=4096, K=7168" in labels["title"] and "vs the plain roofline" in labels["title"]
     assert len(labels["candidates"]) == 3 and len(set(labels["candidates"])) == 3  # one label per tile
     assert "M_g (rows)" in labels["panels"][0]
-    rc, out, _ = run(["--op", "k_grouped", "--m", "1536", "--n", "2048", "--counts", "300,0,700",
-                      "--plot", str(tmp_path / "k.png"), "--json"], capsys)
+    rc, out, _ = run(
+        [
+            "--op",
+            "k_grouped",
+            "--m",
+            "1536",
+            "--n",
+            "2048",
+            "--counts",
+            "300,0,700",
+            "--plot",
+            str(tmp_path / "k.png"),
+            "--json",
+        ],
+        capsys,
+    )
     labels = json.loads(out)["plot_labels"]
     assert rc == 0 and "M=1536, N=2048" in labels["title"] and "K=None" not in labels["title"]
     assert "K_g (tokens)" in labels["panels"][0] and "M_g" not in labels["panels"][0]
-

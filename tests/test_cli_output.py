@@ -18,8 +18,12 @@ def test_square_brackets_in_data_survive_tables():
 
     from rich.console import Console
 
-    t = render.table("t", ("case [path]", "reason"),
-                     [("gemm/x [direct]", "[hw_feature_missing] pip install moe-hal-ascend[npu]")], key=("case [path]",))
+    t = render.table(
+        "t",
+        ("case [path]", "reason"),
+        [("gemm/x [direct]", "[hw_feature_missing] pip install moe-hal-ascend[npu]")],
+        key=("case [path]",),
+    )
     buf = StringIO()
     Console(file=buf, width=200).print(t)
     out = buf.getvalue()
@@ -143,8 +147,15 @@ def test_a_low_priority_plugin_does_not_trigger_a_contradicting_warning(fresh_pl
 
     monkeypatch.setenv("MOE_HAL_PLUGINS", "")
     host = fresh_plugins().ensure_loaded()
-    low = moe_hal.BackendSpec("lowprio", "test", ("cpu",), "optimized", -10,
-                              "moe_hal.builtin.torch_grouped_mm:TorchBackend", host.specs["torch"].signatures)
+    low = moe_hal.BackendSpec(
+        "lowprio",
+        "test",
+        ("cpu",),
+        "optimized",
+        -10,
+        "moe_hal.builtin.torch_grouped_mm:TorchBackend",
+        host.specs["torch"].signatures,
+    )
     host.specs["lowprio"] = low
     moe_hal.clear_cache()
     a, b = torch.randn(6, 8, generator=gen), torch.randn(2, 4, 8, generator=gen)
@@ -160,8 +171,21 @@ def test_a_low_priority_plugin_does_not_trigger_a_contradicting_warning(fresh_pl
 def test_conformant_with_waivers_lists_the_waived_and_now_passing_cases(tmp_path, capsys):
     manifest = tmp_path / "xfails.yaml"
     manifest.write_text('entries:\n  - id: "layout_indices/*"\n    kind: bug\n    reason: "believed broken"\n')
-    rc = main(["conformance", "run", "--backend", "reference", "--tier", "smoke", "--case", "layout_indices/*",
-               "--manifest", str(manifest), "--no-progress"])
+    rc = main(
+        [
+            "conformance",
+            "run",
+            "--backend",
+            "reference",
+            "--tier",
+            "smoke",
+            "--case",
+            "layout_indices/*",
+            "--manifest",
+            str(manifest),
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "conformant with waivers" in out
     assert "reference: waived cases:" in out and "now passes: remove its waiver" in out

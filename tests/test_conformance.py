@@ -18,8 +18,40 @@ from moe_hal.conformance.tolerances import compare as compare_values
 from moe_hal.errors import ConformanceError
 
 # DeepGEMM issue #211 (seeds/000), copied from the issue text.
-SEED_HISTOGRAM = [4, 1026, 1799, 166, 694, 753, 0, 16, 0, 240, 1119, 19, 6, 0, 46, 659, 10, 0, 112, 808, 181, 0,
-                  28, 22, 90, 0, 176, 0, 37, 5, 10, 22]
+SEED_HISTOGRAM = [
+    4,
+    1026,
+    1799,
+    166,
+    694,
+    753,
+    0,
+    16,
+    0,
+    240,
+    1119,
+    19,
+    6,
+    0,
+    46,
+    659,
+    10,
+    0,
+    112,
+    808,
+    181,
+    0,
+    28,
+    22,
+    90,
+    0,
+    176,
+    0,
+    37,
+    5,
+    10,
+    22,
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +61,14 @@ def the_suite():
 
 # -- oracle ---------------------------------------------------------------------------------------------
 
+
 def test_e4m3_codes_by_hand():
     # 1.0 = 2^(7-7) * (1 + 0/8): exponent field 7, mantissa 0 -> 0b0_0111_000 = 0x38.
     assert oracle.e4m3_decode(np.array([0x38]))[0] == 1.0
     # 448 = 2^(15-7) * (1 + 6/8): 0b0_1111_110 = 0x7E; 0x7F is NaN; 0x01 is the smallest subnormal 2^-9.
     assert oracle.e4m3_decode(np.array([0x7E]))[0] == 448.0
     assert math.isnan(oracle.e4m3_decode(np.array([0x7F]))[0])
-    assert oracle.e4m3_decode(np.array([0x01]))[0] == 2.0 ** -9
+    assert oracle.e4m3_decode(np.array([0x01]))[0] == 2.0**-9
     x = np.array([1.0, 1.0625, 1.1875, -0.0, 3.0e-3, 448.0, -448.0], dtype=np.float32)
     # 1.0625 lies half-way between 1.0 (0x38) and 1.125 (0x39): ties go to the even code 0x38.
     # 1.1875 lies half-way between 1.125 (0x39) and 1.25 (0x3A): the even code is 0x3A.
@@ -50,7 +83,7 @@ def test_quantize_by_hand():
     assert codes.tolist() == [[0x7E, 0x76, 0x00, 0xFE]]
     # UE8M0: 2/448 = 0.004464... rounds up to 2^-7 = 0.0078125; 2 / 2^-7 = 256 = 2^8 -> 0b0_1111_000 = 0x78.
     codes, scale = oracle.quantize(np.array([[2.0, 1.0, 0.0, -2.0]], np.float32), (1, 4), ue8m0=True)
-    assert scale.tolist() == [[2.0 ** -7]]
+    assert scale.tolist() == [[2.0**-7]]
     assert codes.tolist() == [[0x78, 0x70, 0x00, 0xF8]]
     # An all-zero block gets the amax floor: scale 1e-4 / 448.
     _, scale = oracle.quantize(np.zeros((1, 3), np.float32), (1, 4), ue8m0=False)
@@ -66,12 +99,12 @@ def test_contiguous_oracle_by_hand():
 
 
 def test_masked_and_k_grouped_oracles_by_hand():
-    a = np.arange(12, dtype=np.float64).reshape(2, 3, 2)       # G=2, max_m=3, K=2
+    a = np.arange(12, dtype=np.float64).reshape(2, 3, 2)  # G=2, max_m=3, K=2
     b = np.ones((2, 1, 2))
     out = oracle.masked(a, b, [2, 0])
     assert out[0, :, 0].tolist() == [1.0, 5.0, 0.0] and not out[1].any()
     # K-grouped: tokens 0-1 form group 0, token 2 is a gap (alignment 2 puts group 1 at 4), tokens 4 group 1.
-    a = np.array([[1.0], [2.0], [50.0], [60.0], [3.0]])        # T=5, M=1
+    a = np.array([[1.0], [2.0], [50.0], [60.0], [3.0]])  # T=5, M=1
     bb = np.array([[1.0, 0.0], [1.0, 1.0], [7.0, 7.0], [8.0, 8.0], [2.0, 2.0]])  # N=2
     out = oracle.k_grouped(a, bb, [2, 1], alignment=4, c=np.full((2, 1, 2), 10.0))
     assert out.tolist() == [[[13.0, 12.0]], [[16.0, 16.0]]]
@@ -85,10 +118,10 @@ def test_layout_oracles_by_hand():
     scale = np.array([[1.0, 2.0, 0.5, 8.0, 4.0]], np.float32)
     span, shape, strides = oracle.pack_ue8m0(scale)
     assert shape == (1, 2) and strides == (1, 4)
-    assert span.tolist() == [0x827E807F - 2 ** 32, 0, 0, 0, 0x81]
+    assert span.tolist() == [0x827E807F - 2**32, 0, 0, 0, 0x81]
     span, shape, strides = oracle.pack_ue8m0x2(scale)
     # Two bytes per int16: 0x807F and 0x827E are negative as int16.
-    assert strides == (1, 1) and span.tolist() == [0x807F - 2 ** 16, 0x827E - 2 ** 16, 0x81]
+    assert strides == (1, 1) and span.tolist() == [0x807F - 2**16, 0x827E - 2**16, 0x81]
 
 
 def test_dispatch_oracle_by_hand():
@@ -103,6 +136,7 @@ def test_dispatch_oracle_by_hand():
 
 
 # -- generator -------------------------------------------------------------------------------------------
+
 
 def test_splitmix64_matches_its_published_output():
     # SplitMix64 from state 0: the first output is 0xE220A8397B1DCDAF (Vigna's reference code).
@@ -130,8 +164,20 @@ def test_seed_histogram_cases_are_the_seed_scaled_down(the_suite):
 
 def test_manifest_covers_the_required_edges(the_suite):
     tags = {t for c in the_suite.cases for t in c.tags}
-    assert {"seed_histogram", "all_to_one", "empty_groups", "single_token", "unaligned_m", "edge_k", "edge_n",
-            "masked_zero_rows", "masked_full", "with_c", "zero_blocks", "outliers"} <= tags
+    assert {
+        "seed_histogram",
+        "all_to_one",
+        "empty_groups",
+        "single_token",
+        "unaligned_m",
+        "edge_k",
+        "edge_n",
+        "masked_zero_rows",
+        "masked_full",
+        "with_c",
+        "zero_blocks",
+        "outliers",
+    } <= tags
     assert 30 <= len(the_suite.select(["full"])) <= 60
     assert 8 <= len(the_suite.select(["smoke"])) <= 12
     ops = {c.op for c in the_suite.cases}
@@ -148,6 +194,7 @@ def test_stored_fp8_cases_have_different_scales_per_k_block(the_suite):
 
 # -- tolerances --------------------------------------------------------------------------------------------
 
+
 def test_calc_diff_by_hand():
     x = torch.tensor([1.0, 2.0])
     assert calc_diff(x, x) == 0.0
@@ -157,15 +204,16 @@ def test_calc_diff_by_hand():
 
 
 def test_elementwise_bound_and_caps():
-    cls = ToleranceClass("t", rtol=0.01, atol=0.1, acc_eps=0.0, acc_factor=0.0, calc_diff=1.0,
-                         mismatch_fraction=0.25, gross_factor=10.0)
+    cls = ToleranceClass(
+        "t", rtol=0.01, atol=0.1, acc_eps=0.0, acc_factor=0.0, calc_diff=1.0, mismatch_fraction=0.25, gross_factor=10.0
+    )
     ref = torch.tensor([10.0, 10.0, 10.0, 10.0])
     mag = torch.zeros(4)
     # bound = 0.1 + 0.01 * 10 = 0.2 per element.
     ok = compare_values(ref + torch.tensor([0.2, 0.0, 0.0, 0.0]), ref, mag, 1, cls)
     assert ok.ok and ok.metrics["mismatches"] == 0
     one = compare_values(ref + torch.tensor([0.3, 0.0, 0.0, 0.0]), ref, mag, 1, cls)
-    assert one.ok and one.metrics["mismatches"] == 1          # 1 of 4 allowed (fraction 0.25)
+    assert one.ok and one.metrics["mismatches"] == 1  # 1 of 4 allowed (fraction 0.25)
     two = compare_values(ref + torch.tensor([0.3, 0.3, 0.0, 0.0]), ref, mag, 1, cls)
     assert not two.ok and "2 of 4 elements outside" in two.message
     gross = compare_values(ref + torch.tensor([2.5, 0.0, 0.0, 0.0]), ref, mag, 1, cls)
@@ -173,8 +221,9 @@ def test_elementwise_bound_and_caps():
 
 
 def test_accumulation_term_scales_with_sqrt_k_and_magnitude():
-    cls = ToleranceClass("t", rtol=0.0, atol=0.0, acc_eps=1e-3, acc_factor=2.0, calc_diff=1.0,
-                         mismatch_fraction=0.0, gross_factor=10.0)
+    cls = ToleranceClass(
+        "t", rtol=0.0, atol=0.0, acc_eps=1e-3, acc_factor=2.0, calc_diff=1.0, mismatch_fraction=0.0, gross_factor=10.0
+    )
     # 2 * sqrt(16) * 1e-3 * 5 = 0.04
     assert float(cls.bound(torch.tensor([0.0]), torch.tensor([5.0]), 16)[0]) == pytest.approx(0.04)
 
@@ -194,10 +243,11 @@ def test_manifest_tolerance_classes_follow_the_documented_floors(the_suite):
     assert classes["bf16_bf16"]["rtol"] == 1.6e-2 and classes["fp16_fp16"]["rtol"] == 1e-3
     assert classes["fp32_fp32"]["rtol"] == 1.3e-6
     assert classes["bf16_bf16"]["calc_diff"] == 1e-5 and classes["fp8_bf16"]["calc_diff"] == 1e-3
-    assert classes["fp32_fp32"]["acc_eps"] == 2.0 ** -24 and classes["fp8_bf16"]["acc_eps"] == 2.0 ** -14
+    assert classes["fp32_fp32"]["acc_eps"] == 2.0**-24 and classes["fp8_bf16"]["acc_eps"] == 2.0**-14
 
 
 # -- checks ------------------------------------------------------------------------------------------------
+
 
 def test_sentinel_checks_use_exact_bits():
     out = checks.fill_sentinel(torch.empty(2, 3, dtype=torch.bfloat16), 0x7FA5)
@@ -220,6 +270,7 @@ def test_exact_bytes_names_the_first_difference():
 
 
 # -- manifest and waivers -----------------------------------------------------------------------------------
+
 
 def test_manifest_validation_rejects_bad_entries(the_suite):
     raw = copy.deepcopy(the_suite.raw)
@@ -257,10 +308,12 @@ def test_waivers_turn_failures_into_xfail_and_report_stale_entries(tmp_path):
     import tests.test_conformance_wrong_backends as wrong
 
     manifest = tmp_path / "xfails.yaml"
-    manifest.write_text("entries:\n"
-                        "  - {id: 'masked/bf16/mixed@1', kind: bug, reason: 'writes one row too many'}\n"
-                        "  - {id: 'masked/bf16/all_full@1', kind: bug, reason: 'it is not actually failing'}\n"
-                        "  - {id: 'no/such/case@1', kind: bug, reason: 'stale'}\n")
+    manifest.write_text(
+        "entries:\n"
+        "  - {id: 'masked/bf16/mixed@1', kind: bug, reason: 'writes one row too many'}\n"
+        "  - {id: 'masked/bf16/all_full@1', kind: bug, reason: 'it is not actually failing'}\n"
+        "  - {id: 'no/such/case@1', kind: bug, reason: 'stale'}\n"
+    )
     backend = wrong.WritesPastMaskedM(wrong._spec("past_masked_m"))
     cases = ["masked/bf16/mixed@1", "masked/bf16/all_full@1"]
     rep = session.run(backend, ["full"], cases=cases, manifests=[str(manifest)], use_plugin_manifests=False)
@@ -269,8 +322,9 @@ def test_waivers_turn_failures_into_xfail_and_report_stale_entries(tmp_path):
     assert status == {"masked/bf16/mixed@1": "xfail", "masked/bf16/all_full@1": "xpass"}
     assert run["summary"]["verdict"] == "conformant with waivers"
     assert [w["id"] for w in run["waivers"]["stale"]] == ["no/such/case@1"]
-    strict = session.run(backend, ["full"], cases=cases, manifests=[str(manifest)], strict=True,
-                         use_plugin_manifests=False)
+    strict = session.run(
+        backend, ["full"], cases=cases, manifests=[str(manifest)], strict=True, use_plugin_manifests=False
+    )
     assert strict["runs"][0]["summary"]["verdict"] == "non-conformant"
     assert report.verify(rep) == [] and report.verify(strict) == []
 
@@ -295,6 +349,7 @@ def test_unknown_backend_is_unavailable_not_conformant():
 
 
 # -- reports ------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def smoke_report():

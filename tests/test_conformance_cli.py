@@ -24,8 +24,18 @@ def reports(tmp_path_factory):
     paths = {}
     for backend in ("reference", "fake_vendor"):
         report, junit = out / f"{backend}.json", out / f"{backend}.xml"
-        rc = _run("run", "--backend", backend, "--tier", "smoke", "--report", str(report), "--junit", str(junit),
-                  "--no-progress")
+        rc = _run(
+            "run",
+            "--backend",
+            backend,
+            "--tier",
+            "smoke",
+            "--report",
+            str(report),
+            "--junit",
+            str(junit),
+            "--no-progress",
+        )
         paths[backend] = (rc, report, junit)
     return paths
 
@@ -82,8 +92,9 @@ def test_list_and_errors(capsys):
 
 
 def test_sweep_tier_runs_generated_cases(capsys):
-    assert _run("run", "--backend", "reference", "--tier", "sweep", "--sweep-count", "6", "--json",
-                "--no-progress") == 0
+    assert (
+        _run("run", "--backend", "reference", "--tier", "sweep", "--sweep-count", "6", "--json", "--no-progress") == 0
+    )
     data = json.loads(capsys.readouterr().out)
     ids = {c["id"] for c in data["runs"][0]["cases"]}
     assert len(ids) == 6 and all(i.startswith("sweep/") for i in ids)
@@ -96,15 +107,41 @@ def test_regen_check_subset(capsys):
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "moe_hal.conformance.plugin", "--pyargs",
-                           "moe_hal.conformance", "-q", "-p", "no:cacheprovider", *args],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "moe_hal.conformance.plugin",
+            "--pyargs",
+            "moe_hal.conformance",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_pytest_plugin_runs_the_suite_for_a_vendor(tmp_path):
     report = tmp_path / "out" / "report.json"
-    proc = _pytest(tmp_path, "--moe-backend", "reference", "--moe-tier", "smoke", "--moe-report", str(report),
-                   "--junitxml", str(tmp_path / "junit.xml"))
+    proc = _pytest(
+        tmp_path,
+        "--moe-backend",
+        "reference",
+        "--moe-tier",
+        "smoke",
+        "--moe-report",
+        str(report),
+        "--junitxml",
+        str(tmp_path / "junit.xml"),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "passed" in proc.stdout
     data = json.loads(report.read_text())
@@ -131,10 +168,12 @@ def test_pytest_plugin_reads_its_ini_settings_and_reports_waived_passes(tmp_path
     # that waives a case the backend passes.
     (tmp_path / "ci").mkdir()
     (tmp_path / "ci" / "xfails.yaml").write_text(
-        'entries:\n  - id: "layout_indices/*"\n    kind: bug\n    reason: "believed broken"\n')
+        'entries:\n  - id: "layout_indices/*"\n    kind: bug\n    reason: "believed broken"\n'
+    )
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nmoe_backend = reference\nmoe_tier = smoke\nmoe_case =\n    layout_indices/*\n"
-        "moe_manifest =\n    ci/xfails.yaml\nmoe_report = out/report.json\n")
+        "moe_manifest =\n    ci/xfails.yaml\nmoe_report = out/report.json\n"
+    )
     proc = _pytest(tmp_path, "-rX")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "xpassed" in proc.stdout and "passes now: remove the waiver" in proc.stdout

@@ -29,8 +29,9 @@ def test_regenerate_writes_the_same_bytes_and_hashes(suite_copy):
     text = (suite_copy / "manifest.yaml").read_text()
     for case in suite.load(suite_copy).cases[:3]:
         (suite_copy / case.file).unlink()
-    done = regen.regenerate(suite_copy, ["contiguous/bf16/seed32_div16@1", "contiguous/fp16/seed32*",
-                                         "contiguous/fp32/basic@1"])
+    done = regen.regenerate(
+        suite_copy, ["contiguous/bf16/seed32_div16@1", "contiguous/fp16/seed32*", "contiguous/fp32/basic@1"]
+    )
     assert [r.case.id for r in done] == [c.id for c in suite.load(suite_copy).cases[:3]]
     assert (suite_copy / "manifest.yaml").read_text() == text
     fresh = suite.load(suite_copy)

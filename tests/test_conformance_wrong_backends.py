@@ -54,7 +54,7 @@ def _big_endian_words(scale: torch.Tensor) -> torch.Tensor:
     """The SM100 words with the four bytes of each in reverse order (the bug), row-major."""
     w = quant.pack_ue8m0(scale).to(torch.int64) & 0xFFFFFFFF
     swapped = ((w & 0xFF) << 24) | (((w >> 8) & 0xFF) << 16) | (((w >> 16) & 0xFF) << 8) | ((w >> 24) & 0xFF)
-    return torch.where(swapped >= 2 ** 31, swapped - 2 ** 32, swapped).to(torch.int32)
+    return torch.where(swapped >= 2**31, swapped - 2**32, swapped).to(torch.int32)
 
 
 class WrongUE8M0ByteOrder(ReferenceBackend):
@@ -136,8 +136,12 @@ def test_writes_past_masked_m_fails():
 
 
 def test_wrong_ue8m0_byte_order_fails():
-    cases = ["contiguous/fp8_ue8m0/kblock_scales@1", "masked/fp8_ue8m0/mixed@1", "physical_scales/*",
-             "contiguous/fp8_fp32/align128@1"]
+    cases = [
+        "contiguous/fp8_ue8m0/kblock_scales@1",
+        "masked/fp8_ue8m0/mixed@1",
+        "physical_scales/*",
+        "contiguous/fp8_fp32/align128@1",
+    ]
     run = _run(WrongUE8M0ByteOrder(_spec("ue8m0_big_endian")), cases)
     failed = _failures(run)
     for cid in ("contiguous/fp8_ue8m0/kblock_scales@1", "masked/fp8_ue8m0/mixed@1"):
@@ -149,8 +153,12 @@ def test_wrong_ue8m0_byte_order_fails():
 
 
 def test_one_wrong_element_fails_every_kind_of_case():
-    cases = ["contiguous/bf16/seed32_div16@1", "masked/bf16/mixed@1", "k_grouped/bf16/empty_groups_out_fp32@1",
-             "contiguous/fp8_ue8m0/kblock_scales@1"]
+    cases = [
+        "contiguous/bf16/seed32_div16@1",
+        "masked/bf16/mixed@1",
+        "k_grouped/bf16/empty_groups_out_fp32@1",
+        "contiguous/fp8_ue8m0/kblock_scales@1",
+    ]
     run = _run(OneWrongElement(_spec("one_wrong_element")), cases)
     failed = _failures(run)
     assert set(failed) == set(cases)
@@ -173,6 +181,7 @@ def test_registered_backends_pass_full_tier_on_both_paths(backend):
     (run,) = report["runs"]
     if not run["available"]:
         pytest.skip(f"{backend} is not installed here")
-    assert run["summary"]["verdict"] == "conformant", [c["message"] for c in run["cases"] if c["status"] != "pass"
-                                                       and c["status"] != "not_applicable"]
+    assert run["summary"]["verdict"] == "conformant", [
+        c["message"] for c in run["cases"] if c["status"] != "pass" and c["status"] != "not_applicable"
+    ]
     assert {c["path"] for c in run["cases"]} == {"direct", "dispatcher", "library"}

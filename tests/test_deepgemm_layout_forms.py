@@ -39,7 +39,7 @@ def test_any_positive_alignment_places_groups_at_its_multiples(alignment):
     for g, s, e in layout.segments():
         torch.testing.assert_close(out[s:e], a[s:e] @ b[g].T)
     assert ContiguousLayout.from_psum(layout.psum, alignment=alignment) == layout
-    assert ContiguousLayout.from_m_indices(layout.m_indices(), 4) .starts == layout.starts
+    assert ContiguousLayout.from_m_indices(layout.m_indices(), 4).starts == layout.starts
 
 
 @pytest.mark.parametrize("bad", [0, -128, 1.5, True, "128"])
@@ -73,7 +73,7 @@ def test_deepgemm_k_grouped_scales_without_an_origin_are_refused_not_misread():
     groups = _segments(layout)
     qx = quantize_fp8(x, (128, 1), row_groups=groups)
     qdy = quantize_fp8(dy, (128, 1), row_groups=groups)
-    assert qx.scale.shape[0] == -(-layout.num_rows // 128)            # the coincidence
+    assert qx.scale.shape[0] == -(-layout.num_rows // 128)  # the coincidence
     bare_x = QuantizedTensor(qx.data, qx.scale, (128, 1))
     bare_dy = QuantizedTensor(qdy.data, qdy.scale, (128, 1))
     with pytest.raises(LayoutError) as info:
@@ -109,18 +109,18 @@ def test_block_origin_conversions_both_ways():
     layout, x, _ = _k_grouped_case()
     groups = _segments(layout)
     per_group = quantize_fp8(x, (128, 1), row_groups=groups)
-    from_row0 = to_tensor_origin(per_group)                       # exact: blocks of gcd(128, 160) = 32
+    from_row0 = to_tensor_origin(per_group)  # exact: blocks of gcd(128, 160) = 32
     assert from_row0.block == (32, 1) and from_row0.row_groups == ((0, layout.num_rows),)
     assert torch.equal(from_row0.dequantize(), per_group.dequantize())
     assert from_row0.data is per_group.data
-    back = to_group_origin(from_row0, groups, 128)                    # exact again: each block nests
+    back = to_group_origin(from_row0, groups, 128)  # exact again: each block nests
     assert torch.equal(back.scale, per_group.scale)
     assert torch.equal(back.data.view(torch.uint8), per_group.data.view(torch.uint8))
     # row-0 blocks of 128 with 160-aligned groups do not nest: re-quantized per group
     requantized = to_group_origin(quantize_fp8(x, (128, 1)), groups)
     assert requantized.row_groups == groups and requantized.scale.shape == per_group.scale.shape
     dequantized = requantized.dequantize()
-    for s, e in groups:                                            # two fp8 roundings
+    for s, e in groups:  # two fp8 roundings
         assert (dequantized[s:e] - x[s:e]).norm() < 0.06 * x[s:e].norm()
 
 
@@ -134,12 +134,15 @@ def test_row_groups_are_checked():
 
 
 # -- 3. m_indices in every valid DeepGEMM form ---------------------------------------------------
-@pytest.mark.parametrize("m_indices", [
-    [1, 1, 0, 0, -1, -1, 2, 2],                  # groups out of order
-    [0, 0, 1, 1, 0, 0, -1, -1],                  # group 0 split into two runs
-    [-1, -1, 0, 0, -1, -1, 1, 1, -1, -1],        # -1 blocks before and between groups
-    [2, 2, 2, 2],                                # groups 0 and 1 empty
-])
+@pytest.mark.parametrize(
+    "m_indices",
+    [
+        [1, 1, 0, 0, -1, -1, 2, 2],  # groups out of order
+        [0, 0, 1, 1, 0, 0, -1, -1],  # group 0 split into two runs
+        [-1, -1, 0, 0, -1, -1, 1, 1, -1, -1],  # -1 blocks before and between groups
+        [2, 2, 2, 2],  # groups 0 and 1 empty
+    ],
+)
 def test_m_indices_in_any_order_convert_with_a_row_permutation(m_indices):
     ids = torch.tensor(m_indices, dtype=torch.int32)
     num_groups = 3
@@ -162,14 +165,17 @@ def test_canonical_m_indices_still_refuse_other_forms_and_point_to_the_permuting
 
 
 # -- 4. raw layout constructors validate -----------------------------------------------------------
-@pytest.mark.parametrize("counts, starts, alignment, num_rows, argument", [
-    ([4], [0], 1, 2, "num_rows"),                # segment past num_rows
-    ([2, 2], [0, 9], 1, 16, "starts[1]"),        # start past the aligned end of the previous group
-    ([4, 4], [0, 2], 1, 8, "starts[1]"),         # overlapping segments
-    ([2], [1], 1, 4, "starts[0]"),               # the first group starts at 0
-    ([-1], [0], 1, 4, "counts[0]"),
-    ([1], [0], 0, 4, "alignment"),
-])
+@pytest.mark.parametrize(
+    "counts, starts, alignment, num_rows, argument",
+    [
+        ([4], [0], 1, 2, "num_rows"),  # segment past num_rows
+        ([2, 2], [0, 9], 1, 16, "starts[1]"),  # start past the aligned end of the previous group
+        ([4, 4], [0, 2], 1, 8, "starts[1]"),  # overlapping segments
+        ([2], [1], 1, 4, "starts[0]"),  # the first group starts at 0
+        ([-1], [0], 1, 4, "counts[0]"),
+        ([1], [0], 0, 4, "alignment"),
+    ],
+)
 def test_raw_constructors_validate(counts, starts, alignment, num_rows, argument):
     for cls in (ContiguousLayout, KGroupedLayout):
         with pytest.raises(LayoutError) as info:
@@ -188,13 +194,15 @@ def test_reciprocal_rounding_matches_deepgemm_formula_byte_for_byte():
     x = (torch.randn(512, 1024, generator=gen) * 3).to(torch.bfloat16)
     q = quantize_fp8(x, (1, 128), rounding="reciprocal")
     blocks = x.float().view(512, 8, 128)
-    sf = blocks.abs().amax(-1).clamp(min=1e-4) / 448.0                    # DeepGEMM's per-token cast
+    sf = blocks.abs().amax(-1).clamp(min=1e-4) / 448.0  # DeepGEMM's per-token cast
     codes = (blocks * (1.0 / sf.unsqueeze(-1))).to(torch.float8_e4m3fn).view(512, 1024)
     assert torch.equal(q.scale, sf)
     assert torch.equal(q.data.view(torch.uint8), codes.view(torch.uint8))
-    divided = quantize_fp8(x, (1, 128))                                    # the default: x / s
-    assert torch.equal(divided.data.view(torch.uint8),
-                       (blocks / sf.unsqueeze(-1)).to(torch.float8_e4m3fn).view(512, 1024).view(torch.uint8))
+    divided = quantize_fp8(x, (1, 128))  # the default: x / s
+    assert torch.equal(
+        divided.data.view(torch.uint8),
+        (blocks / sf.unsqueeze(-1)).to(torch.float8_e4m3fn).view(512, 1024).view(torch.uint8),
+    )
 
 
 def test_roundings_agree_on_ue8m0_scales_and_reject_unknown_modes():

@@ -33,13 +33,19 @@ def test_the_test_command_keeps_its_own_venv():
     # The tests install deliberately broken plugins: they must never land in the user's .venv.
     script = (README.parent / "scripts" / "test.sh").read_text()
     default = re.search(r'venv="\$\{MOE_HAL_VENV:-([^}]+)\}"', script)
-    assert default and default.group(1) not in (".venv", "venv", "") and default.group(1) in (
-        README.parent / ".gitignore").read_text()
+    assert (
+        default
+        and default.group(1) not in (".venv", "venv", "")
+        and default.group(1) in (README.parent / ".gitignore").read_text()
+    )
 
 
 DOCS = sorted((README.parent / "docs").glob("*.md"))
-DOC_BLOCKS = [(path.name, i, block) for path in DOCS
-              for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S))]
+DOC_BLOCKS = [
+    (path.name, i, block)
+    for path in DOCS
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S))
+]
 
 
 @pytest.mark.parametrize("name,index,block", DOC_BLOCKS, ids=[f"{n}#{i}" for n, i, _ in DOC_BLOCKS])

@@ -56,10 +56,11 @@ def test_a_crashed_rank_fails_every_rank_within_the_timeout():
     assert time.monotonic() - start < 90
     assert set(info.value.failures) == {0, 1}
     assert "injected failure on rank 1" in info.value.failures[1]
-    assert info.value.failures[0]          # the peer reports its own error (closed connection / timeout)
+    assert info.value.failures[0]  # the peer reports its own error (closed connection / timeout)
 
 
 # -- in process: a one-rank gloo group -----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def world1():
@@ -133,6 +134,7 @@ def test_one_rank_matches_routing_in_both_modes(world1, gen):
 
 # -- transports and the plugin hook --------------------------------------------------------------
 
+
 class CountingTransport(AllToAllSingle):
     """The built-in collectives, counted (proves the hook's transport is the one that runs)."""
 
@@ -147,9 +149,16 @@ class CountingTransport(AllToAllSingle):
         super().all_gather(out, inp, group)
 
 
-FAKE = ep.TransportSpec(name="fake_graph", impl=f"{__name__}:CountingTransport", modes=frozenset({"exact"}),
-                        process_group_backends=("gloo",), needs_host_sync=True, graph_safe=True, priority=10,
-                        description="test transport")
+FAKE = ep.TransportSpec(
+    name="fake_graph",
+    impl=f"{__name__}:CountingTransport",
+    modes=frozenset({"exact"}),
+    process_group_backends=("gloo",),
+    needs_host_sync=True,
+    graph_safe=True,
+    priority=10,
+    description="test transport",
+)
 
 
 @pytest.fixture
@@ -183,14 +192,14 @@ def test_builtin_transport_declares_its_promises(world1):
     assert sel.name == "all_to_all_single"
     assert sel.spec.needs_host_sync is False and sel.spec.graph_safe is False
     assert "needs_host_sync=False, graph_safe=False" in sel.explain()
-    assert "fake_vendor_link: [process_group_backend]" in sel.explain()     # the test vendor's, via the hook
+    assert "fake_vendor_link: [process_group_backend]" in sel.explain()  # the test vendor's, via the hook
     with pytest.raises(TransportUnavailableError, match="not_graph_safe"):
         ep.select(g, "exact", graph=True)
 
 
 def test_plugin_transports_are_ranked_and_explained(transport_plugin):
     g = ep.EPGroup(None, 4)
-    assert ep.select(g, "exact").name == "fake_graph"               # higher priority
+    assert ep.select(g, "exact").name == "fake_graph"  # higher priority
     sel = ep.select(g, "capacity")
     assert sel.name == "all_to_all_single"
     text = sel.explain()
@@ -208,7 +217,7 @@ def test_dispatch_moves_data_through_the_selected_transport(transport_plugin):
     x = torch.arange(12.0).view(3, 4)
     d = ep.dispatch(x, torch.tensor([[3], [0], [3]]), None, g, alignment=1)
     y = ep.combine(d.a * 2, d)
-    assert d.transport == "fake_graph" and CountingTransport.calls == 3   # counts, rows there, rows back
+    assert d.transport == "fake_graph" and CountingTransport.calls == 3  # counts, rows there, rows back
     assert torch.equal(y, 2 * x)
 
 
@@ -217,8 +226,9 @@ def test_cli_run_ep_verifies_against_one_process(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("MOE_HAL_PLUGINS", "")
     out = tmp_path / "ep.json"
-    assert main(["run", "--ep", "2", "--tokens", "96", "--n", "32", "--k", "128", "--repeat", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["run", "--ep", "2", "--tokens", "96", "--n", "32", "--k", "128", "--repeat", "0", "--out", str(out)]) == 0
+    )
     printed = capsys.readouterr().out
     assert "verified against the single-process result" in printed
     import json

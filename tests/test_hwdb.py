@@ -23,16 +23,47 @@ from moe_hal import hwdb, plugins
 from moe_hal.errors import ArgumentError, HardwareDBError
 
 REQUIRED_IDS = {
-    "nvidia-h100-sxm", "nvidia-h100-pcie", "nvidia-h800-sxm", "nvidia-h200-sxm", "nvidia-h20",
-    "nvidia-b200", "nvidia-gb200-nvl72", "nvidia-b300", "nvidia-rtx-4090", "nvidia-rtx-5090",
-    "nvidia-a100-sxm-80gb", "nvidia-l40s", "huawei-ascend-910b2", "huawei-ascend-910b3",
-    "huawei-ascend-910b4", "huawei-ascend-910c", "huawei-ascend-950pr", "huawei-ascend-950dt", "cpu-generic",
+    "nvidia-h100-sxm",
+    "nvidia-h100-pcie",
+    "nvidia-h800-sxm",
+    "nvidia-h200-sxm",
+    "nvidia-h20",
+    "nvidia-b200",
+    "nvidia-gb200-nvl72",
+    "nvidia-b300",
+    "nvidia-rtx-4090",
+    "nvidia-rtx-5090",
+    "nvidia-a100-sxm-80gb",
+    "nvidia-l40s",
+    "huawei-ascend-910b2",
+    "huawei-ascend-910b3",
+    "huawei-ascend-910b4",
+    "huawei-ascend-910c",
+    "huawei-ascend-950pr",
+    "huawei-ascend-950dt",
+    "cpu-generic",
 }
 
 # The feature vocabulary documented in docs/hwdb.md.
 KNOWN_FEATURES = {
-    "tensor_cores", "bf16", "fp8", "fp4", "tma", "wgmma", "tcgen05", "ue8m0_scales", "tmem", "nvlink",
-    "cube_unit", "npu_grouped_matmul", "nz_format", "mx_scales", "hif8", "ascend_a2", "ascend_a3", "ascend_a5",
+    "tensor_cores",
+    "bf16",
+    "fp8",
+    "fp4",
+    "tma",
+    "wgmma",
+    "tcgen05",
+    "ue8m0_scales",
+    "tmem",
+    "nvlink",
+    "cube_unit",
+    "npu_grouped_matmul",
+    "nz_format",
+    "mx_scales",
+    "hif8",
+    "ascend_a2",
+    "ascend_a3",
+    "ascend_a5",
     "cpu",
 }
 
@@ -263,20 +294,23 @@ def test_unit_conversions():
 # Matching on faked device properties
 
 
-@pytest.mark.parametrize("name, cc, sms, expected", [
-    ("NVIDIA H100 80GB HBM3", (9, 0), 132, "nvidia-h100-sxm"),
-    ("NVIDIA H100 PCIe", (9, 0), 114, "nvidia-h100-pcie"),
-    ("NVIDIA H200", (9, 0), 132, "nvidia-h200-sxm"),
-    ("NVIDIA H200", (9, 0), None, "nvidia-h200-sxm"),
-    ("NVIDIA H800", (9, 0), 132, "nvidia-h800-sxm"),
-    ("NVIDIA H20", (9, 0), 78, "nvidia-h20"),
-    ("NVIDIA B200", (10, 0), 148, "nvidia-b200"),
-    ("NVIDIA GB200", (10, 0), 148, "nvidia-gb200-nvl72"),
-    ("NVIDIA A100-SXM4-80GB", (8, 0), 108, "nvidia-a100-sxm-80gb"),
-    ("NVIDIA L40S", (8, 9), 142, "nvidia-l40s"),
-    ("NVIDIA GeForce RTX 4090", (8, 9), 128, "nvidia-rtx-4090"),
-    ("NVIDIA GeForce RTX 5090", (12, 0), 170, "nvidia-rtx-5090"),
-])
+@pytest.mark.parametrize(
+    "name, cc, sms, expected",
+    [
+        ("NVIDIA H100 80GB HBM3", (9, 0), 132, "nvidia-h100-sxm"),
+        ("NVIDIA H100 PCIe", (9, 0), 114, "nvidia-h100-pcie"),
+        ("NVIDIA H200", (9, 0), 132, "nvidia-h200-sxm"),
+        ("NVIDIA H200", (9, 0), None, "nvidia-h200-sxm"),
+        ("NVIDIA H800", (9, 0), 132, "nvidia-h800-sxm"),
+        ("NVIDIA H20", (9, 0), 78, "nvidia-h20"),
+        ("NVIDIA B200", (10, 0), 148, "nvidia-b200"),
+        ("NVIDIA GB200", (10, 0), 148, "nvidia-gb200-nvl72"),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), 108, "nvidia-a100-sxm-80gb"),
+        ("NVIDIA L40S", (8, 9), 142, "nvidia-l40s"),
+        ("NVIDIA GeForce RTX 4090", (8, 9), 128, "nvidia-rtx-4090"),
+        ("NVIDIA GeForce RTX 5090", (12, 0), 170, "nvidia-rtx-5090"),
+    ],
+)
 def test_match_cuda(name, cc, sms, expected):
     m = hwdb.match_cuda(name, *cc, sms)
     assert m.id == expected, m.reason
@@ -285,15 +319,18 @@ def test_match_cuda(name, cc, sms, expected):
     assert m.features == hwdb.get(expected).features
 
 
-@pytest.mark.parametrize("name, cc, sms, why", [
-    ("NVIDIA H100 PCIe", (9, 0), 132, "114 SMs, not 132"),  # wrong board for its SM count
-    ("NVIDIA H200 MIG 1g.18gb", (9, 0), 16, "no hardware-DB entry"),  # a MIG slice is not the GPU
-    ("NVIDIA H200", (9, 0), 16, "132 SMs, not 16"),
-    ("NVIDIA H200 NVL", (9, 0), 132, "no hardware-DB entry"),  # a different board, no entry
-    ("NVIDIA B200", (9, 0), 148, "compute capability 10.0, not 9.0"),
-    ("NVIDIA A100-SXM4-40GB", (8, 0), 108, "no hardware-DB entry"),  # other memory, no entry
-    ("Tesla T4", (7, 5), 40, "no hardware-DB entry"),
-])
+@pytest.mark.parametrize(
+    "name, cc, sms, why",
+    [
+        ("NVIDIA H100 PCIe", (9, 0), 132, "114 SMs, not 132"),  # wrong board for its SM count
+        ("NVIDIA H200 MIG 1g.18gb", (9, 0), 16, "no hardware-DB entry"),  # a MIG slice is not the GPU
+        ("NVIDIA H200", (9, 0), 16, "132 SMs, not 16"),
+        ("NVIDIA H200 NVL", (9, 0), 132, "no hardware-DB entry"),  # a different board, no entry
+        ("NVIDIA B200", (9, 0), 148, "compute capability 10.0, not 9.0"),
+        ("NVIDIA A100-SXM4-40GB", (8, 0), 108, "no hardware-DB entry"),  # other memory, no entry
+        ("Tesla T4", (7, 5), 40, "no hardware-DB entry"),
+    ],
+)
 def test_match_cuda_never_returns_a_wrong_entry(name, cc, sms, why):
     m = hwdb.match_cuda(name, *cc, sms)
     assert m.entry is None and m.id is None and m.features == frozenset()
@@ -301,29 +338,35 @@ def test_match_cuda_never_returns_a_wrong_entry(name, cc, sms, why):
     assert why in m.reason
 
 
-@pytest.mark.parametrize("soc, version, expected", [
-    ("Ascend910B2", 221, "huawei-ascend-910b2"),
-    ("Ascend910B3", 223, "huawei-ascend-910b3"),
-    ("Ascend910B4", 224, "huawei-ascend-910b4"),
-    ("Ascend910B4", None, "huawei-ascend-910b4"),
-    ("Ascend910_9391", 250, "huawei-ascend-910c"),
-    ("Ascend910_9362", 255, "huawei-ascend-910c"),
-    ("Ascend950PR_9579", 260, "huawei-ascend-950pr"),
-    ("Ascend950PR_957b", 260, "huawei-ascend-950pr"),
-    ("Ascend950DT_95A1", 260, "huawei-ascend-950dt"),
-])
+@pytest.mark.parametrize(
+    "soc, version, expected",
+    [
+        ("Ascend910B2", 221, "huawei-ascend-910b2"),
+        ("Ascend910B3", 223, "huawei-ascend-910b3"),
+        ("Ascend910B4", 224, "huawei-ascend-910b4"),
+        ("Ascend910B4", None, "huawei-ascend-910b4"),
+        ("Ascend910_9391", 250, "huawei-ascend-910c"),
+        ("Ascend910_9362", 255, "huawei-ascend-910c"),
+        ("Ascend950PR_9579", 260, "huawei-ascend-950pr"),
+        ("Ascend950PR_957b", 260, "huawei-ascend-950pr"),
+        ("Ascend950DT_95A1", 260, "huawei-ascend-950dt"),
+    ],
+)
 def test_match_npu(soc, version, expected):
     m = hwdb.match_npu(soc, version)
     assert m.id == expected, m.reason
     assert soc in m.seen
 
 
-@pytest.mark.parametrize("soc, version, why", [
-    ("Ascend910B2", 224, "expects soc_version in [221], not 224"),
-    ("Ascend910B2C", 221, "expects soc_version in [222], not 221"),  # B2C is its own SoC, not the B2
-    ("Ascend910B4_1", 224, "expects soc_version in [225], not 224"),  # nor is the 64 GB B4 the B4
-    ("Ascend310P3", 202, "no hardware-DB entry"),
-])
+@pytest.mark.parametrize(
+    "soc, version, why",
+    [
+        ("Ascend910B2", 224, "expects soc_version in [221], not 224"),
+        ("Ascend910B2C", 221, "expects soc_version in [222], not 221"),  # B2C is its own SoC, not the B2
+        ("Ascend910B4_1", 224, "expects soc_version in [225], not 224"),  # nor is the 64 GB B4 the B4
+        ("Ascend310P3", 202, "no hardware-DB entry"),
+    ],
+)
 def test_match_npu_unknown(soc, version, why):
     m = hwdb.match_npu(soc, version)
     assert m.entry is None and why in m.reason and soc in m.seen
@@ -368,8 +411,15 @@ def test_specific_cpu_entry_wins_over_generic(tmp_path, monkeypatch):
 
 
 def test_overlay_entry_via_env(tmp_path, monkeypatch):
-    load_with(monkeypatch, write(tmp_path / "a", "x1.yaml", minimal_entry()),
-              write(tmp_path / "b", "x2.yaml", minimal_entry("acme-x2", cuda={"name_pattern": "X2", "compute_capability": "9.9"})))
+    load_with(
+        monkeypatch,
+        write(tmp_path / "a", "x1.yaml", minimal_entry()),
+        write(
+            tmp_path / "b",
+            "x2.yaml",
+            minimal_entry("acme-x2", cuda={"name_pattern": "X2", "compute_capability": "9.9"}),
+        ),
+    )
     assert hwdb.get("acme-x1").peak_flops("bf16") == 500e12
     assert hwdb.get("acme-x1").peak_flops("int8") == 1000e12
     assert hwdb.match_cuda("ACME X1", 9, 9, 100).id == "acme-x1"
@@ -430,8 +480,11 @@ def test_measured_overlay_adds_values_to_an_existing_entry(tmp_path, monkeypatch
 
 
 def test_measured_overlay_replaces_per_key(tmp_path, monkeypatch):
-    overlay = {"schema_version": 1, "overlay_of": "nvidia-h200-sxm",
-               "measured": {"matmul": {"bf16": q(800, "TFLOPS", "measured", date="2026-11-01", method="m", tool="t")}}}
+    overlay = {
+        "schema_version": 1,
+        "overlay_of": "nvidia-h200-sxm",
+        "measured": {"matmul": {"bf16": q(800, "TFLOPS", "measured", date="2026-11-01", method="m", tool="t")}},
+    }
     load_with(monkeypatch, write(tmp_path, "h200.yaml", overlay))
     h200 = hwdb.get("h200")
     assert h200.peak_flops("bf16") == 800e12  # the newer measurement wins
@@ -462,6 +515,7 @@ def _measured_without(field):
         measured = q(450, "TFLOPS", "measured", date="2026-11-01", method="torch.matmul", tool="torch")
         del measured[field]
         doc["peak_dense"]["bf16"] = measured
+
     return mutate
 
 
@@ -482,17 +536,28 @@ MALFORMED = [
     ("measured without date", _measured_without("date"), "peak_dense.bf16.date"),
     ("measured without method", _measured_without("method"), "peak_dense.bf16.method"),
     ("measured without tool", _measured_without("tool"), "peak_dense.bf16.tool"),
-    ("unknown value without a note", lambda d: d["memory"].update(bandwidth={"value": None, "unit": "TB/s"}),
-     "memory.bandwidth.note"),
+    (
+        "unknown value without a note",
+        lambda d: d["memory"].update(bandwidth={"value": None, "unit": "TB/s"}),
+        "memory.bandwidth.note",
+    ),
     ("missing required section", lambda d: d.pop("compute"), "compute"),
     ("bad id", lambda d: d.update(id="ACME X1"), "id"),
     ("arch-list feature", lambda d: d["features"].append("sm90"), "features.2"),
-    ("bad compute capability", lambda d: d["recognition"]["cuda"].update(compute_capability="9"),
-     "recognition.cuda.compute_capability"),
+    (
+        "bad compute capability",
+        lambda d: d["recognition"]["cuda"].update(compute_capability="9"),
+        "recognition.cuda.compute_capability",
+    ),
     ("bad regex", lambda d: d["recognition"]["cuda"].update(name_pattern="H200("), "recognition.cuda.name_pattern"),
-    ("SM check without a count", lambda d: (d["recognition"]["cuda"].update(require_sm_count=True),
-                                            d["compute"].update(units={"value": None, "unit": "count", "note": "n"})),
-     "recognition.cuda.require_sm_count"),
+    (
+        "SM check without a count",
+        lambda d: (
+            d["recognition"]["cuda"].update(require_sm_count=True),
+            d["compute"].update(units={"value": None, "unit": "count", "note": "n"}),
+        ),
+        "recognition.cuda.require_sm_count",
+    ),
 ]
 
 
@@ -513,12 +578,17 @@ def test_malformed_measured_overlay(tmp_path, monkeypatch):
         "measured.matmul.bf16.colour": {**value, "colour": 1},
     }
     for field, node in cases.items():
-        path = write(tmp_path, "m.yaml", {"schema_version": 1, "overlay_of": "nvidia-h100-sxm",
-                                          "measured": {"matmul": {"bf16": node}}})
+        path = write(
+            tmp_path,
+            "m.yaml",
+            {"schema_version": 1, "overlay_of": "nvidia-h100-sxm", "measured": {"matmul": {"bf16": node}}},
+        )
         with pytest.raises(HardwareDBError) as info:
             load_with(monkeypatch, path)
         assert info.value.path == field and str(path) in info.value.file
-    path = write(tmp_path, "m.yaml", {"schema_version": 1, "overlay_of": "nvidia-h999", "measured": {"matmul": {"bf16": value}}})
+    path = write(
+        tmp_path, "m.yaml", {"schema_version": 1, "overlay_of": "nvidia-h999", "measured": {"matmul": {"bf16": value}}}
+    )
     with pytest.raises(HardwareDBError) as info:
         load_with(monkeypatch, path)
     assert info.value.path == "overlay_of" and "nvidia-h999" in info.value.message
@@ -585,10 +655,12 @@ def test_missing_overlay_path(tmp_path, monkeypatch):
 
 
 def test_import_reads_nothing():
-    code = ("import moe_hal.hwdb as h, moe_hal.hwdb.loading as loading, sys; "
-            "assert loading._cache['db'] is None and loading._schema_validator is None; "
-            "assert 'torch_npu' not in sys.modules and 'cuda' not in sys.modules; "
-            "assert 'moe_hal.plugins' not in sys.modules; print('ok')")
+    code = (
+        "import moe_hal.hwdb as h, moe_hal.hwdb.loading as loading, sys; "
+        "assert loading._cache['db'] is None and loading._schema_validator is None; "
+        "assert 'torch_npu' not in sys.modules and 'cuda' not in sys.modules; "
+        "assert 'moe_hal.plugins' not in sys.modules; print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
@@ -597,14 +669,17 @@ def test_import_reads_nothing():
 def test_look_ups_and_estimates_never_load_plugins():
     # The database is pure data: reading it (and the performance model reading it) must neither
     # discover plugins nor print their warnings, even with broken plugins installed.
-    code = ("import sys, moe_hal.hwdb as h, moe_hal.perf as perf; "
-            "h.all(); h.get('nvidia-h200-sxm'); h.match_cpu('Intel Xeon', 8); "
-            "perf.estimate([64, 0, 128], n=256, k=512, hw='nvidia-h200-sxm'); "
-            "assert 'moe_hal.plugins' not in sys.modules and 'pluggy' not in sys.modules, 'plugins loaded'; "
-            "print('ok')")
+    code = (
+        "import sys, moe_hal.hwdb as h, moe_hal.perf as perf; "
+        "h.all(); h.get('nvidia-h200-sxm'); h.match_cpu('Intel Xeon', 8); "
+        "perf.estimate([64, 0, 128], n=256, k=512, hw='nvidia-h200-sxm'); "
+        "assert 'moe_hal.plugins' not in sys.modules and 'pluggy' not in sys.modules, 'plugins loaded'; "
+        "print('ok')"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("MOE_HAL_PLUGINS", "MOE_HAL_HWDB")}
-    result = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True,
-                            timeout=120, env=env)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok" and result.stderr == ""
 
@@ -628,8 +703,7 @@ def test_a_plugin_alone_adds_a_device_type(tmp_path, monkeypatch):
             if device_type != "acme_tpu":
                 return None
             seen = "ATPU-1"  # what the vendor's runtime would report for device `index`
-            candidates = [e for e in hwdb.all()
-                          if e.raw["recognition"].get("acme_tpu", {}).get("part_number") == seen]
+            candidates = [e for e in hwdb.all() if e.raw["recognition"].get("acme_tpu", {}).get("part_number") == seen]
             return hwdb.decide(candidates, seen, [], "ACME TPU")
 
     host = plugins.host().ensure_loaded()

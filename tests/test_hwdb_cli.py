@@ -56,8 +56,12 @@ def test_show_json(capsys):
     assert rc == 0
     data = json.loads(out)
     assert data["id"] == "nvidia-h200-sxm"
-    assert data["entry"]["memory"]["bandwidth"] == {"value": 4.8, "unit": "TB/s", "basis": "secondary",
-                                                   "source": data["entry"]["memory"]["bandwidth"]["source"]}
+    assert data["entry"]["memory"]["bandwidth"] == {
+        "value": 4.8,
+        "unit": "TB/s",
+        "basis": "secondary",
+        "source": data["entry"]["memory"]["bandwidth"]["source"],
+    }
     assert data["derived"]["num_cores"] == 132
     assert data["derived"]["peak_flops"]["bf16"] == pytest.approx(788e12)
 
@@ -95,8 +99,12 @@ def test_match_json_named_devices(capsys):
     assert rc == 0
     cpu, mps = json.loads(out)
     assert cpu["id"] == "cpu-generic"
-    assert mps == {"device": "mps", "id": None, "seen": "mps",
-                   "reason": "the hardware DB has no entries for device type 'mps': no installed plugin probes it"}
+    assert mps == {
+        "device": "mps",
+        "id": None,
+        "seen": "mps",
+        "reason": "the hardware DB has no entries for device type 'mps': no installed plugin probes it",
+    }
 
 
 def test_match_table(capsys):
@@ -116,15 +124,35 @@ def test_calibrate_writes_a_valid_measured_overlay(tmp_path, monkeypatch, capsys
     # the script end to end; the numbers it measures here are not kept.
     calibrate = load_calibrate()
     out = tmp_path / "measured" / "cpu.yaml"
-    rc = calibrate.main(["--device", "cpu", "--dtypes", "fp32,bf16,fp8", "--sizes", "64,128",
-                         "--bytes", "4e6", "--warmup", "1", "--repeat", "3", "--out", str(out)])
+    rc = calibrate.main(
+        [
+            "--device",
+            "cpu",
+            "--dtypes",
+            "fp32,bf16,fp8",
+            "--sizes",
+            "64,128",
+            "--bytes",
+            "4e6",
+            "--warmup",
+            "1",
+            "--repeat",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     err = capsys.readouterr().err
     assert "fp8 matmul not measured" in err  # CUDA-only dtypes are reported, not faked
     doc = yaml.safe_load(out.read_text(encoding="utf-8"))
     assert doc["overlay_of"] == "cpu-generic"
     assert set(doc["measured"]["matmul"]) == {"fp32", "bf16"}
-    for node in [*doc["measured"]["matmul"].values(), doc["measured"]["read_bandwidth"], doc["measured"]["copy_bandwidth"]]:
+    for node in [
+        *doc["measured"]["matmul"].values(),
+        doc["measured"]["read_bandwidth"],
+        doc["measured"]["copy_bandwidth"],
+    ]:
         assert node["basis"] == "measured" and node["value"] > 0
         assert node["date"] and node["method"] and node["tool"].startswith("bench/calibrate.py")
     monkeypatch.setenv("MOE_HAL_HWDB", str(out.parent))

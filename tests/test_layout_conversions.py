@@ -35,21 +35,25 @@ def test_golden_masked_to_contiguous():
 
 
 @settings(max_examples=50, deadline=None)
-@given(counts=st.lists(st.integers(0, 9), min_size=0, max_size=7),
-       alignment=st.sampled_from([1, 2, 4, 8, 128]), extra=st.integers(0, 3), seed=st.integers(0, 2 ** 16))
+@given(
+    counts=st.lists(st.integers(0, 9), min_size=0, max_size=7),
+    alignment=st.sampled_from([1, 2, 4, 8, 128]),
+    extra=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
 def test_round_trip(counts, alignment, extra, seed):
     gen = torch.Generator().manual_seed(seed)
     layout = ContiguousLayout.from_counts(counts, alignment=alignment)
     a = torch.randn(layout.num_rows, 3, generator=gen)
-    a[layout.gap_rows_on("cpu")] = float("nan")       # rows of no group are never read
+    a[layout.gap_rows_on("cpu")] = float("nan")  # rows of no group are never read
     max_m = max(counts, default=0) + extra
     a3, masked = contiguous_to_masked(a, layout, max_m=max_m)
     for g, c in enumerate(counts):
         s = layout.starts[g]
-        assert torch.equal(a3[g, :c], a[s:s + c])
+        assert torch.equal(a3[g, :c], a[s : s + c])
         assert torch.equal(a3[g, c:], torch.zeros(max_m - c, 3))
     for g, c in enumerate(counts):
-        a3[g, c:] = float("nan")                          # rows past masked_m are never read
+        a3[g, c:] = float("nan")  # rows past masked_m are never read
     back, layout2 = masked_to_contiguous(a3, masked, alignment=alignment)
     assert layout2 == layout
     expected = a.clone()

@@ -76,7 +76,8 @@ def test_the_committed_results_match_a_fresh_run(loso):
     # bench/results/model_validation_published.json is what docs/perf-model.md quotes
     from pathlib import Path
 
-    committed = json.loads((Path(__file__).parents[1] / "bench" / "results" /
-                            "model_validation_published.json").read_text())
+    committed = json.loads(
+        (Path(__file__).parents[1] / "bench" / "results" / "model_validation_published.json").read_text()
+    )
     for key in ("model_median", "model_worst", "roofline_median", "roofline_worst"):
         assert committed["summary"]["all"][key] == pytest.approx(loso["summary"]["all"][key], abs=1e-9), key

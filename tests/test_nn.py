@@ -44,10 +44,11 @@ def test_softmax_router_is_topk_of_softmax_renormalised(gen):
 
 
 def test_sigmoid_group_limited_router_picks_from_the_best_groups_and_weights_by_scores(gen):
-    router = TopKRouter(16, 8, 2, score="sigmoid", n_group=4, topk_group=2, correction_bias=True,
-                        routed_scaling_factor=2.5)
+    router = TopKRouter(
+        16, 8, 2, score="sigmoid", n_group=4, topk_group=2, correction_bias=True, routed_scaling_factor=2.5
+    )
     with torch.no_grad():
-        router.correction_bias.copy_(torch.tensor([5.0, 0, 0, 0, 0, 0, 0, 5.0]))   # experts 0 and 7 always win
+        router.correction_bias.copy_(torch.tensor([5.0, 0, 0, 0, 0, 0, 0, 5.0]))  # experts 0 and 7 always win
     x = randn(gen, 7, 16)
     w, ids, logits = router(x)
     assert torch.equal(ids.sort(-1).values, torch.tensor([[0, 7]] * 7))
@@ -78,8 +79,13 @@ def test_router_rejects_inconsistent_arguments():
 @pytest.mark.parametrize("bias", [False, True])
 def test_moe_equals_per_expert_loop(gen, layout, alignment, bias):
     torch.manual_seed(0)
-    moe = MoE(TopKRouter(16, 5, 2), GroupedExperts(5, 16, 12, bias=bias), layout=layout, alignment=alignment,
-              masked_capacity=16)
+    moe = MoE(
+        TopKRouter(16, 5, 2),
+        GroupedExperts(5, 16, 12, bias=bias),
+        layout=layout,
+        alignment=alignment,
+        masked_capacity=16,
+    )
     if bias:
         with torch.no_grad():
             moe.experts.b13.normal_()
@@ -137,7 +143,7 @@ def test_fp8_prepared_experts_are_close_and_forward_only(gen):
         want = moe(x)
         experts.prepare_fp8()
         got = moe(x)
-    assert calc_diff(got, want) < 5e-3          # two fp8 GEMMs, each input quantized, bf16 between
+    assert calc_diff(got, want) < 5e-3  # two fp8 GEMMs, each input quantized, bf16 between
     with pytest.raises(GradientError, match="fp8"):
         moe(x.requires_grad_())
     experts.drop_fp8()
@@ -148,10 +154,16 @@ def test_expert_weights_reads_every_checkpoint_layout(gen):
     e, h, i = 3, 8, 5
     w13, w2 = randn(gen, e, 2 * i, h), randn(gen, e, h, i)
     fused = {"experts.gate_up_proj": w13, "experts.down_proj": w2}
-    qwen = {f"experts.{k}.{n}.weight": t for k in range(e)
-            for n, t in (("gate_proj", w13[k, :i]), ("up_proj", w13[k, i:]), ("down_proj", w2[k]))}
-    mixtral = {f"experts.{k}.{n}.weight": t for k in range(e)
-               for n, t in (("w1", w13[k, :i]), ("w3", w13[k, i:]), ("w2", w2[k]))}
+    qwen = {
+        f"experts.{k}.{n}.weight": t
+        for k in range(e)
+        for n, t in (("gate_proj", w13[k, :i]), ("up_proj", w13[k, i:]), ("down_proj", w2[k]))
+    }
+    mixtral = {
+        f"experts.{k}.{n}.weight": t
+        for k in range(e)
+        for n, t in (("w1", w13[k, :i]), ("w3", w13[k, i:]), ("w2", w2[k]))
+    }
     for sd in (fused, qwen, mixtral):
         got13, got2 = expert_weights(sd, e)
         assert torch.equal(got13, w13) and torch.equal(got2, w2)
@@ -162,30 +174,45 @@ def test_expert_weights_reads_every_checkpoint_layout(gen):
 
 # -- transformers blocks ----------------------------------------------------------------------------------
 def _hf_block(name: str):
-    transformers = pytest.importorskip("transformers")     # the test extra installs it; skip only these tests
+    transformers = pytest.importorskip("transformers")  # the test extra installs it; skip only these tests
     torch.manual_seed(0)
     if name == "mixtral":
         from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-        block = MixtralSparseMoeBlock(transformers.MixtralConfig(
-            hidden_size=32, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2))
+        block = MixtralSparseMoeBlock(
+            transformers.MixtralConfig(hidden_size=32, intermediate_size=16, num_local_experts=4, num_experts_per_tok=2)
+        )
         params = {"gate.weight": "router.weight"}
     elif name == "qwen3_moe":
         from transformers.models.qwen3_moe.modeling_qwen3_moe import (
             Qwen3MoeSparseMoeBlock,
         )
 
-        block = Qwen3MoeSparseMoeBlock(transformers.Qwen3MoeConfig(
-            hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False))
+        block = Qwen3MoeSparseMoeBlock(
+            transformers.Qwen3MoeConfig(
+                hidden_size=32, moe_intermediate_size=16, num_experts=6, num_experts_per_tok=2, norm_topk_prob=False
+            )
+        )
         params = {"gate.weight": "router.weight"}
     else:
         from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 
-        block = DeepseekV3MoE(transformers.DeepseekV3Config(
-            hidden_size=32, moe_intermediate_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=4,
-            topk_group=2, n_shared_experts=1, routed_scaling_factor=2.5))
-        params = {"shared_experts.gate_proj.weight": "shared_expert.gate_proj.weight",
-                  "shared_experts.down_proj.weight": "shared_expert.down_proj.weight"}
+        block = DeepseekV3MoE(
+            transformers.DeepseekV3Config(
+                hidden_size=32,
+                moe_intermediate_size=16,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_group=4,
+                topk_group=2,
+                n_shared_experts=1,
+                routed_scaling_factor=2.5,
+            )
+        )
+        params = {
+            "shared_experts.gate_proj.weight": "shared_expert.gate_proj.weight",
+            "shared_experts.down_proj.weight": "shared_expert.down_proj.weight",
+        }
     for p in block.parameters():
         torch.nn.init.normal_(p, std=0.3)
     for b in block.buffers():
@@ -230,8 +257,9 @@ def test_from_hf_matches_the_transformers_block_bf16(gen, name):
     block = block.to(torch.bfloat16)
     moe = MoE.from_hf(block)
     x = randn(gen, 3, 4, 32, dtype=torch.bfloat16)
-    _check_equal_to_hf(block, moe, names, x, randn(gen, 3, 4, 32, dtype=torch.bfloat16), rtol=3e-2, atol=3e-2,
-                       grad_diff=1e-3)
+    _check_equal_to_hf(
+        block, moe, names, x, randn(gen, 3, 4, 32, dtype=torch.bfloat16), rtol=3e-2, atol=3e-2, grad_diff=1e-3
+    )
 
 
 @pytest.mark.parametrize("name", HF_BLOCKS)

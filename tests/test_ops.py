@@ -59,17 +59,28 @@ def test_opcheck_fp8(gen):
     # torch's schema checker compares inputs with a multiply that fp8 lacks: the fp8 case checks
     # "no input mutated" itself, on the bytes; the schema is the one test_schema passes above.
     before = [t.view(torch.uint8).clone() for t in (ta, tb)] + [fp8["a_scale"].clone(), fp8["b_scale"].clone()]
-    torch.library.opcheck(ops.grouped_gemm_op, (ta, tb, lay.psum_on("cpu"), "contiguous", 4), fp8,
-                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+    torch.library.opcheck(
+        ops.grouped_gemm_op,
+        (ta, tb, lay.psum_on("cpu"), "contiguous", 4),
+        fp8,
+        test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
     ops.grouped_gemm_op(ta, tb, lay.psum_on("cpu"), "contiguous", 4, **fp8)
     after = [t.view(torch.uint8) for t in (ta, tb)] + [fp8["a_scale"], fp8["b_scale"]]
     assert all(torch.equal(x, y) for x, y in zip(before, after))
 
 
 # -- fake kernels -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("dtype,out_dtype,expected", [
-    (torch.float32, None, torch.float32), (torch.bfloat16, None, torch.bfloat16),
-    (torch.float16, torch.float32, torch.float32), ("fp8", None, torch.bfloat16), ("fp8", torch.float32, torch.float32)])
+@pytest.mark.parametrize(
+    "dtype,out_dtype,expected",
+    [
+        (torch.float32, None, torch.float32),
+        (torch.bfloat16, None, torch.bfloat16),
+        (torch.float16, torch.float32, torch.float32),
+        ("fp8", None, torch.bfloat16),
+        ("fp8", torch.float32, torch.float32),
+    ],
+)
 @pytest.mark.parametrize("layout", ["contiguous", "masked", "k_grouped"])
 def test_fake_kernel_shapes_and_dtypes_match_eager(gen, layout, dtype, out_dtype, expected):
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -132,7 +143,7 @@ def test_psum_layout_rejects_bad_arguments():
 
 def test_psum_layout_with_bad_values_raises_a_layout_error(gen):
     a, b = randn(gen, 8, 4), randn(gen, 2, 3, 4)
-    lay = moe_hal.PsumLayout(torch.tensor([5, 3], dtype=torch.int32))   # decreasing ends
+    lay = moe_hal.PsumLayout(torch.tensor([5, 3], dtype=torch.int32))  # decreasing ends
     with pytest.raises(LayoutError, match="psum"):
         moe_hal.grouped_gemm(a, b, lay)
 
@@ -172,9 +183,11 @@ def test_autocast_runs_the_op_in_the_autocast_dtype(gen):
 
 
 def test_import_moe_hal_registers_nothing_and_imports_no_torch():
-    code = ("import sys, moe_hal; assert 'torch' not in sys.modules, 'torch imported'; "
-            "import torch; assert not hasattr(torch.ops.moe_hal, 'grouped_gemm'); "
-            "moe_hal.grouped_gemm; assert hasattr(torch.ops.moe_hal, 'grouped_gemm')")
+    code = (
+        "import sys, moe_hal; assert 'torch' not in sys.modules, 'torch imported'; "
+        "import torch; assert not hasattr(torch.ops.moe_hal, 'grouped_gemm'); "
+        "moe_hal.grouped_gemm; assert hasattr(torch.ops.moe_hal, 'grouped_gemm')"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -20,8 +20,40 @@ from moe_hal import perf
 from moe_hal.errors import ArgumentError, DTypeError
 from moe_hal.perf.model import _round_robin_makespan
 
-SEED = [4, 1026, 1799, 166, 694, 753, 0, 16, 0, 240, 1119, 19, 6, 0, 46, 659, 10, 0, 112, 808, 181, 0, 28, 22,
-        90, 0, 176, 0, 37, 5, 10, 22]
+SEED = [
+    4,
+    1026,
+    1799,
+    166,
+    694,
+    753,
+    0,
+    16,
+    0,
+    240,
+    1119,
+    19,
+    6,
+    0,
+    46,
+    659,
+    10,
+    0,
+    112,
+    808,
+    181,
+    0,
+    28,
+    22,
+    90,
+    0,
+    176,
+    0,
+    37,
+    5,
+    10,
+    22,
+]
 
 # The H200 of the reference's worked example: 132 SMs, 1979 TFLOPS fp8 (spec), 788 TFLOPS bf16
 # (measured), 4.3 TB/s (measured copy), wgmma M >= 64.
@@ -178,8 +210,9 @@ def test_fixed_time_overlap_and_bandwidth_cap():
     kw = dict(n=1024, k=1024, dtype="bf16", block_m=64, block_n=128)
     base = perf.estimate([64], hw=H200, **kw)
     assert perf.estimate([64], hw=H200, t_fixed=5e-6, **kw).t_predicted == pytest.approx(base.t_predicted + 5e-6)
-    assert perf.estimate([64], hw=H200.replace(t_fixed=3e-6), **kw).t_predicted == \
-        pytest.approx(base.t_predicted + 3e-6)
+    assert perf.estimate([64], hw=H200.replace(t_fixed=3e-6), **kw).t_predicted == pytest.approx(
+        base.t_predicted + 3e-6
+    )
     summed = perf.estimate([64], hw=H200, overlap_p=1, **kw)
     assert summed.t_predicted == pytest.approx(base.t_compute + base.t_memory)
     # 8 tiles on 132 cores, each core streams at most 10 GB/s -> 80 GB/s effective
@@ -232,8 +265,7 @@ def test_k_grouped_against_a_brute_force_schedule():
     # reads a and b rows once, writes every group's fp32 output (empty ones get zeros)
     assert est.out_dtype == "fp32"
     assert est.bytes_min == sum(ks) * (m + n) * 2 + len(ks) * m * n * 4
-    acc = perf.estimate(ks, n=n, m=m, hw=hw, dtype="bf16", block_m=bm, block_n=bn, op="k_grouped",
-                        accumulate=True)
+    acc = perf.estimate(ks, n=n, m=m, hw=hw, dtype="bf16", block_m=bm, block_n=bn, op="k_grouped", accumulate=True)
     assert acc.bytes_min == est.bytes_min + len(ks) * m * n * 4
     assert est.group_bounds[1] == "empty"
 
@@ -278,14 +310,14 @@ def test_advise_tie_break_prefers_less_compute_then_smaller_tiles():
 
 def test_advise_decode_shortcut():
     tiles = [(64, 128), (128, 128), (256, 128)]
-    low = perf.advise_decode(max_m=256, expected_m=16, num_groups=32, n=4096, k=7168, hw=H200, dtype="fp8",
-                             tiles=tiles)
+    low = perf.advise_decode(max_m=256, expected_m=16, num_groups=32, n=4096, k=7168, hw=H200, dtype="fp8", tiles=tiles)
     assert low.tile == (64, 128) and low.best.bound == "memory"
     assert "expected_m <= M*" in low.reason
     assert low.best.counts == (16,) * 32 and low.best.op == "masked"
     # 300 rows per group: BM=64 pads to 320 (occupancy 0.94), 128 -> 384, 256 -> 512
-    high = perf.advise_decode(max_m=512, expected_m=300, num_groups=32, n=4096, k=7168, hw=H200, dtype="fp8",
-                              tiles=tiles)
+    high = perf.advise_decode(
+        max_m=512, expected_m=300, num_groups=32, n=4096, k=7168, hw=H200, dtype="fp8", tiles=tiles
+    )
     assert high.best.bound == "compute" and "expected_m > M*" in high.reason
     hand = {}
     for bm, _ in tiles:
@@ -306,22 +338,25 @@ def test_dtype_aliases_and_out_dtype():
     assert b.bytes_min == 128 * 128 * 2 + 64 * 128 * 2 + 64 * 128 * 4
 
 
-@pytest.mark.parametrize("kwargs, argument", [
-    (dict(counts=[1, -1]), "counts[1]"),
-    (dict(counts=[1.5]), "counts[0]"),
-    (dict(counts=[]), "counts"),
-    (dict(counts="12"), "counts"),
-    (dict(n=0), "n"),
-    (dict(k=None), "k"),
-    (dict(block_m=0), "block_m"),
-    (dict(block_n=True), "block_n"),
-    (dict(op="grouped"), "op"),
-    (dict(hw=None), "hw"),
-    (dict(hw=3.5), "hw"),
-    (dict(m=5), "m"),
-    (dict(t_fixed=-1.0), "t_fixed"),
-    (dict(overlap_p=0.5), "overlap_p"),
-])
+@pytest.mark.parametrize(
+    "kwargs, argument",
+    [
+        (dict(counts=[1, -1]), "counts[1]"),
+        (dict(counts=[1.5]), "counts[0]"),
+        (dict(counts=[]), "counts"),
+        (dict(counts="12"), "counts"),
+        (dict(n=0), "n"),
+        (dict(k=None), "k"),
+        (dict(block_m=0), "block_m"),
+        (dict(block_n=True), "block_n"),
+        (dict(op="grouped"), "op"),
+        (dict(hw=None), "hw"),
+        (dict(hw=3.5), "hw"),
+        (dict(m=5), "m"),
+        (dict(t_fixed=-1.0), "t_fixed"),
+        (dict(overlap_p=0.5), "overlap_p"),
+    ],
+)
 def test_bad_arguments_name_themselves(kwargs, argument):
     call = dict(counts=[4, 8], n=128, k=128, hw=H200, dtype="bf16")
     call.update(kwargs)
@@ -368,9 +403,14 @@ def test_counts_accept_numpy_and_tensors():
 
 
 @settings(max_examples=60, deadline=None)
-@given(counts=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
-       bm=st.sampled_from([16, 32, 64, 128, 256]), bn=st.sampled_from([64, 128, 256]),
-       n=st.integers(1, 5000), k=st.integers(1, 8000), dtype=st.sampled_from(["fp8", "bf16"]))
+@given(
+    counts=st.lists(st.integers(0, 3000), min_size=1, max_size=40),
+    bm=st.sampled_from([16, 32, 64, 128, 256]),
+    bn=st.sampled_from([64, 128, 256]),
+    n=st.integers(1, 5000),
+    k=st.integers(1, 8000),
+    dtype=st.sampled_from(["fp8", "bf16"]),
+)
 def test_invariants(counts, bm, bn, n, k, dtype):
     est = perf.estimate(counts, n=n, k=k, hw=H200, dtype=dtype, block_m=bm, block_n=bn)
     assert est.t_predicted >= est.t_roofline * (1 - 1e-12)
@@ -432,6 +472,7 @@ class FakeEntry:
     def quantity(self, path):
         class Q:
             si = self._copy_bw
+
         return Q() if (path == "measured.copy_bandwidth" and self._copy_bw) else None
 
 
@@ -463,7 +504,7 @@ def test_model_imports_without_torch():
     code = f"""
 import sys, types
 sys.modules["torch"] = None
-pkg = types.ModuleType("moe_hal"); pkg.__path__ = [{str(root / 'moe_hal')!r}]
+pkg = types.ModuleType("moe_hal"); pkg.__path__ = [{str(root / "moe_hal")!r}]
 sys.modules["moe_hal"] = pkg
 from moe_hal import perf
 hw = perf.Hardware("x", 132, {{"fp8": 1979e12}}, 4.3e12, mma_min_m=64)
@@ -490,14 +531,16 @@ def test_l2_operand_load_term_favours_taller_tiles():
     # without the term both tiles predict the same time
     plain = hw.replace(l2_bandwidth=None)
     assert perf.estimate([128] * 4, block_m=64, **{**kw, "hw": plain}).t_compute == pytest.approx(
-        perf.estimate([128] * 4, block_m=128, **{**kw, "hw": plain}).t_compute)
+        perf.estimate([128] * 4, block_m=128, **{**kw, "hw": plain}).t_compute
+    )
 
 
 H20 = perf.Hardware("h20-example", 78, {"fp8": 296e12}, 4.0e12, mma_min_m=64)
 
 
-@pytest.mark.parametrize("counts, reference_us", [([16] * 2, 30.9), ([16] * 4, 61.9), ([32] * 2, 30.9),
-                                                  ([32] * 9, 123.8)])
+@pytest.mark.parametrize(
+    "counts, reference_us", [([16] * 2, 30.9), ([16] * 4, 61.9), ([32] * 2, 30.9), ([32] * 9, 123.8)]
+)
 def test_published_h20_points_of_the_reference(counts, reference_us):
     # reference §4.4 "tile+wave model" column for DeepGEMM PR #116 (masked, fp8, N=4096, K=7168,
     # BM=64, BN=128): waves x one 64x128x7168 tile at 296/78 TFLOP/s per SM
@@ -522,8 +565,9 @@ def test_advise_problem_reads_the_layout_without_a_sync():
 
     counts = [5, 0, 300, 64]
     lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=128)
-    p = Problem.build(torch.zeros(lay.num_rows, 256, dtype=torch.bfloat16),
-                      torch.zeros(4, 128, 256, dtype=torch.bfloat16), lay)
+    p = Problem.build(
+        torch.zeros(lay.num_rows, 256, dtype=torch.bfloat16), torch.zeros(4, 128, 256, dtype=torch.bfloat16), lay
+    )
     adv = perf.advise_problem(p, H200)
     direct = perf.advise(counts, 128, 256, H200, "bf16")
     assert adv.best == direct.best and adv.best.counts == tuple(counts)

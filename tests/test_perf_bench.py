@@ -47,8 +47,10 @@ def test_quick_sweep_is_small():
 
 def test_cpu_run_reports_model_errors(capsys, tmp_path):
     out_file = tmp_path / "res" / "bench.json"
-    rc, out = run(["--quick", "--model", "--only", "small-", "--warmup", "1", "--reps", "3", "--json",
-                   "--out", str(out_file)], capsys)
+    rc, out = run(
+        ["--quick", "--model", "--only", "small-", "--warmup", "1", "--reps", "3", "--json", "--out", str(out_file)],
+        capsys,
+    )
     assert rc == 0
     report = json.loads(out)
     assert json.loads(out_file.read_text()) == report
@@ -71,24 +73,41 @@ def test_cpu_run_reports_model_errors(capsys, tmp_path):
         errors.append(m["error_predicted"])
     s = report["summary"]["model"]
     assert s["n"] == len(ran)
-    assert s["median_abs_error"] == pytest.approx(sorted(abs(e) for e in errors)[len(errors) // 2]
-                                                  if len(errors) % 2 else
-                                                  sum(sorted(abs(e) for e in errors)[len(errors) // 2 - 1:
-                                                                                     len(errors) // 2 + 1]) / 2)
+    assert s["median_abs_error"] == pytest.approx(
+        sorted(abs(e) for e in errors)[len(errors) // 2]
+        if len(errors) % 2
+        else sum(sorted(abs(e) for e in errors)[len(errors) // 2 - 1 : len(errors) // 2 + 1]) / 2
+    )
     assert s["worst_abs_error"] == pytest.approx(max(abs(e) for e in errors))
 
 
 def test_calibrated_run_and_table(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
-    rc, out = run(["--quick", "--model", "--calibrate", "--only", "small-wgrad", "--warmup", "1", "--reps", "3",
-                   "--no-peers"], capsys)
+    rc, out = run(
+        ["--quick", "--model", "--calibrate", "--only", "small-wgrad", "--warmup", "1", "--reps", "3", "--no-peers"],
+        capsys,
+    )
     assert rc == 0
     assert "model_calibrated" in out and "small-wgrad" in out
 
 
 def test_unsupported_case_is_reported_not_raised(capsys):
-    rc, out = run(["--quick", "--only", "small-fp8", "--fp8", "--backend", "no-such-backend", "--json",
-                   "--warmup", "1", "--reps", "2"], capsys)
+    rc, out = run(
+        [
+            "--quick",
+            "--only",
+            "small-fp8",
+            "--fp8",
+            "--backend",
+            "no-such-backend",
+            "--json",
+            "--warmup",
+            "1",
+            "--reps",
+            "2",
+        ],
+        capsys,
+    )
     report = json.loads(out)
     assert rc == 1 and "error" in report["cases"][0] and "no-such-backend" in report["cases"][0]["error"]
 
@@ -137,8 +156,23 @@ def test_failures_are_recorded_and_the_run_goes_on(capsys, tmp_path, monkeypatch
     monkeypatch.setattr(bench, "add_model", add_model)
     monkeypatch.setenv("COLUMNS", "300")
     out_file = tmp_path / "r.json"
-    rc, out = run(["--quick", "--model", "--calibrate", "--only", "small-", "--warmup", "1", "--reps", "2",
-                   "--no-peers", "--out", str(out_file)], capsys)
+    rc, out = run(
+        [
+            "--quick",
+            "--model",
+            "--calibrate",
+            "--only",
+            "small-",
+            "--warmup",
+            "1",
+            "--reps",
+            "2",
+            "--no-peers",
+            "--out",
+            str(out_file),
+        ],
+        capsys,
+    )
     assert rc == 0
     report = json.loads(out_file.read_text())
     assert report["hardware"]["calibration"]["error"] == "RuntimeError: calibration exploded"

@@ -12,8 +12,16 @@ from moe_hal.errors import ArgumentError
 from moe_hal.perf.efficiency import Achieved, EfficiencyTable
 
 
-def rec(device="dev-a", arch="arch", impl="lib", kind="compute", value=0.5, cases=3, dtype="fp8",
-        family="grouped_contiguous"):
+def rec(
+    device="dev-a",
+    arch="arch",
+    impl="lib",
+    kind="compute",
+    value=0.5,
+    cases=3,
+    dtype="fp8",
+    family="grouped_contiguous",
+):
     if kind != "compute":
         dtype = family = None
     return Achieved(device, arch, impl, kind, value, cases, "fitted", "test", dtype=dtype, family=family)
@@ -40,8 +48,9 @@ def test_an_unknown_implementation_gets_the_best_on_the_device_then_the_architec
 
 def test_the_family_class_is_tried_before_other_devices():
     # a masked call on dev-a: dev-a's contiguous (same forward class) before dev-b's masked
-    table = EfficiencyTable([rec(value=0.6), rec(device="dev-b", value=0.9, family="grouped_masked"),
-                             rec(value=0.4, family="k_grouped")])
+    table = EfficiencyTable(
+        [rec(value=0.6), rec(device="dev-b", value=0.9, family="grouped_masked"), rec(value=0.4, family="k_grouped")]
+    )
     assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.6
     assert table.compute("dev-a", "arch", "lib", "fp8", "k_grouped").value == 0.4
 
@@ -67,9 +76,14 @@ H800 = {"num_cores": 132, "peak_flops": {"fp8": 1979e12, "bf16": 989.5e12}, "mem
 
 
 def test_estimate_applies_achieved_figures_and_says_so():
-    table = EfficiencyTable([rec(device="gpu", value=0.5), rec(device="gpu", kind="bandwidth", value=0.8),
-                             rec(device="gpu", kind="tile_overhead", value=2e-6, impl="*"),
-                             rec(device="gpu", kind="launch", value=3e-6, impl="*")])
+    table = EfficiencyTable(
+        [
+            rec(device="gpu", value=0.5),
+            rec(device="gpu", kind="bandwidth", value=0.8),
+            rec(device="gpu", kind="tile_overhead", value=2e-6, impl="*"),
+            rec(device="gpu", kind="launch", value=3e-6, impl="*"),
+        ]
+    )
     hw = perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)
     est = perf.estimate([8192] * 4, 4096, 7168, hw, "fp8", 128, 128)
     tiles = 4 * 64 * 32
@@ -124,11 +138,32 @@ def test_the_fast_fit_arithmetic_is_the_model_itself():
 
 def test_a_per_core_cap_and_l2_bandwidth_in_an_overlay_are_loaded(tmp_path):
     # the fields issue 14 found missing: a measured per-SM streaming cap and L2 bandwidth
-    overlay = {"schema_version": 1, "overlay_of": "nvidia-h20", "achieved": {"probe_impl": {
-        "bandwidth_per_unit": {"value": 10, "unit": "GB/s", "basis": "measured", "source": "test",
-                               "date": "2026-12-02", "method": "test", "tool": "pytest"},
-        "l2_bandwidth": {"value": 5, "unit": "TB/s", "basis": "measured", "source": "test",
-                         "date": "2026-12-02", "method": "test", "tool": "pytest"}}}}
+    overlay = {
+        "schema_version": 1,
+        "overlay_of": "nvidia-h20",
+        "achieved": {
+            "probe_impl": {
+                "bandwidth_per_unit": {
+                    "value": 10,
+                    "unit": "GB/s",
+                    "basis": "measured",
+                    "source": "test",
+                    "date": "2026-12-02",
+                    "method": "test",
+                    "tool": "pytest",
+                },
+                "l2_bandwidth": {
+                    "value": 5,
+                    "unit": "TB/s",
+                    "basis": "measured",
+                    "source": "test",
+                    "date": "2026-12-02",
+                    "method": "test",
+                    "tool": "pytest",
+                },
+            }
+        },
+    }
     path = tmp_path / "h20-probe.yaml"
     path.write_text(yaml.safe_dump(overlay))
     try:

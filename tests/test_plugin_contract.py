@@ -17,17 +17,22 @@ from moe_hal.backend import Backend, BackendSpec, PerfModel, Signature
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The entry-point modules of the plugins in this repository.
-PLUGIN_MODULES = [ROOT / "backends/cuda/moe_hal_cuda/plugin.py", ROOT / "backends/ascend/moe_hal_ascend/plugin.py",
-                  ROOT / "tests/plugins/moe_hal_fake_vendor/moe_hal_fake_vendor/plugin.py"]
+PLUGIN_MODULES = [
+    ROOT / "backends/cuda/moe_hal_cuda/plugin.py",
+    ROOT / "backends/ascend/moe_hal_ascend/plugin.py",
+    ROOT / "tests/plugins/moe_hal_fake_vendor/moe_hal_fake_vendor/plugin.py",
+]
 
 
 def test_plugin_api_offers_every_name_without_importing_torch():
     for name in plugin_api.__all__:
         assert getattr(plugin_api, name) is not None, name
-    code = ("import sys, moe_hal.plugin_api as api; "
-            "assert 'torch' not in sys.modules, 'plugin_api imported torch'; "
-            "api.BackendSpec, api.Signature, api.PerfModel, api.hookimpl, api.clear_cache(); "
-            "assert 'torch' not in sys.modules and 'moe_hal.selection' not in sys.modules; print('ok')")
+    code = (
+        "import sys, moe_hal.plugin_api as api; "
+        "assert 'torch' not in sys.modules, 'plugin_api imported torch'; "
+        "api.BackendSpec, api.Signature, api.PerfModel, api.hookimpl, api.clear_cache(); "
+        "assert 'torch' not in sys.modules and 'moe_hal.selection' not in sys.modules; print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
@@ -59,8 +64,10 @@ def test_clear_cache_forgets_selections():
 def test_perf_model_is_typed_and_validated():
     spec = BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), perf_model=PerfModel(tiles=[[64, 128]]))
     assert spec.perf_model.tiles == ((64, 128),)
-    assert PerfModel(reads_padding_rows=True).estimate_options() == {"streams_all_experts": False,
-                                                                      "reads_padding_rows": True}
+    assert PerfModel(reads_padding_rows=True).estimate_options() == {
+        "streams_all_experts": False,
+        "reads_padding_rows": True,
+    }
     with pytest.raises(ValueError, match="perf_model"):
         BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), perf_model={"tiles": [[64, 128]]})
     with pytest.raises(ValueError, match="tiles"):
@@ -95,8 +102,9 @@ def test_physical_scales_is_an_optional_documented_method():
 
 def test_the_core_lists_no_vendor_variable_or_package():
     vendor_words = ("CUDA", "ASCEND", "NPU", "TRITON", "CANN")
-    assert not [n for n in (*environment.KNOWN_ENV_VARS, *environment.RELATED_ENV_VARS)
-                if any(w in n for w in vendor_words)]
+    assert not [
+        n for n in (*environment.KNOWN_ENV_VARS, *environment.RELATED_ENV_VARS) if any(w in n for w in vendor_words)
+    ]
     assert not [p for p in sysinfo.CORE_PACKAGES if any(w.lower() in p for w in vendor_words)]
 
 
@@ -140,8 +148,10 @@ def test_disable_plugins_denies_one_plugin(fresh_plugins, monkeypatch):
     assert os.environ["MOE_HAL_DISABLE_PLUGINS"]
 
 
-@pytest.mark.parametrize("field,value", [("dtypes", {"fp8"}), ("dtypes", {"bfloat16"}), ("out_dtypes", {"float32"}),
-                                         ("scale_formats", {"e8m0"})])
+@pytest.mark.parametrize(
+    "field,value",
+    [("dtypes", {"fp8"}), ("dtypes", {"bfloat16"}), ("out_dtypes", {"float32"}), ("scale_formats", {"e8m0"})],
+)
 def test_signature_refuses_names_outside_the_vocabulary(field, value):
     # Accepted silently, such a signature would never match any call.
     fields = {"ops": {"contiguous"}, "dtypes": {"bf16"}, "out_dtypes": {"bf16"}, field: value}

@@ -24,16 +24,26 @@ def call(gen, backend=None):
 
 def test_test_plugins_are_installed():
     names = {ep.name for ep in metadata.entry_points(group=hookspecs.ENTRY_POINT_GROUP)}
-    assert {"fake_vendor", "broken_import", "broken_hook", "broken_reserved", "broken_impl", "broken_typo",
-            "twin_a", "twin_b"} <= names, "pip install -e tests/plugins/moe_hal_fake_vendor -e tests/plugins/moe_hal_broken_vendor"
+    assert {
+        "fake_vendor",
+        "broken_import",
+        "broken_hook",
+        "broken_reserved",
+        "broken_impl",
+        "broken_typo",
+        "twin_a",
+        "twin_b",
+    } <= names, "pip install -e tests/plugins/moe_hal_fake_vendor -e tests/plugins/moe_hal_broken_vendor"
 
 
 def test_import_moe_hal_loads_no_plugin_and_no_vendor_stack():
-    code = ("import sys, moe_hal; print('torch' in sys.modules); "
-            "import moe_hal.plugins as p, moe_hal.api; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('torch_npu', 'triton', 'cuda', 'moe_hal_cuda', 'moe_hal_ascend', 'moe_hal_fake_vendor', "
-            "'moe_hal_broken_vendor'))); print(p.host()._loaded)")
+    code = (
+        "import sys, moe_hal; print('torch' in sys.modules); "
+        "import moe_hal.plugins as p, moe_hal.api; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch_npu', 'triton', 'cuda', 'moe_hal_cuda', 'moe_hal_ascend', 'moe_hal_fake_vendor', "
+        "'moe_hal_broken_vendor'))); print(p.host()._loaded)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[0] == "False", "import moe_hal alone must not even import torch (names load on first access)"
     assert out[1] == "[]"
@@ -59,8 +69,12 @@ def test_broken_plugins_are_isolated_and_recorded(fresh_plugins, gen):
     assert status["broken_reserved"] == "failed"
     assert status["broken_typo"] == "failed"
     phases = {f.plugin: f.phase for f in host.failures()}
-    assert phases == {"broken_import": "load", "broken_hook": "register_backends",
-                      "broken_reserved": "register_backends", "broken_typo": "validate"}
+    assert phases == {
+        "broken_import": "load",
+        "broken_hook": "register_backends",
+        "broken_reserved": "register_backends",
+        "broken_typo": "validate",
+    }
     failure = next(f for f in host.failures() if f.plugin == "broken_import")
     assert "libvendor_kernels.so" in failure.message and "Traceback" in failure.traceback
     assert failure.distribution == "moe-hal-broken-vendor"
@@ -149,7 +163,9 @@ def test_trace_plugins_prints_to_stderr():
 
 
 def test_info_json_works_with_broken_plugins():
-    out = subprocess.run([sys.executable, "-m", "moe_hal", "info", "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "moe_hal", "info", "--json"], capture_output=True, text=True, check=True
+    )
     snap = json.loads(out.stdout)
     plugins_by_name = {p["name"]: p for p in snap["plugins"]}
     assert plugins_by_name["broken_hook"]["status"] == "failed"

@@ -47,12 +47,12 @@ def test_builds_once_and_reuses(cache):
 
 
 def test_fresh_views_with_the_same_geometry_hit(cache):
-    w = torch.randn(3, 16, 8)                     # a user's [G, K, N] passed as w.transpose(1, 2)
+    w = torch.randn(3, 16, 8)  # a user's [G, K, N] passed as w.transpose(1, 2)
     build = Counter(lambda v: v.contiguous().clone())
     first = cache.get("b", w.transpose(1, 2), "nk", build)
     assert cache.get("b", w.transpose(1, 2), "nk", build) is first
     assert build.calls == 1
-    cache.get("b", w, "nk", build)                # different strides: a different entry
+    cache.get("b", w, "nk", build)  # different strides: a different entry
     assert build.calls == 2
 
 
@@ -80,7 +80,7 @@ def test_in_place_change_invalidates(cache):
     assert build.calls == 2 and cache.stats()["invalidations"] == 1 and cache.stats()["entries"] == 1
     plain = torch.zeros(4)
     cache.get("b", plain, "copy", build)
-    plain[1] = 5.0                                  # indexing writes bump the version too
+    plain[1] = 5.0  # indexing writes bump the version too
     assert cache.get("b", plain, "copy", build)[1] == 5.0
 
 
@@ -102,19 +102,19 @@ def test_freed_source_frees_its_entry(cache):
     view = w.t()
     del w
     gc.collect()
-    assert cache.stats()["entries"] == 1           # a view keeps the storage alive
+    assert cache.stats()["entries"] == 1  # a view keeps the storage alive
     del view
     gc.collect()
     assert cache.stats()["entries"] == 0 and cache.stats()["bytes"] == 0
-    assert value_ref() is None                      # the prepared form is freed too
+    assert value_ref() is None  # the prepared form is freed too
 
 
 def test_discard_after_writes_the_version_counter_cannot_see(cache):
     w = torch.nn.Parameter(torch.zeros(3))
     build = Counter(lambda t: t.detach().clone())
     cache.get("b", w, "copy", build)
-    w.data.copy_(torch.ones(3))                    # bypasses w's version counter
-    assert torch.equal(cache.get("b", w, "copy", build), torch.zeros(3))   # documented: stale
+    w.data.copy_(torch.ones(3))  # bypasses w's version counter
+    assert torch.equal(cache.get("b", w, "copy", build), torch.zeros(3))  # documented: stale
     assert cache.discard(w) == 1
     assert torch.equal(cache.get("b", w, "copy", build), torch.ones(3))
 
@@ -128,19 +128,19 @@ def test_inference_tensors_are_cached(cache):
 
 
 def test_lru_eviction_under_a_budget(cache):
-    ws = [torch.randn(256) for _ in range(4)]       # 1 KiB fp32 results each
+    ws = [torch.randn(256) for _ in range(4)]  # 1 KiB fp32 results each
     cache.set_max_bytes(2 * 1024)
     for w in ws[:2]:
         cache.get("b", w, "copy", lambda t: t.clone())
-    cache.get("b", ws[0], "copy", lambda t: t.clone())       # touch 0: 1 is now the oldest
+    cache.get("b", ws[0], "copy", lambda t: t.clone())  # touch 0: 1 is now the oldest
     cache.get("b", ws[2], "copy", lambda t: t.clone())
     s = cache.stats()
     assert s["entries"] == 2 and s["bytes"] == 2048 and s["evictions"] == 1
     build = Counter(lambda t: t.clone())
     cache.get("b", ws[0], "copy", build)
-    assert build.calls == 0                                   # 0 survived
+    assert build.calls == 0  # 0 survived
     cache.get("b", ws[1], "copy", build)
-    assert build.calls == 1                                   # 1 was evicted
+    assert build.calls == 1  # 1 was evicted
     cache.set_max_bytes("1KiB")
     assert cache.stats()["entries"] == 1
     cache.set_max_bytes(None)
@@ -162,8 +162,8 @@ def test_budget_from_the_environment(cache, monkeypatch):
     for w in ws:
         cache.get("b", w, "copy", lambda t: t.clone())
     assert cache.stats()["entries"] == 1
-    cache.set_max_bytes(10 ** 6)                                 # the setter wins
-    assert cache.max_bytes == 10 ** 6
+    cache.set_max_bytes(10**6)  # the setter wins
+    assert cache.max_bytes == 10**6
     cache.reset_max_bytes()
     monkeypatch.setenv(ENV_MAX_BYTES, "lots")
     with pytest.raises(ArgumentError, match=ENV_MAX_BYTES):
@@ -171,10 +171,10 @@ def test_budget_from_the_environment(cache, monkeypatch):
 
 
 def test_parse_bytes():
-    assert parse_bytes("8000000000") == 8 * 10 ** 9
-    assert parse_bytes("8e9") == 8 * 10 ** 9
-    assert parse_bytes("512MiB") == 512 * 2 ** 20
-    assert parse_bytes("8GB") == parse_bytes("8g") == 8 * 10 ** 9
+    assert parse_bytes("8000000000") == 8 * 10**9
+    assert parse_bytes("8e9") == 8 * 10**9
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes("8GB") == parse_bytes("8g") == 8 * 10**9
     assert parse_bytes(" 1.5 KiB ") == 1536
     with pytest.raises(ArgumentError):
         parse_bytes("-1")
@@ -183,7 +183,7 @@ def test_parse_bytes():
 def test_results_aliasing_the_source_are_not_cached(cache):
     w = torch.randn(4, 4)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")               # a pure alias is silent
+        warnings.simplefilter("error")  # a pure alias is silent
         assert cache.get("b", w, "same", lambda t: t.contiguous()) is w
     assert cache.stats()["entries"] == 0
     with pytest.warns(PathWarning, match="views of its source"):
@@ -194,6 +194,7 @@ def test_results_aliasing_the_source_are_not_cached(cache):
 def test_failing_build_caches_nothing(cache):
     def boom(_):
         raise RuntimeError("no")
+
     with pytest.raises(RuntimeError, match="no"):
         cache.get("b", torch.ones(2), "k", boom)
     assert cache.stats()["entries"] == 0

@@ -25,7 +25,7 @@ def naive_scales(x: torch.Tensor, block: tuple[int, int], ue8m0: bool) -> torch.
     for b in range(flat.shape[0]):
         for i in range(sr):
             for j in range(sc):
-                amax = float(flat[b, i * br:(i + 1) * br, j * bc:(j + 1) * bc].abs().max())
+                amax = float(flat[b, i * br : (i + 1) * br, j * bc : (j + 1) * bc].abs().max())
                 s = max(amax, AMAX_FLOOR) / E4M3_MAX
                 if ue8m0:
                     s = 2.0 ** math.ceil(math.log2(s))  # smallest power of two >= s
@@ -35,7 +35,7 @@ def naive_scales(x: torch.Tensor, block: tuple[int, int], ue8m0: bool) -> torch.
 
 CASES = [
     ((4, 256), (1, 128)),
-    ((3, 130), (1, 128)),       # K not a multiple of 128: partial edge block
+    ((3, 130), (1, 128)),  # K not a multiple of 128: partial edge block
     ((1, 1), (1, 128)),
     ((2, 200, 300), (128, 128)),
     ((1, 128, 128), (128, 128)),
@@ -64,7 +64,7 @@ def test_scales_shapes_and_error_bound(shape, block, dtype, ue8m0):
     # (half the subnormal spacing 2^-9) in units of the scale below it.
     xf = x.double()
     deq = dequantize(q, torch.float64)
-    bound = xf.abs() * 2.0 ** -4 + q.expanded_scale().double() * 2.0 ** -10
+    bound = xf.abs() * 2.0**-4 + q.expanded_scale().double() * 2.0**-10
     assert bool(((deq - xf).abs() <= bound * (1 + 1e-6)).all())
     # The largest element of each block maps to (nearly) the fp8 max: the scale is not wasteful.
     assert float(q.data.float().abs().max()) <= E4M3_MAX
@@ -92,7 +92,7 @@ def test_weights_blocks_never_straddle_experts():
 
 
 def test_transposed_input_and_dequantize_matches_method():
-    x = torch.randn(256, 64).t()          # non-contiguous view [64, 256]
+    x = torch.randn(256, 64).t()  # non-contiguous view [64, 256]
     q = quantize_fp8(x)
     assert q.data.is_contiguous()
     assert torch.equal(dequantize(q), q.dequantize())
@@ -104,9 +104,9 @@ def test_transposed_input_and_dequantize_matches_method():
 def test_exactly_representable_values_round_trip():
     # Values on the e4m3 grid times a power-of-two scale come back exactly.
     grid = torch.tensor([0.0, 1.0, -2.0, 0.5, 448.0, 3.5, -0.015625, 240.0])
-    x = torch.cat([grid, grid.flip(0)]).repeat(8).reshape(1, 128) * 2.0 ** -5
+    x = torch.cat([grid, grid.flip(0)]).repeat(8).reshape(1, 128) * 2.0**-5
     q = quantize_fp8(x, ue8m0=True)
-    assert q.scale.item() == 2.0 ** -5  # amax = 448 * 2^-5 -> scale exactly 2^-5
+    assert q.scale.item() == 2.0**-5  # amax = 448 * 2^-5 -> scale exactly 2^-5
     assert torch.equal(q.dequantize(), x)
 
 
@@ -134,26 +134,27 @@ def test_empty_inputs():
 
 # -- ceil_to_ue8m0 -------------------------------------------------------------------------------
 
+
 def test_ceil_to_ue8m0_examples():
-    x = torch.tensor([1.0, 1.5, 3.0, 0.75, 2.0 ** -20, 2.0 ** -20 * 1.0001, 6.0, 1e30])
-    expected = torch.tensor([1.0, 2.0, 4.0, 1.0, 2.0 ** -20, 2.0 ** -19, 8.0, 2.0 ** 100])  # 2^99 < 1e30 < 2^100
+    x = torch.tensor([1.0, 1.5, 3.0, 0.75, 2.0**-20, 2.0**-20 * 1.0001, 6.0, 1e30])
+    expected = torch.tensor([1.0, 2.0, 4.0, 1.0, 2.0**-20, 2.0**-19, 8.0, 2.0**100])  # 2^99 < 1e30 < 2^100
     assert torch.equal(ceil_to_ue8m0(x), expected)
 
 
 def test_ceil_to_ue8m0_clamps_like_deepgemm():
-    tiny = 2.0 ** -126
-    x = torch.tensor([0.0, 1e-45, float("inf"), 2.0 ** 127 * 1.5, -3.0])
-    assert torch.equal(ceil_to_ue8m0(x), torch.tensor([tiny, tiny, 2.0 ** 127, 2.0 ** 127, 4.0]))
+    tiny = 2.0**-126
+    x = torch.tensor([0.0, 1e-45, float("inf"), 2.0**127 * 1.5, -3.0])
+    assert torch.equal(ceil_to_ue8m0(x), torch.tensor([tiny, tiny, 2.0**127, 2.0**127, 4.0]))
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.floats(min_value=2.0 ** -126, max_value=2.0 ** 127, allow_nan=False, width=32))
+@given(st.floats(min_value=2.0**-126, max_value=2.0**127, allow_nan=False, width=32))
 def test_ceil_to_ue8m0_is_the_smallest_power_of_two_above(v):
     out = float(ceil_to_ue8m0(torch.tensor([v], dtype=torch.float32))[0])
     m, e = math.frexp(out)
-    assert m == 0.5                      # a power of two
-    assert out >= v                      # not below the input
-    assert out / 2 < v                   # minimal
+    assert m == 0.5  # a power of two
+    assert out >= v  # not below the input
+    assert out / 2 < v  # minimal
 
 
 def test_ceil_to_ue8m0_rejects_non_fp32():
@@ -162,10 +163,16 @@ def test_ceil_to_ue8m0_rejects_non_fp32():
 
 
 @settings(max_examples=40, deadline=None)
-@given(lead=st.lists(st.integers(1, 3), max_size=2), rows=st.integers(1, 140), cols=st.integers(1, 300),
-       block=st.sampled_from([(1, 128), (128, 128), (128, 1), (1, 32), (3, 5)]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]), ue8m0=st.booleans(),
-       seed=st.integers(0, 2 ** 16), zero_rows=st.booleans())
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    rows=st.integers(1, 140),
+    cols=st.integers(1, 300),
+    block=st.sampled_from([(1, 128), (128, 128), (128, 1), (1, 32), (3, 5)]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    ue8m0=st.booleans(),
+    seed=st.integers(0, 2**16),
+    zero_rows=st.booleans(),
+)
 def test_quantize_properties(lead, rows, cols, block, dtype, ue8m0, seed, zero_rows):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(*lead, rows, cols, generator=gen) * 10.0 ** torch.randint(-3, 4, (1,), generator=gen).item()
@@ -183,7 +190,7 @@ def test_quantize_properties(lead, rows, cols, block, dtype, ue8m0, seed, zero_r
         torch.testing.assert_close(q.scale, expected, rtol=2e-7, atol=0)
     assert bool(torch.isfinite(q.data.float()).all())
     xf = x.double()
-    bound = xf.abs() * 2.0 ** -4 + q.expanded_scale().double() * 2.0 ** -10
+    bound = xf.abs() * 2.0**-4 + q.expanded_scale().double() * 2.0**-10
     assert bool(((q.dequantize(torch.float64) - xf).abs() <= bound * (1 + 1e-6)).all())
 
 
@@ -194,7 +201,7 @@ def test_chunked_cpu_path_matches_one_chunk(monkeypatch, block):
     torch.manual_seed(0)
     x = torch.randn(3, 300, 260).bfloat16()
     whole = quantize_fp8(x, block=block, ue8m0=True)
-    monkeypatch.setattr(quant, "_CPU_CHUNK_ELEMENTS", 1000)      # many chunks, one of them partial
+    monkeypatch.setattr(quant, "_CPU_CHUNK_ELEMENTS", 1000)  # many chunks, one of them partial
     chunked = quantize_fp8(x, block=block, ue8m0=True)
     assert torch.equal(chunked.scale, whole.scale)
     assert torch.equal(chunked.data.view(torch.uint8), whole.data.view(torch.uint8))

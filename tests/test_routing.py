@@ -21,8 +21,7 @@ def align_up(x: int, a: int) -> int:
 def ref_dispatch(hidden, ids, num_experts, alignment):
     """Loop reference: expert-major, then token, then slot; segments aligned; padding rows zero."""
     tokens, k = ids.shape
-    per_expert = [[(t, j) for t in range(tokens) for j in range(k) if int(ids[t, j]) == e]
-                  for e in range(num_experts)]
+    per_expert = [[(t, j) for t in range(tokens) for j in range(k) if int(ids[t, j]) == e] for e in range(num_experts)]
     starts, end = [], 0
     for slots in per_expert:
         start = align_up(end, alignment)
@@ -80,17 +79,17 @@ def routings(draw, max_tokens=24):
     num_experts = draw(st.integers(1, 9))
     kind = draw(st.sampled_from(["uniform", "one_expert", "skewed", "sparse"]))
     p_skip = draw(st.sampled_from([0.0, 0.0, 0.3, 1.0]))
-    seed = draw(st.integers(0, 2 ** 20))
+    seed = draw(st.integers(0, 2**20))
     gen = torch.Generator().manual_seed(seed)
     if kind == "uniform":
         ids = torch.randint(0, num_experts, (tokens, k), generator=gen)
-    elif kind == "one_expert":                     # every token to one expert, the others empty
+    elif kind == "one_expert":  # every token to one expert, the others empty
         ids = torch.full((tokens, k), draw(st.integers(0, num_experts - 1)), dtype=torch.int64)
-    elif kind == "skewed":                         # a power law: most slots on few experts
-        probs = torch.tensor([2.0 ** -e for e in range(num_experts)])
-        ids = torch.multinomial(probs, max(tokens * k, 1), replacement=True, generator=gen)[:tokens * k]
+    elif kind == "skewed":  # a power law: most slots on few experts
+        probs = torch.tensor([2.0**-e for e in range(num_experts)])
+        ids = torch.multinomial(probs, max(tokens * k, 1), replacement=True, generator=gen)[: tokens * k]
         ids = ids.view(tokens, k)
-    else:                                          # only the even experts used: odd ones empty
+    else:  # only the even experts used: odd ones empty
         ids = torch.randint(0, (num_experts + 1) // 2, (tokens, k), generator=gen) * 2
     skip = torch.rand(tokens, k, generator=gen) < p_skip
     ids = torch.where(skip, -1, ids)
@@ -100,8 +99,11 @@ def routings(draw, max_tokens=24):
 
 
 @settings(max_examples=60, deadline=None)
-@given(routing=routings(), alignment=st.sampled_from([1, 2, 4, 8, 128]),
-       dtype=st.sampled_from([torch.float32, torch.bfloat16]))
+@given(
+    routing=routings(),
+    alignment=st.sampled_from([1, 2, 4, 8, 128]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
 def test_dispatch_matches_loop_reference(routing, alignment, dtype):
     ids, num_experts, seed = routing
     gen = torch.Generator().manual_seed(seed + 1)
@@ -124,7 +126,7 @@ def test_dispatch_matches_loop_reference(routing, alignment, dtype):
     # combine against the float64 loop on fresh random expert outputs of another width.
     out = torch.randn(d.layout.num_rows, 7, generator=gen).to(dtype)
     gaps = d.layout.gap_rows_on("cpu")
-    out[gaps] = float("nan")                       # padding rows must never be read
+    out[gaps] = float("nan")  # padding rows must never be read
     y = combine(out, d)
     assert y.dtype == dtype and y.shape == (ids.shape[0], 7)
     ref = ref_combine(out, row_of_slot, weights.to(dtype))
@@ -144,8 +146,7 @@ def test_dispatch_masked_matches_loop_reference(routing, max_m, drop):
         with pytest.raises(CapacityError):
             dispatch_masked(hidden, ids, num_experts, max_m)
         return
-    md = dispatch_masked(hidden, ids, num_experts, max_m, overflow="drop" if drop else "error",
-                         topk_weights=weights)
+    md = dispatch_masked(hidden, ids, num_experts, max_m, overflow="drop" if drop else "error", topk_weights=weights)
     assert isinstance(md, MaskedDispatch) and isinstance(md.layout, MaskedLayout)
     assert md.dropped == dropped
     assert md.layout.masked_m.dtype == torch.int32 and md.layout.masked_m.tolist() == masked_m
@@ -154,9 +155,10 @@ def test_dispatch_masked_matches_loop_reference(routing, max_m, drop):
     assert torch.equal(md.row_of_slot, row_of_slot)
     out = torch.randn(num_experts, max_m, 3, generator=gen)
     for g, m in enumerate(masked_m):
-        out[g, m:] = float("nan")                   # rows past masked_m are never written by a GEMM
-    torch.testing.assert_close(combine_masked(out, md).double(), ref_combine(out, row_of_slot, weights),
-                               rtol=1e-5, atol=1e-5)
+        out[g, m:] = float("nan")  # rows past masked_m are never written by a GEMM
+    torch.testing.assert_close(
+        combine_masked(out, md).double(), ref_combine(out, row_of_slot, weights), rtol=1e-5, atol=1e-5
+    )
 
 
 @settings(max_examples=40, deadline=None)
@@ -192,11 +194,11 @@ def test_golden_small_example():
     assert d.slot_of_row.tolist() == [0, 5, -1, -1, 2, 4, 7, -1, 1, 3, -1, -1]
     assert d.layout.m_indices().tolist() == [0, 0, -1, -1, 1, 1, 1, -1, 2, 2, -1, -1]
     w = torch.tensor([[0.5, 0.25], [1.0, 2.0], [4.0, 8.0], [16.0, 32.0]])
-    out = torch.arange(12, dtype=torch.float32)[:, None] * 10            # row r -> 10 r
+    out = torch.arange(12, dtype=torch.float32)[:, None] * 10  # row r -> 10 r
     # y0 = .5*0 + .25*80; y1 = 1*40 + 2*90; y2 = 4*50 + 8*10; y3 = 32*60
     assert combine(out, d, w).flatten().tolist() == [20.0, 220.0, 280.0, 1920.0]
     md = dispatch_masked(hidden, ids, 3, max_m=2, overflow="drop")
-    assert md.dropped == 1                                               # expert 1's third slot (3,1)
+    assert md.dropped == 1  # expert 1's third slot (3,1)
     assert md.layout.masked_m.tolist() == [2, 2, 2]
     assert md.a[..., 0].tolist() == [[1, 3], [2, 3], [1, 2]]
     assert md.row_of_slot.tolist() == [[0, 4], [2, 5], [3, 1], [-1, -1]]

@@ -14,9 +14,30 @@ def test_bench_routing_runs_at_a_tiny_size(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "routing.json"
-    report = module.main(["--tokens", "64", "--hidden", "256", "--experts", "8", "--topk", "2",
-                          "--weight-groups", "2", "--weight-n", "128", "--warmup", "0", "--repeat", "1",
-                          "--json", str(out), "--markdown", str(tmp_path / "routing.md")])
+    report = module.main(
+        [
+            "--tokens",
+            "64",
+            "--hidden",
+            "256",
+            "--experts",
+            "8",
+            "--topk",
+            "2",
+            "--weight-groups",
+            "2",
+            "--weight-n",
+            "128",
+            "--warmup",
+            "0",
+            "--repeat",
+            "1",
+            "--json",
+            str(out),
+            "--markdown",
+            str(tmp_path / "routing.md"),
+        ]
+    )
     assert json.loads(out.read_text())["config"]["tokens"] == 64
     names = {r["name"] for r in report["results"]}
     assert {"copy limit (torch.clone)", "dispatch + combine", "quantize_fp8 1x128 (fp32 scales)"} <= names

@@ -36,8 +36,12 @@ def test_forced_ineligible_backend_raises_with_its_reasons(fresh_plugins, gen):
         # fake_vendor declares no fp8; a quantized call is outside its signatures
         from moe_hal.quant import quantize_fp8
 
-        moe_hal.grouped_gemm(quantize_fp8(randn(gen, 5, 128)), quantize_fp8(randn(gen, 2, 4, 128), block=(128, 128)),
-                             lay, backend="fake_vendor")
+        moe_hal.grouped_gemm(
+            quantize_fp8(randn(gen, 5, 128)),
+            quantize_fp8(randn(gen, 2, 4, 128), block=(128, 128)),
+            lay,
+            backend="fake_vendor",
+        )
     codes = {r.code for r in info.value.reasons}
     assert "dtype_unsupported" in codes and info.value.backend == "fake_vendor"
     assert "not used" in str(info.value)
@@ -113,8 +117,9 @@ def test_explain_lists_every_backend_and_reason(fresh_plugins, gen):
     text = sel.explain()
     assert text.startswith("call: contiguous fp32 -> fp32, G=2, M=5, N=4, K=8")
     assert "device: cpu" in text and "selected: torch" in text
-    assert ("also eligible, ranked lower: fake_vendor (fallback, priority -100), "
-            "reference (reference, priority -1000)") in text
+    assert (
+        "also eligible, ranked lower: fake_vendor (fallback, priority -100), reference (reference, priority -1000)"
+    ) in text
     names = {c.name for c in sel.candidates}
     assert {"torch", "reference", "fake_vendor", "twin", "broken_impl", "plugin:broken_import"} <= names
     d = sel.as_dict()
@@ -136,9 +141,18 @@ def test_unknown_device_has_no_entry_and_a_clear_reason(fresh_plugins):
     unknown = DeviceInfo("cuda", 0, None, frozenset(), "Mystery GPU (cc 12.3, 7 SMs)")
     codes = [r.code for r in backend.check_device(unknown)]
     assert codes == ["device_type_unsupported"]
-    needs = moe_hal.Backend(moe_hal.BackendSpec(
-        name="needs_tma", vendor="t", device_types=("cuda",), tier="optimized", priority=1, impl="x:y",
-        requires={"tma"}, signatures=()))
+    needs = moe_hal.Backend(
+        moe_hal.BackendSpec(
+            name="needs_tma",
+            vendor="t",
+            device_types=("cuda",),
+            tier="optimized",
+            priority=1,
+            impl="x:y",
+            requires={"tma"},
+            signatures=(),
+        )
+    )
     reasons = needs.check_device(unknown)
     assert [r.code for r in reasons] == ["device_unrecognised"] and "Mystery GPU" in str(reasons[0])
 

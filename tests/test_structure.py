@@ -39,8 +39,10 @@ ALLOWED_TOP_LEVEL_EDGES = {
 }
 
 #: Names only plugins may know: their packages, distributions, variables and vendor stacks.
-PLUGIN_KNOWLEDGE = re.compile(r"moe_hal_cuda|moe_hal_ascend|moe-hal-cuda|moe-hal-ascend|MOE_HAL_CUDA_|MOE_HAL_ASCEND_"
-                              r"|\btorch_npu\b|\btriton\b|cuda\.bindings|\bcuda-python\b|\bCANN\b")
+PLUGIN_KNOWLEDGE = re.compile(
+    r"moe_hal_cuda|moe_hal_ascend|moe-hal-cuda|moe-hal-ascend|MOE_HAL_CUDA_|MOE_HAL_ASCEND_"
+    r"|\btorch_npu\b|\btriton\b|cuda\.bindings|\bcuda-python\b|\bCANN\b"
+)
 VENDOR_MODULES = ("moe_hal_cuda", "moe_hal_ascend", "torch_npu", "triton", "cuda", "deep_gemm")
 
 
@@ -152,9 +154,14 @@ def test_the_core_knows_no_plugin():
             if target.split(".")[0] in VENDOR_MODULES:
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                 if PLUGIN_KNOWLEDGE.search(node.value):
@@ -172,8 +179,11 @@ def test_every_noqa_names_its_rule_and_says_why():
             continue
         source = path.read_text(encoding="utf-8")
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.COMMENT and "noqa" in token.string and not re.search(
-                    r"# noqa: [A-Z]+[0-9]+(, ?[A-Z]+[0-9]+)* ?[-:(] ?\w", token.string):
+            if (
+                token.type == tokenize.COMMENT
+                and "noqa" in token.string
+                and not re.search(r"# noqa: [A-Z]+[0-9]+(, ?[A-Z]+[0-9]+)* ?[-:(] ?\w", token.string)
+            ):
                 bare.append(f"{path.relative_to(ROOT)}:{token.start[0]}: {token.string}")
     assert not bare, "\n".join(bare)
 

@@ -18,6 +18,7 @@ def counting(n: int) -> tuple[list, list[int]]:
     def make(i):
         def fn():
             calls[i] += 1
+
         return fn
 
     return [make(i) for i in range(n)], calls

@@ -21,8 +21,9 @@ _ANY_B_ORDER = frozenset({"k", "n", "strided"})
 #: Both built-ins take every operation, float dtype, fp8 scale format and memory order of b.
 _EVERYTHING = (
     Signature(ops=_ALL_OPS, dtypes=_FLOATS, out_dtypes=_FLOATS, b_majors=_ANY_B_ORDER),
-    Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"},
-              b_majors=_ANY_B_ORDER),
+    Signature(
+        ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes=_FP8_OUT, scale_formats={"fp32", "ue8m0"}, b_majors=_ANY_B_ORDER
+    ),
 )
 
 REFERENCE = BackendSpec(

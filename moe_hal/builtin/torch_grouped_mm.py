@@ -39,8 +39,14 @@ class TorchBackend(Backend):
 
     def is_available(self) -> list[Reason]:
         if not hasattr(F, "grouped_mm"):
-            return [Reason("library_missing", "torch.nn.functional.grouped_mm is not in this torch",
-                           "torch >= 2.9", torch.__version__)]
+            return [
+                Reason(
+                    "library_missing",
+                    "torch.nn.functional.grouped_mm is not in this torch",
+                    "torch >= 2.9",
+                    torch.__version__,
+                )
+            ]
         return []
 
     # -- explanation ----------------------------------------------------------------------------
@@ -68,11 +74,13 @@ class TorchBackend(Backend):
         return notes
 
     def describe_path(self, p: Problem) -> str:
-        base = {"contiguous": "F.grouped_mm 2D x 3D (on the CPU, above 4M multiply-adds, torch.mm per group "
-                              "into the output, which is what grouped_mm does there); rows of no group are "
-                              "zeroed (and skipped when they outnumber 1/8 of the rows of groups)",
-                "masked": "F.grouped_mm 3D x 3D",
-                "k_grouped": "F.grouped_mm 2D x 2D over group ends"}[p.op]
+        base = {
+            "contiguous": "F.grouped_mm 2D x 3D (on the CPU, above 4M multiply-adds, torch.mm per group "
+            "into the output, which is what grouped_mm does there); rows of no group are "
+            "zeroed (and skipped when they outnumber 1/8 of the rows of groups)",
+            "masked": "F.grouped_mm 3D x 3D",
+            "k_grouped": "F.grouped_mm 2D x 2D over group ends",
+        }[p.op]
         return "; ".join([base, *self.path_notes(p)])
 
     # -- execution ------------------------------------------------------------------------------
@@ -127,8 +135,9 @@ class TorchBackend(Backend):
             result.index_fill_(0, lay.gap_rows_on(p.device), 0)
         return _deliver(result, out, p.out_dtype)
 
-    def _contiguous_cpu_loop(self, p: Problem, a: torch.Tensor, b: torch.Tensor,
-                             out: torch.Tensor | None) -> torch.Tensor:
+    def _contiguous_cpu_loop(
+        self, p: Problem, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None
+    ) -> torch.Tensor:
         """On the CPU grouped_mm is itself a loop of mm over the groups; calling mm per group into
         the output directly skips the padding rows and grouped_mm's buffers."""
         out = p.new_out() if out is None else out
@@ -218,4 +227,3 @@ def _stride_safe(t: torch.Tensor) -> torch.Tensor:
     view = buf[..., :cols]
     view.copy_(t)
     return view
-

@@ -20,11 +20,11 @@ SUBCOMMANDS = ("info", "run", "hw", "model", "bench", "conformance")
 EXIT_STATUSES = {
     0: "success",
     1: "the command ran and found a failure (a conformance or verification failure, a regression), "
-       "or an unexpected internal error",
+    "or an unexpected internal error",
     2: "invalid use: a bad argument, environment variable, input file or hardware-DB file; or no "
-       "backend can run the call",
+    "backend can run the call",
     3: "moe-hal info printed everything but found problems (plugins failing under "
-       "MOE_HAL_STRICT_PLUGINS, a malformed hardware-DB file, an environment variable it cannot parse)",
+    "MOE_HAL_STRICT_PLUGINS, a malformed hardware-DB file, an environment variable it cannot parse)",
     130: "interrupted",
 }
 
@@ -66,8 +66,12 @@ def _finish_help(parser: argparse.ArgumentParser) -> None:
             for sub in action.choices.values():
                 _finish_help(sub)
             continue
-        if (action.help and action.help is not argparse.SUPPRESS and "default" not in action.help
-                and action.default not in (None, False, argparse.SUPPRESS)):
+        if (
+            action.help
+            and action.help is not argparse.SUPPRESS
+            and "default" not in action.help
+            and action.default not in (None, False, argparse.SUPPRESS)
+        ):
             action.help += " (default: %(default)s)"
 
 

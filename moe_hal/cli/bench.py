@@ -73,20 +73,24 @@ class Case:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "bench", help="time grouped GEMM against peers; --model validates the performance model",
+        "bench",
+        help="time grouped GEMM against peers; --model validates the performance model",
         description="Time moe_hal.grouped_gemm on the selected backend against torch grouped_mm and a "
-                    "per-expert torch.mm loop over a sweep of MoE shapes; with --model, compare with the "
-                    "roofline and the model's prediction. Reports, never asserts.")
+        "per-expert torch.mm loop over a sweep of MoE shapes; with --model, compare with the "
+        "roofline and the model's prediction. Reports, never asserts.",
+    )
     p.add_argument("--backend", help="force this backend (default: what moe_hal selects)")
     p.add_argument("--device", type=types.device, help="torch device (default: cuda when available, else cpu)")
     p.add_argument("--model", action="store_true", help="add the model's ideal and prediction and the error summary")
-    p.add_argument("--calibrate", action="store_true",
-                   help="also fit a calibrated model (fixed time, bandwidth, peak) on three calls outside the sweep")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also fit a calibrated model (fixed time, bandwidth, peak) on three calls outside the sweep",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CPU-sized sweep (the default on CPU)")
     size.add_argument("--full", action="store_true", help="GPU-sized sweep (the default on GPU)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
-                   help="operand dtype (default bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="operand dtype (default bf16 on GPU, fp32 on CPU)")
     p.add_argument("--fp8", action="store_true", help="add fp8 (1x128 / 128x128 block-scaled) cases")
     p.add_argument("--only", help="run only the cases whose name contains this text")
     p.add_argument("--warmup", type=int, default=3, help="warm-up calls per timing (default 3)")
@@ -111,18 +115,61 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
     cases: list[Case] = []
     if not full:
         for dist in ("uniform", "zipf:1.2"):
-            cases.append(Case(f"small-{dist}", "synthetic", "contiguous", dtype, 256, 512,
-                              counts(dist, 128, 8, 2), dist=dist))
-        cases.append(Case("small-seed", "issue #211 histogram", "contiguous", dtype, 128, 256, list(workloads.SEED_COUNTS),
-                          dist="seed"))
+            cases.append(
+                Case(f"small-{dist}", "synthetic", "contiguous", dtype, 256, 512, counts(dist, 128, 8, 2), dist=dist)
+            )
+        cases.append(
+            Case(
+                "small-seed",
+                "issue #211 histogram",
+                "contiguous",
+                dtype,
+                128,
+                256,
+                list(workloads.SEED_COUNTS),
+                dist="seed",
+            )
+        )
         for m in (4, 16):
-            cases.append(Case(f"small-decode-m{m}", "synthetic", "masked", dtype, 256, 512,
-                              workloads.masked_decode_counts(m, 8, 32, seed), max_m=32, dist=f"uniform mean {m}"))
-        cases.append(Case("small-wgrad", "synthetic", "k_grouped", dtype, 256, None, counts("zipf:1.2", 256, 8, 2),
-                          m=128, dist="zipf:1.2"))
+            cases.append(
+                Case(
+                    f"small-decode-m{m}",
+                    "synthetic",
+                    "masked",
+                    dtype,
+                    256,
+                    512,
+                    workloads.masked_decode_counts(m, 8, 32, seed),
+                    max_m=32,
+                    dist=f"uniform mean {m}",
+                )
+            )
+        cases.append(
+            Case(
+                "small-wgrad",
+                "synthetic",
+                "k_grouped",
+                dtype,
+                256,
+                None,
+                counts("zipf:1.2", 256, 8, 2),
+                m=128,
+                dist="zipf:1.2",
+            )
+        )
         if fp8:
-            cases.append(Case("small-fp8-uniform", "synthetic", "contiguous", "fp8", 256, 512,
-                              counts("uniform", 128, 8, 2), dist="uniform"))
+            cases.append(
+                Case(
+                    "small-fp8-uniform",
+                    "synthetic",
+                    "contiguous",
+                    "fp8",
+                    256,
+                    512,
+                    counts("uniform", 128, 8, 2),
+                    dist="uniform",
+                )
+            )
         return cases
 
     def add(shape: str, dist: str, tokens: int, topk: int = 8, dt: str = dtype) -> None:
@@ -149,8 +196,19 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
     def decode(shape: str, m: int, max_m: int, dt: str = dtype) -> None:
         source, n, k, experts = SHAPES[shape]
         suffix = "" if dt == dtype else f"-{dt}"
-        cases.append(Case(f"{shape}-decode-m{m}{suffix}", source + " decode", "masked", dt, n, k,
-                          workloads.masked_decode_counts(m, experts, max_m, seed), max_m=max_m, dist=f"uniform mean {m}"))
+        cases.append(
+            Case(
+                f"{shape}-decode-m{m}{suffix}",
+                source + " decode",
+                "masked",
+                dt,
+                n,
+                k,
+                workloads.masked_decode_counts(m, experts, max_m, seed),
+                max_m=max_m,
+                dist=f"uniform mean {m}",
+            )
+        )
 
     for m in (4, 16, 64):
         decode("dsv3-gateup", m, 128)
@@ -159,10 +217,32 @@ def sweep(full: bool, dtype: str, fp8: bool, seed: int = 0) -> list[Case]:
     for m in (4, 16):
         decode("q235b-gateup", m, 64)
     # weight gradients: dW[g] = dy[rows_g].T @ x[rows_g] -> out [G, N_fwd, K_fwd]
-    cases.append(Case("q30b-gateup-wgrad-uniform", "Qwen3-30B-A3B gate+up wgrad", "k_grouped", dtype, 2048, None,
-                      counts("uniform", 4096, 128), m=1536, dist="uniform"))
-    cases.append(Case("dsv3-down-wgrad-zipf:1.2", "DeepSeek-V3 down wgrad", "k_grouped", dtype, 2048, None,
-                      counts("zipf:1.2", 1024, 32), m=7168, dist="zipf:1.2"))
+    cases.append(
+        Case(
+            "q30b-gateup-wgrad-uniform",
+            "Qwen3-30B-A3B gate+up wgrad",
+            "k_grouped",
+            dtype,
+            2048,
+            None,
+            counts("uniform", 4096, 128),
+            m=1536,
+            dist="uniform",
+        )
+    )
+    cases.append(
+        Case(
+            "dsv3-down-wgrad-zipf:1.2",
+            "DeepSeek-V3 down wgrad",
+            "k_grouped",
+            dtype,
+            2048,
+            None,
+            counts("zipf:1.2", 1024, 32),
+            m=7168,
+            dist="zipf:1.2",
+        )
+    )
     if fp8:
         add("dsv3-gateup", "uniform", 1024, dt="fp8")
         add("dsv3-gateup", "seed", None, dt="fp8")
@@ -195,7 +275,9 @@ def prepare(case: Case, device: Any, backend: str | None, peers: bool, seed: int
 
     gen = torch.Generator(device=device).manual_seed(seed)
     fp8 = case.dtype == "fp8"
-    tdtype = torch.bfloat16 if fp8 else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    tdtype = (
+        torch.bfloat16 if fp8 else {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case.dtype]
+    )
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=gen, device=device, dtype=tdtype)
@@ -203,13 +285,13 @@ def prepare(case: Case, device: Any, backend: str | None, peers: bool, seed: int
     G = len(case.counts)
     if case.op == "contiguous":
         layout = moe_hal.ContiguousLayout.from_counts(case.counts, alignment=128)
-        a, b = randn(layout.num_rows, case.k), randn(G, case.n, case.k) / case.k ** 0.5
+        a, b = randn(layout.num_rows, case.k), randn(G, case.n, case.k) / case.k**0.5
         ends = layout.aligned_ends_on(device)
     elif case.op == "masked":
         masked_m = torch.tensor(case.counts, dtype=torch.int32, device=device)
         mean = max(1, round(sum(case.counts) / G))
         layout = moe_hal.MaskedLayout(masked_m, case.max_m, expected_m=min(mean, case.max_m))
-        a, b = randn(G, case.max_m, case.k), randn(G, case.n, case.k) / case.k ** 0.5
+        a, b = randn(G, case.max_m, case.k), randn(G, case.n, case.k) / case.k**0.5
     else:
         layout = moe_hal.KGroupedLayout.from_counts(case.counts, alignment=1)
         a, b = randn(layout.num_rows, case.m), randn(layout.num_rows, case.n) / max(1, layout.num_rows) ** 0.5
@@ -254,6 +336,7 @@ def prepare(case: Case, device: Any, backend: str | None, peers: bool, seed: int
                 else:
                     loop_out[g].zero_()
             return loop_out
+
     prep.calls["torch.mm loop"] = loop
     return prep
 
@@ -325,11 +408,12 @@ def measure_mm_peak(device: Any, dtype: str, timer: Timer) -> float:
     td = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     x = torch.randn(n, n, device=device).to(td)
     y = torch.randn(n, n, device=device).to(td)
-    return 2 * n ** 3 / timer(lambda: torch.mm(x, y))["min"]
+    return 2 * n**3 / timer(lambda: torch.mm(x, y))["min"]
 
 
-def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, timer: Timer,
-              model_opts: dict[str, Any], seed: int) -> tuple[Any, dict[str, Any]]:
+def calibrate(
+    base: Any, device: Any, dtypes: set[str], backend: str | None, timer: Timer, model_opts: dict[str, Any], seed: int
+) -> tuple[Any, dict[str, Any]]:
     """A calibrated copy of ``base``, fitted on calls that are not part of the sweep:
 
     1. ``t_fixed``: a one-row call of the backend, minus the model's time for it;
@@ -361,8 +445,13 @@ def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, tim
     fitted = est.bound == "memory" and body > 0
     if fitted:
         hw = hw.replace(mem_bandwidth=hw.mem_bandwidth * est.t_memory / body)
-    info["bandwidth"] = {"value": hw.mem_bandwidth, "shape": {"groups": groups, "rows": rows, "n": nk, "k": nk},
-                         "dtype": first, "measured_s": t, "fitted": fitted}
+    info["bandwidth"] = {
+        "value": hw.mem_bandwidth,
+        "shape": {"groups": groups, "rows": rows, "n": nk, "k": nk},
+        "dtype": first,
+        "measured_s": t,
+        "fitted": fitted,
+    }
 
     peaks = dict(hw.peak_flops)
     big_m, big_nk = (8192, 4096) if gpu else (1024, 512)
@@ -378,9 +467,14 @@ def calibrate(base: Any, device: Any, dtypes: set[str], backend: str | None, tim
         if fitted:
             peaks[d] = peaks[d] * est.t_compute / body
         info[f"peak.{d}"] = {"value": peaks[d], "shape": [big_m, big_nk, big_nk], "measured_s": t, "fitted": fitted}
-    sources = dict(hw.sources, **{f"peak.{d}": "fitted on one large call of the backend" for d in dtypes if d in peaks},
-                   bandwidth="fitted on one memory-bound call of the backend" if info["bandwidth"]["fitted"]
-                   else "measured here (copy, read+write)", t_fixed="one-row call of the backend")
+    sources = dict(
+        hw.sources,
+        **{f"peak.{d}": "fitted on one large call of the backend" for d in dtypes if d in peaks},
+        bandwidth="fitted on one memory-bound call of the backend"
+        if info["bandwidth"]["fitted"]
+        else "measured here (copy, read+write)",
+        t_fixed="one-row call of the backend",
+    )
     return hw.replace(peak_flops=peaks, sources=sources), info
 
 
@@ -392,8 +486,11 @@ def model_options(spec: Any) -> dict[str, Any]:
     from .. import perf
 
     declared = spec.perf_model
-    return {"tiles": list(declared.tiles or perf.DEFAULT_TILES), **declared.estimate_options(),
-            "masked_computes_max_m": declared.masked_computes_max_m}
+    return {
+        "tiles": list(declared.tiles or perf.DEFAULT_TILES),
+        **declared.estimate_options(),
+        "masked_computes_max_m": declared.masked_computes_max_m,
+    }
 
 
 def _predict(case: Case, hw: Any, opts: dict[str, Any]) -> Any:
@@ -419,8 +516,12 @@ def error_summary(errors: list[float]) -> dict[str, Any]:
     if not errors:
         return {"n": 0}
     absolute = [abs(e) for e in errors]
-    return {"n": len(errors), "median_abs_error": statistics.median(absolute), "worst_abs_error": max(absolute),
-            "mean_error": statistics.fmean(errors)}
+    return {
+        "n": len(errors),
+        "median_abs_error": statistics.median(absolute),
+        "worst_abs_error": max(absolute),
+        "mean_error": statistics.fmean(errors),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,14 +545,25 @@ def run(args: argparse.Namespace) -> int:
         if not cases:
             from ..errors import ArgumentError
 
-            raise ArgumentError("--only", f"text contained in a case name of this sweep, one of: "
-                                          f"{', '.join(c.name for c in known)}", repr(args.only))
+            raise ArgumentError(
+                "--only",
+                f"text contained in a case name of this sweep, one of: {', '.join(c.name for c in known)}",
+                repr(args.only),
+            )
     timer = Timer(device, args.warmup, args.reps)
     report: dict[str, Any] = {
-        "tool": "moe-hal bench", "moe_hal": moe_hal.__version__, "torch": torch.__version__,
+        "tool": "moe-hal bench",
+        "moe_hal": moe_hal.__version__,
+        "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": str(device), "sweep": "full" if full else "quick", "dtype": dtype, "timing": timer.method,
-        "backend_requested": args.backend, "cases": [], "notes": [], "warnings": [],
+        "device": str(device),
+        "sweep": "full" if full else "quick",
+        "dtype": dtype,
+        "timing": timer.method,
+        "backend_requested": args.backend,
+        "cases": [],
+        "notes": [],
+        "warnings": [],
     }
     if device.type == "cuda":
         report["device_name"] = torch.cuda.get_device_name(device)
@@ -471,10 +583,13 @@ def run(args: argparse.Namespace) -> int:
                     report["notes"].append(
                         "the tile/wave model describes GPU/NPU kernels (tiles on cores, waves, MMA floors); it is "
                         "not expected to predict CPU kernels, and CPU timings on a shared machine are noisy: read "
-                        "these errors as a report, not a validation")
+                        "these errors as a report, not a validation"
+                    )
                 if notes["measured_here"]:
-                    report["notes"].append("the hardware DB lacks some figures for this device; they were measured "
-                                           "in process (see hardware.measured_here)")
+                    report["notes"].append(
+                        "the hardware DB lacks some figures for this device; they were measured "
+                        "in process (see hardware.measured_here)"
+                    )
             progress.remove_task(task)
         task = progress.add_task("cases", total=len(cases))
         for case in cases:
@@ -485,12 +600,15 @@ def run(args: argparse.Namespace) -> int:
                 if name not in options:
                     options[name] = model_options(moe_hal.get_backend(name).spec)
                     report.setdefault("model_options", {})[name] = {
-                        **options[name], "tiles": [list(t) for t in options[name]["tiles"]]}
+                        **options[name],
+                        "tiles": [list(t) for t in options[name]["tiles"]],
+                    }
                     if args.calibrate and "calibration" not in report["hardware"]:
                         progress.update(task, description=f"calibrating on {name}")
                         try:
-                            hw_cal, info = calibrate(hw, device, dtypes, args.backend or name, timer,
-                                                     options[name], args.seed)
+                            hw_cal, info = calibrate(
+                                hw, device, dtypes, args.backend or name, timer, options[name], args.seed
+                            )
                         except Exception as exc:  # noqa: BLE001 - a failed fit is reported; the sweep goes on
                             info = {"error": f"{type(exc).__name__}: {exc}"}
                         else:
@@ -512,8 +630,10 @@ def run(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     if len(options) > 1:
-        report["notes"].append(f"cases ran on several backends ({', '.join(sorted(options))}); the calibrated "
-                               "model was fitted on the first")
+        report["notes"].append(
+            f"cases ran on several backends ({', '.join(sorted(options))}); the calibrated "
+            "model was fitted on the first"
+        )
     if args.out:
         _write(report, args.out)
     if args.json:
@@ -546,9 +666,20 @@ def run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) ->
 def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -> dict[str, Any]:
     import moe_hal
 
-    row: dict[str, Any] = {"name": case.name, "source": case.source, "op": case.op, "dtype": case.dtype,
-                           "n": case.n, "k": case.k, "m": case.m, "max_m": case.max_m, "dist": case.dist,
-                           "num_groups": len(case.counts), "rows": sum(case.counts), "counts": case.counts}
+    row: dict[str, Any] = {
+        "name": case.name,
+        "source": case.source,
+        "op": case.op,
+        "dtype": case.dtype,
+        "n": case.n,
+        "k": case.k,
+        "m": case.m,
+        "max_m": case.max_m,
+        "dist": case.dist,
+        "num_groups": len(case.counts),
+        "rows": sum(case.counts),
+        "counts": case.counts,
+    }
     try:
         prep = prepare(case, device, args.backend, not args.no_peers, args.seed)
         sel = moe_hal.select(*prep.args, prep.layout, backend=args.backend)
@@ -587,9 +718,17 @@ def _run_case(case: Case, device: Any, args: argparse.Namespace, timer: Timer) -
 def add_model(row: dict[str, Any], case: Case, hw: Any, hw_cal: Any, opts: dict[str, Any]) -> None:
     measured = row["times"].get("moe_hal", {}).get("median")
     est = _predict(case, hw, opts)
-    model: dict[str, Any] = {"tile": list(est.tile), "bound": est.bound, "occupancy_m": est.occupancy_m,
-                             "tiles": est.tiles, "waves": est.waves, "wave_efficiency": est.wave_efficiency,
-                             "t_roofline": est.t_roofline, "t_padded": est.t_padded, "t_predicted": est.t_predicted}
+    model: dict[str, Any] = {
+        "tile": list(est.tile),
+        "bound": est.bound,
+        "occupancy_m": est.occupancy_m,
+        "tiles": est.tiles,
+        "waves": est.waves,
+        "wave_efficiency": est.wave_efficiency,
+        "t_roofline": est.t_roofline,
+        "t_padded": est.t_padded,
+        "t_predicted": est.t_predicted,
+    }
     if hw_cal is not None:
         cal = _predict(case, hw_cal, opts)
         model.update(t_predicted_calibrated=cal.t_predicted, tile_calibrated=list(cal.tile), bound_calibrated=cal.bound)
@@ -613,17 +752,27 @@ def summarize(rows: list[dict[str, Any]], calibrated: bool) -> dict[str, Any]:
 
 
 def _hw_dict(hw: Any) -> dict[str, Any]:
-    return {"name": hw.name, "num_cores": hw.num_cores, "peak_flops": dict(hw.peak_flops),
-            "mem_bandwidth": hw.mem_bandwidth, "mma_min_m": hw.mma_min_m, "t_fixed": hw.t_fixed,
-            "sources": dict(hw.sources)}
+    return {
+        "name": hw.name,
+        "num_cores": hw.num_cores,
+        "peak_flops": dict(hw.peak_flops),
+        "mem_bandwidth": hw.mem_bandwidth,
+        "mma_min_m": hw.mma_min_m,
+        "t_fixed": hw.t_fixed,
+        "sources": dict(hw.sources),
+    }
 
 
 def print_report(report: dict[str, Any]) -> None:
     from . import render
 
     console = render.console()
-    console.print(render.text(f"moe-hal bench on {report['device']} {report.get('device_name', '')} "
-                              f"({report['sweep']} sweep, {report['dtype']}); {report['timing']}"))
+    console.print(
+        render.text(
+            f"moe-hal bench on {report['device']} {report.get('device_name', '')} "
+            f"({report['sweep']} sweep, {report['dtype']}); {report['timing']}"
+        )
+    )
     rows: list[list[str]] = []
     cols = ["case", "op", "G", "rows", "backend", "moe_hal", "grouped_mm", "mm loop"]
     with_model = "summary" in report
@@ -633,26 +782,42 @@ def print_report(report: dict[str, Any]) -> None:
             cols += ["calibrated", "err"]
     for r in report["cases"]:
         if "error" in r:
-            rows.append([r["name"], r["op"], str(r["num_groups"]), str(r["rows"]), "-", r["error"][:60],
-                         *[""] * (len(cols) - 6)])
+            rows.append(
+                [
+                    r["name"],
+                    r["op"],
+                    str(r["num_groups"]),
+                    str(r["rows"]),
+                    "-",
+                    r["error"][:60],
+                    *[""] * (len(cols) - 6),
+                ]
+            )
             continue
         t = r["times"]
         cells = [r["name"], r["op"], str(r["num_groups"]), str(r["rows"]), r["backend"]]
         for key in ("moe_hal", "torch.grouped_mm", "torch.mm loop"):
-            cells.append(f"{t[key]['median'] * 1e6:.1f}" if "median" in t.get(key, {}) else
-                         ("err" if key in t else "-"))
+            cells.append(
+                f"{t[key]['median'] * 1e6:.1f}" if "median" in t.get(key, {}) else ("err" if key in t else "-")
+            )
         if with_model:
             m = r.get("model")
             if m is None:
                 cells += ["", r.get("model_error", "-")[:40]] + [""] * (len(cols) - len(cells) - 2)
             else:
-                cells += [f"{m['t_roofline'] * 1e6:.1f}", f"{m['t_predicted'] * 1e6:.1f}",
-                          f"{m.get('error_predicted', float('nan')):+.0%}", "x".join(map(str, m["tile"])),
-                          m["bound"]]
+                cells += [
+                    f"{m['t_roofline'] * 1e6:.1f}",
+                    f"{m['t_predicted'] * 1e6:.1f}",
+                    f"{m.get('error_predicted', float('nan')):+.0%}",
+                    "x".join(map(str, m["tile"])),
+                    m["bound"],
+                ]
                 if "model_calibrated" in report["summary"]:
                     cal = m.get("t_predicted_calibrated")
-                    cells += [f"{cal * 1e6:.1f}" if cal else "-",
-                              f"{m.get('error_predicted_calibrated', float('nan')):+.0%}"]
+                    cells += [
+                        f"{cal * 1e6:.1f}" if cal else "-",
+                        f"{m.get('error_predicted_calibrated', float('nan')):+.0%}",
+                    ]
         rows.append(cells)
     words = ("case", "op", "backend", "bound")
     numbers = [c for c in cols if c not in words]
@@ -660,8 +825,10 @@ def print_report(report: dict[str, Any]) -> None:
     if with_model:
         for name, s in report["summary"].items():
             if isinstance(s, dict) and s.get("n"):
-                console.print(f"{name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
-                              f"mean {s['mean_error']:+.1%} over {s['n']} cases")
+                console.print(
+                    f"{name}: median |error| {s['median_abs_error']:.1%}, worst {s['worst_abs_error']:.1%}, "
+                    f"mean {s['mean_error']:+.1%} over {s['n']} cases"
+                )
     for note in report["notes"]:
         console.print(render.text(f"note: {note}"))
     for message in report["warnings"]:

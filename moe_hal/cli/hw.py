@@ -7,33 +7,49 @@ import json
 from typing import Any
 
 # Short basis tags for tables (the JSON output carries the full words).
-_BASIS_TAG = {"datasheet": "ds", "whitepaper": "wp", "secondary": "sec", "derived": "der", "measured": "meas",
-              "fitted": "fit"}
+_BASIS_TAG = {
+    "datasheet": "ds",
+    "whitepaper": "wp",
+    "secondary": "sec",
+    "derived": "der",
+    "measured": "meas",
+    "fitted": "fit",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("hw", help="list, show and match hardware-database entries",
-                       description="The hardware database: one YAML entry per accelerator, every number "
-                                   "with its basis and source (see docs/hwdb.md). Extra entries and "
-                                   "measured overlays come from MOE_HAL_HWDB and plugins.")
+    p = sub.add_parser(
+        "hw",
+        help="list, show and match hardware-database entries",
+        description="The hardware database: one YAML entry per accelerator, every number "
+        "with its basis and source (see docs/hwdb.md). Extra entries and "
+        "measured overlays come from MOE_HAL_HWDB and plugins.",
+    )
     hw_sub = p.add_subparsers(dest="hw_command", metavar="SUBCOMMAND")
 
     lst = hw_sub.add_parser("list", help="one line per entry", description="List every entry, overlays included.")
     lst.add_argument("--json", action="store_true", help="print JSON")
     lst.set_defaults(func=run_list)
 
-    show = hw_sub.add_parser("show", help="every figure of one entry with its basis and source",
-                             description="Show one entry: recognition, features and every quantity.")
+    show = hw_sub.add_parser(
+        "show",
+        help="every figure of one entry with its basis and source",
+        description="Show one entry: recognition, features and every quantity.",
+    )
     show.add_argument("id", metavar="ID", help="entry id or alias (e.g. nvidia-h200-sxm, h200)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=run_show)
 
-    match = hw_sub.add_parser("match", help="which entry each device of this machine matches",
-                              description="Recognise the CPU and every accelerator torch already sees (a device type "
-                                          "whose torch extension is not loaded yet only when named with "
-                                          "--device); the plugin of each device type reads its properties.")
-    match.add_argument("--device", action="append", metavar="DEV",
-                       help="match only this device (e.g. cuda:1, npu:0, cpu); repeatable")
+    match = hw_sub.add_parser(
+        "match",
+        help="which entry each device of this machine matches",
+        description="Recognise the CPU and every accelerator torch already sees (a device type "
+        "whose torch extension is not loaded yet only when named with "
+        "--device); the plugin of each device type reads its properties.",
+    )
+    match.add_argument(
+        "--device", action="append", metavar="DEV", help="match only this device (e.g. cuda:1, npu:0, cpu); repeatable"
+    )
     match.add_argument("--json", action="store_true", help="print JSON")
     match.set_defaults(func=run_match)
 
@@ -95,17 +111,26 @@ def _achieved(entry: Any) -> str:
     for impl, figures in sorted(entry.raw.get("achieved", {}).items()):
         if impl == "*":
             continue
-        bases = {leaf["basis"] for name, node in figures.items()
-                 for leaf in ([x for fam in node.values() for x in fam.values()] if name == "compute" else [node])}
+        bases = {
+            leaf["basis"]
+            for name, node in figures.items()
+            for leaf in ([x for fam in node.values() for x in fam.values()] if name == "compute" else [node])
+        }
         out.append(f"{impl} ({'/'.join(_BASIS_TAG[b] for b in sorted(bases))})")
     return ", ".join(out) or "-"
 
 
 def _summary(entry: Any) -> dict[str, Any]:
     return {
-        "id": entry.id, "name": entry.name, "vendor": entry.vendor, "architecture": entry.architecture,
-        "aliases": list(entry.aliases), "features": sorted(entry.features), "path": entry.path,
-        "measured_paths": list(entry.measured_paths), "num_cores": entry.num_cores,
+        "id": entry.id,
+        "name": entry.name,
+        "vendor": entry.vendor,
+        "architecture": entry.architecture,
+        "aliases": list(entry.aliases),
+        "features": sorted(entry.features),
+        "path": entry.path,
+        "measured_paths": list(entry.measured_paths),
+        "num_cores": entry.num_cores,
         "peak_flops": {d: entry.peak_flops(d) for d in ("bf16", "fp8", "fp4")},
         "mem_bandwidth": entry.mem_bandwidth(),
     }
@@ -125,15 +150,32 @@ def run_list(args: argparse.Namespace) -> int:
     for e in entries:
         cores = e.quantity("compute.units")
         kind = e.raw["compute"]["unit_kind"]
-        rows.append((e.id, e.name, e.architecture, f"{int(cores.value)} {kind}" if cores else "-",
-                     _peak(e, "bf16"), _peak(e, "fp8"), _peak(e, "fp4"),
-                     _figure(e, "memory.capacity", 1e9), _figure(e, "memory.bandwidth", 1e12), _achieved(e),
-                     ", ".join(sorted(e.features))))
+        rows.append(
+            (
+                e.id,
+                e.name,
+                e.architecture,
+                f"{int(cores.value)} {kind}" if cores else "-",
+                _peak(e, "bf16"),
+                _peak(e, "fp8"),
+                _peak(e, "fp4"),
+                _figure(e, "memory.capacity", 1e9),
+                _figure(e, "memory.bandwidth", 1e12),
+                _achieved(e),
+                ", ".join(sorted(e.features)),
+            )
+        )
     numbers = ("cores", "bf16 TFLOPS", "fp8 TFLOPS", "fp4 TFLOPS", "memory GB", "BW TB/s")
-    render.console().print(render.table(
-        "hardware database (dense spec peaks, measured rate in brackets; basis: ds/wp/sec/der/meas/fit; "
-        "achieved: implementations with achieved-efficiency figures)",
-        ("id", "name", "arch", *numbers, "achieved", "features"), rows, key=("id", *numbers), right=numbers))
+    render.console().print(
+        render.table(
+            "hardware database (dense spec peaks, measured rate in brackets; basis: ds/wp/sec/der/meas/fit; "
+            "achieved: implementations with achieved-efficiency figures)",
+            ("id", "name", "arch", *numbers, "achieved", "features"),
+            rows,
+            key=("id", *numbers),
+            right=numbers,
+        )
+    )
     return 0
 
 
@@ -170,8 +212,15 @@ def run_show(args: argparse.Namespace) -> int:
         if node.get("note"):
             text += f" -- {node['note']}" if text else node["note"]
         rows.append((path, value, node["unit"], basis, text))
-    console.print(render.table("quantities", ("field", "value", "unit", "basis", "source / note"), rows,
-                               key=("field", "value", "unit"), right=("value",)))
+    console.print(
+        render.table(
+            "quantities",
+            ("field", "value", "unit", "basis", "source / note"),
+            rows,
+            key=("field", "value", "unit"),
+            right=("value",),
+        )
+    )
     for note in entry.raw.get("notes", ()):
         console.print(render.text(f"note: {note}"))
     return 0
@@ -189,6 +238,7 @@ def run_match(args: argparse.Namespace) -> int:
     from . import render
 
     rows = [(r["device"], r["id"] or render.text("none", "yellow"), r["seen"], r["reason"] or "") for r in results]
-    render.console().print(render.table("hardware-DB match", ("device", "entry", "seen", "reason"), rows,
-                                        key=("device", "entry")))
+    render.console().print(
+        render.table("hardware-DB match", ("device", "entry", "seen", "reason"), rows, key=("device", "entry"))
+    )
     return 0

@@ -8,16 +8,19 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("info", help="bug-report information: versions, machine, devices, plugins, backends",
-                       description="Print one plain-text block to paste into a bug report: versions of "
-                                   "Python, torch and the libraries that decide results, the CPU and thread "
-                                   "settings, driver and toolkit versions the plugins report, each device "
-                                   "and its hardware-DB entry, each plugin with its hooks and hardware-DB "
-                                   "entries (failures included), each backend on each device with its "
-                                   "reason code, and the MOE_HAL_* variables in force. Works even when "
-                                   "every plugin is broken, under MOE_HAL_STRICT_PLUGINS and with a malformed "
-                                   "hardware-DB file: it prints everything, then the problems it found, "
-                                   "and exits with status 3 when there are any.")
+    p = sub.add_parser(
+        "info",
+        help="bug-report information: versions, machine, devices, plugins, backends",
+        description="Print one plain-text block to paste into a bug report: versions of "
+        "Python, torch and the libraries that decide results, the CPU and thread "
+        "settings, driver and toolkit versions the plugins report, each device "
+        "and its hardware-DB entry, each plugin with its hooks and hardware-DB "
+        "entries (failures included), each backend on each device with its "
+        "reason code, and the MOE_HAL_* variables in force. Works even when "
+        "every plugin is broken, under MOE_HAL_STRICT_PLUGINS and with a malformed "
+        "hardware-DB file: it prints everything, then the problems it found, "
+        "and exits with status 3 when there are any.",
+    )
     p.add_argument("--json", action="store_true", help="print the same information as JSON")
     p.add_argument("--tracebacks", action="store_true", help="also print the traceback of each plugin failure")
     p.set_defaults(func=run)
@@ -39,13 +42,14 @@ def report_lines(snap: dict[str, Any], tracebacks: bool = False) -> list[str]:
     """The snapshot as plain lines (no markup, no table borders: it is pasted into issues)."""
     v, m = snap["versions"], snap["machine"]
     lines = [f"moe_hal {v.get('moe-hal', '?')}: python {v['python']} on {v['platform']}"]
-    libraries = [f"{name} {version}" for name, version in v.items()
-                 if name not in ("moe-hal", "python", "platform")]
+    libraries = [f"{name} {version}" for name, version in v.items() if name not in ("moe-hal", "python", "platform")]
     lines.append("libraries: " + (", ".join(libraries) or "-"))
     lines.append(f"cpu: {m['cpu']} ({m['logical_cpus']} logical CPUs)")
-    lines.append(f"threads: torch {m['torch_threads']} (interop {m['torch_interop_threads']}), "
-                 f"OMP_NUM_THREADS={m['OMP_NUM_THREADS'] or 'unset'}, MKL_NUM_THREADS={m['MKL_NUM_THREADS'] or 'unset'}, "
-                 f"mkl {'yes' if m['mkl'] else 'no'}, openmp {'yes' if m['openmp'] else 'no'}")
+    lines.append(
+        f"threads: torch {m['torch_threads']} (interop {m['torch_interop_threads']}), "
+        f"OMP_NUM_THREADS={m['OMP_NUM_THREADS'] or 'unset'}, MKL_NUM_THREADS={m['MKL_NUM_THREADS'] or 'unset'}, "
+        f"mkl {'yes' if m['mkl'] else 'no'}, openmp {'yes' if m['openmp'] else 'no'}"
+    )
     for name, value in snap["facts"].items():
         lines.append(f"{name}: {value}")
 

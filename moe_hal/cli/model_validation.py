@@ -23,18 +23,28 @@ TARGET_WORST = 0.30
 
 def register(model_parser: argparse.ArgumentParser) -> None:
     actions = model_parser.add_subparsers(dest="model_action", metavar="ACTION")
-    v = actions.add_parser("validate", help="leave-one-source-out error on the published measurements",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    v = actions.add_parser(
+        "validate",
+        help="leave-one-source-out error on the published measurements",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     v.add_argument("--cases", help="published set (default bench/published/cases.yaml of the checkout)")
     v.add_argument("--in-sample", action="store_true", help="fit on every case instead (optimistic; for comparison)")
     v.add_argument("--out", metavar="FILE.json", help="write the report as JSON")
     v.add_argument("--plot", metavar="FILE.png", help="predicted vs measured, model and plain roofline")
     v.add_argument("--json", action="store_true", help="print JSON instead of tables")
     v.set_defaults(func=validate)
-    c = actions.add_parser("calibrate", help="fit achieved efficiency on the published set and store it in the DB",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c = actions.add_parser(
+        "calibrate",
+        help="fit achieved efficiency on the published set and store it in the DB",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("--cases", help="published set (default bench/published/cases.yaml of the checkout)")
-    c.add_argument("--out-dir", default=None, help="where to write the overlays (default hwdb/measured of the checkout)")
+    c.add_argument(
+        "--out-dir", default=None, help="where to write the overlays (default hwdb/measured of the checkout)"
+    )
     c.set_defaults(func=calibrate)
 
 
@@ -48,14 +58,20 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
     overall = summary["all"]
     return {
         "evaluation": "in-sample (fit on every case)" if in_sample else "leave-one-source-out",
-        "cases": len(cases), "sources": len({c.source for c in cases}),
+        "cases": len(cases),
+        "sources": len({c.source for c in cases}),
         "devices": sorted({c.device for c in cases}),
-        "target": {"median": TARGET_MEDIAN, "worst": TARGET_WORST,
-                   "median_met": overall["model_median"] <= TARGET_MEDIAN,
-                   "worst_met": overall["model_worst"] <= TARGET_WORST},
+        "target": {
+            "median": TARGET_MEDIAN,
+            "worst": TARGET_WORST,
+            "median_met": overall["model_median"] <= TARGET_MEDIAN,
+            "worst_met": overall["model_worst"] <= TARGET_WORST,
+        },
         "summary": summary,
-        "by_source": {source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
-                      for source in sorted({c.source for c in cases})},
+        "by_source": {
+            source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
+            for source in sorted({c.source for c in cases})
+        },
         "per_case": [o.as_dict() for o in outcomes],
     }
 
@@ -86,34 +102,47 @@ def calibrate(args: argparse.Namespace) -> int:
     table = calibration.fit(cases)
     out_dir = Path(args.out_dir) if args.out_dir else calibration.PUBLISHED.parents[2] / "hwdb" / "measured"
     written = calibration.write_overlays(
-        table, out_dir, suffix=".published-fit",
+        table,
+        out_dir,
+        suffix=".published-fit",
         method=f"moe_hal.perf.calibration.fit over {len(cases)} published cases (bench/published/cases.yaml)",
-        tool=f"moe-hal {moe_hal.__version__} (moe-hal model calibrate)")
+        tool=f"moe-hal {moe_hal.__version__} (moe-hal model calibrate)",
+    )
     for path in written:
         print(f"wrote {path}")
     return 0
 
 
 def print_report(data: dict[str, Any]) -> None:
-    print(f"{data['evaluation']}: {data['cases']} published cases, {data['sources']} sources, "
-          f"devices {', '.join(data['devices'])}")
+    print(
+        f"{data['evaluation']}: {data['cases']} published cases, {data['sources']} sources, "
+        f"devices {', '.join(data['devices'])}"
+    )
     print(f"{'case':46} {'meas us':>9} {'model us':>9} {'err':>7} {'roofline':>9} {'err':>7}  bound    tile")
     for row in data["per_case"]:
-        print(f"{row['id'][:46]:46} {row['measured_us']:9.1f} {row['predicted_us']:9.1f} {row['error']:+7.1%} "
-              f"{row['roofline_us']:9.1f} {row['roofline_error']:+7.1%}  {row['bound']:8} {row['tile'][0]}x{row['tile'][1]}")
+        print(
+            f"{row['id'][:46]:46} {row['measured_us']:9.1f} {row['predicted_us']:9.1f} {row['error']:+7.1%} "
+            f"{row['roofline_us']:9.1f} {row['roofline_error']:+7.1%}  {row['bound']:8} {row['tile'][0]}x{row['tile'][1]}"
+        )
     print()
     for name, s in data["summary"].items():
         if not s["cases"]:
             continue
-        print(f"{name:14} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
-              f"plain roofline median {s['roofline_median']:.1%}, worst {s['roofline_worst']:.1%}")
+        print(
+            f"{name:14} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
+            f"plain roofline median {s['roofline_median']:.1%}, worst {s['roofline_worst']:.1%}"
+        )
     print("per source (each predicted from the others when out of sample):")
     for source, s in data["by_source"].items():
-        print(f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
-              f"roofline median {s['roofline_median']:.1%}")
+        print(
+            f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
+            f"roofline median {s['roofline_median']:.1%}"
+        )
     t = data["target"]
-    print(f"target ({data['evaluation']}): median <= {t['median']:.0%}: {'met' if t['median_met'] else 'NOT met'}; "
-          f"worst <= {t['worst']:.0%}: {'met' if t['worst_met'] else 'NOT met'}")
+    print(
+        f"target ({data['evaluation']}): median <= {t['median']:.0%}: {'met' if t['median_met'] else 'NOT met'}; "
+        f"worst <= {t['worst']:.0%}: {'met' if t['worst_met'] else 'NOT met'}"
+    )
 
 
 def plot(data: dict[str, Any], path: str) -> None:
@@ -128,16 +157,35 @@ def plot(data: dict[str, Any], path: str) -> None:
     markers = dict(zip(devices, "osD^v<>"))
     for device in devices:
         mine = [r for r in rows if r["device"] == device]
-        ax.scatter([r["measured_us"] for r in mine], [r["predicted_us"] for r in mine], marker=markers[device],
-                   color="tab:blue", alpha=0.8, label=f"model, {device}")
-        ax.scatter([r["measured_us"] for r in mine], [r["roofline_us"] for r in mine], marker=markers[device],
-                   facecolors="none", edgecolors="tab:red", alpha=0.8, label=f"plain roofline, {device}")
+        ax.scatter(
+            [r["measured_us"] for r in mine],
+            [r["predicted_us"] for r in mine],
+            marker=markers[device],
+            color="tab:blue",
+            alpha=0.8,
+            label=f"model, {device}",
+        )
+        ax.scatter(
+            [r["measured_us"] for r in mine],
+            [r["roofline_us"] for r in mine],
+            marker=markers[device],
+            facecolors="none",
+            edgecolors="tab:red",
+            alpha=0.8,
+            label=f"plain roofline, {device}",
+        )
     lo = min(min(r["measured_us"], r["predicted_us"], r["roofline_us"]) for r in rows) / 1.5
     hi = max(max(r["measured_us"], r["predicted_us"], r["roofline_us"]) for r in rows) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", lw=1)
     for i, f in enumerate((1 + TARGET_WORST, 1 / (1 + TARGET_WORST))):
-        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls=":",
-                label=f"+-{TARGET_WORST:.0%} (worst-case target)" if i == 0 else None)
+        ax.plot(
+            [lo, hi],
+            [lo * f, hi * f],
+            color="grey",
+            lw=0.8,
+            ls=":",
+            label=f"+-{TARGET_WORST:.0%} (worst-case target)" if i == 0 else None,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -145,9 +193,11 @@ def plot(data: dict[str, Any], path: str) -> None:
     ax.set_xlabel("measured time (us), published")
     ax.set_ylabel("predicted time (us)")
     s = data["summary"]["all"]
-    ax.set_title(f"{data['evaluation']}, {data['cases']} cases\nmodel median {s['model_median']:.0%} / worst "
-                 f"{s['model_worst']:.0%}; roofline {s['roofline_median']:.0%} / {s['roofline_worst']:.0%}",
-                 fontsize=9)
+    ax.set_title(
+        f"{data['evaluation']}, {data['cases']} cases\nmodel median {s['model_median']:.0%} / worst "
+        f"{s['model_worst']:.0%}; roofline {s['roofline_median']:.0%} / {s['roofline_worst']:.0%}",
+        fontsize=9,
+    )
     ax.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -43,8 +43,15 @@ def join(*parts: Any) -> Text:
     return out
 
 
-def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
-          key: Iterable[str] = (), right: Iterable[str] = (), row_styles: Sequence[str | None] | None = None) -> Table:
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    key: Iterable[str] = (),
+    right: Iterable[str] = (),
+    row_styles: Sequence[str | None] | None = None,
+) -> Table:
     """A table whose cells are literal text. ``key``: columns that are never wrapped or cut (the
     longest cell sets their minimum width); the others fold when the console is narrow. ``right``:
     columns aligned right (numbers). ``row_styles``: one style (or None) per row."""

@@ -24,32 +24,64 @@ CALC_DIFF_MAX = {"fp32": 1e-9, "bf16": 1e-5, "fp16": 1e-5, "fp8_e4m3": 1e-5}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a realistic MoE grouped GEMM and verify it against the reference",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--op", choices=("contiguous", "masked", "k_grouped"), default="contiguous",
-                   help="grouped-GEMM operation (default: contiguous)")
+    p = sub.add_parser(
+        "run",
+        help="run a realistic MoE grouped GEMM and verify it against the reference",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--op",
+        choices=("contiguous", "masked", "k_grouped"),
+        default="contiguous",
+        help="grouped-GEMM operation (default: contiguous)",
+    )
     p.add_argument("--experts", "-G", type=types.positive_int, default=DEFAULTS["experts"], help="number of experts G")
     p.add_argument("--n", type=types.positive_int, default=DEFAULTS["n"], help="output features N per expert")
     p.add_argument("--k", type=types.positive_int, default=DEFAULTS["k"], help="input features K (hidden size)")
     p.add_argument("--tokens", "-T", type=types.positive_int, default=DEFAULTS["tokens"], help="tokens routed")
     p.add_argument("--topk", type=types.positive_int, default=DEFAULTS["topk"], help="experts per token")
-    p.add_argument("--dtype", default=DEFAULTS["dtype"], choices=("fp32", "bf16", "fp16", "fp8"),
-                   help="operand dtype; fp8 is block-scaled e4m3 (default: %(default)s)")
-    p.add_argument("--dist", default=DEFAULTS["dist"],
-                   help="routing skew: seed (the 32-expert histogram of DeepGEMM #211), uniform, zipf:A")
-    p.add_argument("--alignment", type=types.positive_int, default=DEFAULTS["alignment"], help="row alignment per expert")
+    p.add_argument(
+        "--dtype",
+        default=DEFAULTS["dtype"],
+        choices=("fp32", "bf16", "fp16", "fp8"),
+        help="operand dtype; fp8 is block-scaled e4m3 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--dist",
+        default=DEFAULTS["dist"],
+        help="routing skew: seed (the 32-expert histogram of DeepGEMM #211), uniform, zipf:A",
+    )
+    p.add_argument(
+        "--alignment", type=types.positive_int, default=DEFAULTS["alignment"], help="row alignment per expert"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--backend", default=None, help="force a backend (default: automatic selection)")
     p.add_argument("--repeat", type=types.non_negative_int, default=3, help="timed repetitions after the first call")
-    p.add_argument("--conformance", default="smoke", metavar="TIER",
-                   help="also run this conformance tier on the selected backend and print its verdict "
-                        "(smoke, full; 'none' to skip; default smoke)")
+    p.add_argument(
+        "--conformance",
+        default="smoke",
+        metavar="TIER",
+        help="also run this conformance tier on the selected backend and print its verdict "
+        "(smoke, full; 'none' to skip; default smoke)",
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    p.add_argument("--out", metavar="FILE.json", type=types.output_file, help="also write the results as JSON to this file")
-    p.add_argument("--ep", type=int, default=0, metavar="W",
-                   help="run it expert-parallel on W local gloo processes, verified against one process")
-    p.add_argument("--ep-mode", choices=("exact", "capacity"), default="exact",
-                   help="expert-parallel dispatch mode (capacity: exactly full, the largest rank/expert count)")
+    p.add_argument(
+        "--out", metavar="FILE.json", type=types.output_file, help="also write the results as JSON to this file"
+    )
+    p.add_argument(
+        "--ep",
+        type=int,
+        default=0,
+        metavar="W",
+        help="run it expert-parallel on W local gloo processes, verified against one process",
+    )
+    p.add_argument(
+        "--ep-mode",
+        choices=("exact", "capacity"),
+        default="exact",
+        help="expert-parallel dispatch mode (capacity: exactly full, the largest rank/expert count)",
+    )
     p.add_argument("--ep-timeout", type=float, default=600.0, help="seconds before the W processes are stopped")
     p.set_defaults(func=run)
 
@@ -95,8 +127,7 @@ def build(args):
     else:
         max_m = align(int(torch.bincount(topk_ids.flatten(), minlength=args.experts).max()), args.alignment)
         d = routing.dispatch_masked(hidden, topk_ids, args.experts, max_m=max_m)
-    return dict(a=d.a, b=weights, layout=d.layout, dispatch=d, topk_weights=topk_weights,
-                rows=args.tokens * args.topk)
+    return dict(a=d.a, b=weights, layout=d.layout, dispatch=d, topk_weights=topk_weights, rows=args.tokens * args.topk)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,23 +186,44 @@ def run(args: argparse.Namespace) -> int:
     median = statistics.median(times) if times else first_s
     useful_flops = 2.0 * prob["rows"] * args.n * args.k
     result = {
-        "op": args.op, "experts": args.experts, "n": args.n, "k": args.k, "tokens": args.tokens, "topk": args.topk,
-        "dtype": in_dtype, "out_dtype": moe_hal.dtypes.name_of(out.dtype), "dist": args.dist,
-        "alignment": args.alignment, "seed": args.seed, "counts": _counts(layout),
-        "backend": sel.name, "mode": sel.mode, "explain": sel.explain(),
-        "setup_s": setup_s, "first_call_s": first_s, "median_s": median, "reference_s": ref_s,
+        "op": args.op,
+        "experts": args.experts,
+        "n": args.n,
+        "k": args.k,
+        "tokens": args.tokens,
+        "topk": args.topk,
+        "dtype": in_dtype,
+        "out_dtype": moe_hal.dtypes.name_of(out.dtype),
+        "dist": args.dist,
+        "alignment": args.alignment,
+        "seed": args.seed,
+        "counts": _counts(layout),
+        "backend": sel.name,
+        "mode": sel.mode,
+        "explain": sel.explain(),
+        "setup_s": setup_s,
+        "first_call_s": first_s,
+        "median_s": median,
+        "reference_s": ref_s,
         "useful_gflops_per_s": useful_flops / median / 1e9,
-        "calc_diff": diff, "calc_diff_max": CALC_DIFF_MAX[in_dtype], "max_abs_err": float(err.max()) if err.numel() else 0.0,
+        "calc_diff": diff,
+        "calc_diff_max": CALC_DIFF_MAX[in_dtype],
+        "max_abs_err": float(err.max()) if err.numel() else 0.0,
         "max_rel_err": float((err / want.double().abs().clamp_min(1e-6)).max()) if err.numel() else 0.0,
         "padding_rows_zero": padding_zero if args.op == "contiguous" else None,
-        "combine": combined, "verified": ok, "conformance": None,
+        "combine": combined,
+        "verified": ok,
+        "conformance": None,
     }
     if args.conformance != "none":
         from .. import conformance
 
         report = conformance.run(sel.name, tiers=[args.conformance])
-        result["conformance"] = {"tier": args.conformance, "verdict": report["verdict"],
-                                 "summary": conformance.summary(report)}
+        result["conformance"] = {
+            "tier": args.conformance,
+            "verdict": report["verdict"],
+            "summary": conformance.summary(report),
+        }
         ok = ok and report["verdict"] in ("conformant", "conformant with waivers")
         result["verified"] = ok
     text = json.dumps(result, indent=2)
@@ -195,16 +247,28 @@ def _print(r: dict) -> None:
     from . import render
 
     console = render.console()
-    console.print(render.join(("moe-hal run", "bold"), f": {r['op']} grouped GEMM, {r['experts']} experts, N={r['n']}, K={r['k']}, "
-                  f"{r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']} -> {r['out_dtype']}"))
+    console.print(
+        render.join(
+            ("moe-hal run", "bold"),
+            f": {r['op']} grouped GEMM, {r['experts']} experts, N={r['n']}, K={r['k']}, "
+            f"{r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']} -> {r['out_dtype']}",
+        )
+    )
     counts = r["counts"]
-    console.print(f"rows per expert: min {min(counts)}, max {max(counts)}, empty {sum(c == 0 for c in counts)}; "
-                  f"alignment {r['alignment']}")
+    console.print(
+        f"rows per expert: min {min(counts)}, max {max(counts)}, empty {sum(c == 0 for c in counts)}; "
+        f"alignment {r['alignment']}"
+    )
     console.print(render.text(r["explain"]))
     rows = []
     rows.append(("backend", f"{r['backend']} ({r['mode']})"))
-    rows.append(("time", f"median {r['median_s'] * 1e3:.2f} ms, first call {r['first_call_s'] * 1e3:.2f} ms, "
-                      f"{r['useful_gflops_per_s']:.1f} useful GFLOP/s"))
+    rows.append(
+        (
+            "time",
+            f"median {r['median_s'] * 1e3:.2f} ms, first call {r['first_call_s'] * 1e3:.2f} ms, "
+            f"{r['useful_gflops_per_s']:.1f} useful GFLOP/s",
+        )
+    )
     rows.append(("reference", f"float64 oracle in {r['reference_s']:.2f} s"))
     rows.append(("calc_diff", f"{r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e})"))
     rows.append(("max error", f"abs {r['max_abs_err']:.3e}, rel {r['max_rel_err']:.3e}"))
@@ -214,8 +278,14 @@ def _print(r: dict) -> None:
         rows.append(("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}"))
     if r["conformance"]:
         rows.append((f"conformance ({r['conformance']['tier']})", r["conformance"]["summary"]))
-    rows.append(("verdict", render.text("verified against the reference", "green") if r["verified"]
-                 else render.text("FAILED verification", "red")))
+    rows.append(
+        (
+            "verdict",
+            render.text("verified against the reference", "green")
+            if r["verified"]
+            else render.text("FAILED verification", "red"),
+        )
+    )
     t = render.table(None, ("what", "result"), rows, key=("what",), right=("what",))
     t.show_header = False
     console.print(t)

@@ -55,8 +55,15 @@ def _rank_job(rank: int, world: int, spec: dict) -> dict:
     w_local = _rows(weights, local[0], local[-1] + 1) if local else _rows(weights, 0, 0)
 
     def step():
-        d = ep.dispatch(_rows(hidden, lo, hi), topk_ids[lo:hi], topk_weights[lo:hi], g, mode=spec["mode"],
-                        alignment=spec["alignment"], capacity=spec["capacity"])
+        d = ep.dispatch(
+            _rows(hidden, lo, hi),
+            topk_ids[lo:hi],
+            topk_weights[lo:hi],
+            g,
+            mode=spec["mode"],
+            alignment=spec["alignment"],
+            capacity=spec["capacity"],
+        )
         return d, ep.combine(moe_hal.grouped_gemm(d.a, w_local, d.layout), d)
 
     t0 = time.perf_counter()
@@ -67,12 +74,19 @@ def _rank_job(rank: int, world: int, spec: dict) -> dict:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    return {"rank": rank, "tokens": hi - lo, "slots_routed": int((topk_ids[lo:hi] >= 0).sum()),
-            "sent_to": d.send_counts.tolist(), "received_from": d.recv_counts.tolist(),
-            "local_experts": [local[0], local[-1]] if local else [],
-            "rows_per_local_expert": _counts(d.layout), "transport": d.transport,
-            "first_call_s": first_s, "median_s": sorted(times)[len(times) // 2] if times else first_s,
-            "y": y.float().numpy()}
+    return {
+        "rank": rank,
+        "tokens": hi - lo,
+        "slots_routed": int((topk_ids[lo:hi] >= 0).sum()),
+        "sent_to": d.send_counts.tolist(),
+        "received_from": d.recv_counts.tolist(),
+        "local_experts": [local[0], local[-1]] if local else [],
+        "rows_per_local_expert": _counts(d.layout),
+        "transport": d.transport,
+        "first_call_s": first_s,
+        "median_s": sorted(times)[len(times) // 2] if times else first_s,
+        "y": y.float().numpy(),
+    }
 
 
 def _counts(layout) -> list[int]:
@@ -93,13 +107,26 @@ def run_ep(args) -> int:
 
     if args.ep < 1:
         raise ArgumentError("--ep", "a positive number of local processes", args.ep)
-    spec = {"world": args.ep, "mode": args.ep_mode, "experts": args.experts, "n": args.n, "k": args.k,
-            "tokens": args.tokens, "topk": args.topk, "dtype": args.dtype, "dist": args.dist, "seed": args.seed,
-            "alignment": args.alignment, "repeat": max(args.repeat, 0), "capacity": None}
+    spec = {
+        "world": args.ep,
+        "mode": args.ep_mode,
+        "experts": args.experts,
+        "n": args.n,
+        "k": args.k,
+        "tokens": args.tokens,
+        "topk": args.topk,
+        "dtype": args.dtype,
+        "dist": args.dist,
+        "seed": args.seed,
+        "alignment": args.alignment,
+        "repeat": max(args.repeat, 0),
+        "capacity": None,
+    }
     hidden, weights, topk_ids, topk_weights, bounds = _problem(spec)
-    if args.ep_mode == "capacity":   # exactly full: the largest (source rank, expert) count
-        spec["capacity"] = max(int((topk_ids[bounds[r]:bounds[r + 1]] == e).sum())
-                               for r in range(args.ep) for e in range(args.experts))
+    if args.ep_mode == "capacity":  # exactly full: the largest (source rank, expert) count
+        spec["capacity"] = max(
+            int((topk_ids[bounds[r] : bounds[r + 1]] == e).sum()) for r in range(args.ep) for e in range(args.experts)
+        )
     t0 = time.perf_counter()
     per_rank = ep.spawn_local(_rank_job, args.ep, (spec,), timeout_s=args.ep_timeout)
     wall_s = time.perf_counter() - t0
@@ -109,13 +136,28 @@ def run_ep(args) -> int:
     in_dtype = "fp8_e4m3" if isinstance(hidden, moe_hal.QuantizedTensor) else moe_hal.dtypes.name_of(hidden.dtype)
     diff = calc_diff(got, want)
     ok = diff <= CALC_DIFF_MAX[in_dtype] and bool(torch.isfinite(got).all()) and got.shape == want.shape
-    result = {"ep": args.ep, "mode": args.ep_mode, "capacity": spec["capacity"], "experts": args.experts,
-              "n": args.n, "k": args.k, "tokens": args.tokens, "topk": args.topk, "dtype": in_dtype,
-              "dist": args.dist, "alignment": args.alignment, "seed": args.seed, "spawn_wall_s": wall_s,
-              "ranks": per_rank, "calc_diff": diff, "calc_diff_max": CALC_DIFF_MAX[in_dtype],
-              "max_abs_err": float((got - want).abs().max()) if got.numel() else 0.0,
-              "bit_identical": bool(torch.equal(got, want)), "verified": ok,
-              "reference": "single process: moe_hal.routing dispatch -> grouped_gemm -> combine"}
+    result = {
+        "ep": args.ep,
+        "mode": args.ep_mode,
+        "capacity": spec["capacity"],
+        "experts": args.experts,
+        "n": args.n,
+        "k": args.k,
+        "tokens": args.tokens,
+        "topk": args.topk,
+        "dtype": in_dtype,
+        "dist": args.dist,
+        "alignment": args.alignment,
+        "seed": args.seed,
+        "spawn_wall_s": wall_s,
+        "ranks": per_rank,
+        "calc_diff": diff,
+        "calc_diff_max": CALC_DIFF_MAX[in_dtype],
+        "max_abs_err": float((got - want).abs().max()) if got.numel() else 0.0,
+        "bit_identical": bool(torch.equal(got, want)),
+        "verified": ok,
+        "reference": "single process: moe_hal.routing dispatch -> grouped_gemm -> combine",
+    }
     text = json.dumps(result, indent=2)
     if args.json:
         print(text)
@@ -133,21 +175,43 @@ def _print(r: dict) -> None:
     from rich.table import Table
 
     console = Console(file=sys.stdout)
-    console.print(f"[bold]moe-hal run --ep {r['ep']}[/bold] ({escape(r['mode'])} mode"
-                  + (f", capacity {r['capacity']}" if r["capacity"] is not None else "")
-                  + f"): {r['experts']} experts over {r['ep']} gloo ranks, N={r['n']}, K={r['k']}, "
-                  f"{r['tokens']} tokens x top-{r['topk']} ({escape(r['dist'])} routing), {escape(r['dtype'])}")
-    t = Table("rank", "tokens", "slots", "rows sent to rank 0..", "rows received from rank 0..", "experts",
-              "rows/expert min-max", "ms")
+    console.print(
+        f"[bold]moe-hal run --ep {r['ep']}[/bold] ({escape(r['mode'])} mode"
+        + (f", capacity {r['capacity']}" if r["capacity"] is not None else "")
+        + f"): {r['experts']} experts over {r['ep']} gloo ranks, N={r['n']}, K={r['k']}, "
+        f"{r['tokens']} tokens x top-{r['topk']} ({escape(r['dist'])} routing), {escape(r['dtype'])}"
+    )
+    t = Table(
+        "rank",
+        "tokens",
+        "slots",
+        "rows sent to rank 0..",
+        "rows received from rank 0..",
+        "experts",
+        "rows/expert min-max",
+        "ms",
+    )
     for x in r["ranks"]:
         rows = x["rows_per_local_expert"]
         experts = f"{x['local_experts'][0]}..{x['local_experts'][1]}" if x["local_experts"] else "-"
-        t.add_row(str(x["rank"]), str(x["tokens"]), str(x["slots_routed"]), " ".join(map(str, x["sent_to"])),
-                  " ".join(map(str, x["received_from"])), experts, f"{min(rows)}-{max(rows)}" if rows else "-",
-                  f"{x['median_s'] * 1e3:.1f}")
+        t.add_row(
+            str(x["rank"]),
+            str(x["tokens"]),
+            str(x["slots_routed"]),
+            " ".join(map(str, x["sent_to"])),
+            " ".join(map(str, x["received_from"])),
+            experts,
+            f"{min(rows)}-{max(rows)}" if rows else "-",
+            f"{x['median_s'] * 1e3:.1f}",
+        )
     console.print(t)
-    console.print(f"transport: {escape(r['ranks'][0]['transport'])}; against the {escape(r['reference'])}: "
-                  f"calc_diff {r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e}), max abs err "
-                  f"{r['max_abs_err']:.3e}, bit-identical: {'yes' if r['bit_identical'] else 'no'}")
-    console.print("[green]verified against the single-process result[/green]" if r["verified"]
-                  else "[red]FAILED verification[/red]")
+    console.print(
+        f"transport: {escape(r['ranks'][0]['transport'])}; against the {escape(r['reference'])}: "
+        f"calc_diff {r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e}), max abs err "
+        f"{r['max_abs_err']:.3e}, bit-identical: {'yes' if r['bit_identical'] else 'no'}"
+    )
+    console.print(
+        "[green]verified against the single-process result[/green]"
+        if r["verified"]
+        else "[red]FAILED verification[/red]"
+    )

@@ -55,21 +55,40 @@ class GemmSpec:
     def from_case(cls, case: Case) -> "GemmSpec":
         s, p = case.signature, case.problem
         fp8 = s["dtype"] == _FP8
-        common = dict(op=case.op, dtype=s["dtype"], out_dtype=s["out_dtype"],
-                      scale_format=s.get("scale_format") if fp8 else None,
-                      a_block=tuple(s.get("a_block", _default_blocks(case.op)[0])) if fp8 else None,
-                      b_block=tuple(s.get("b_block", _default_blocks(case.op)[1])) if fp8 else None,
-                      b_major=s.get("b_major", "k"), groups=int(p["groups"]), n=int(p["n"]))
+        common = dict(
+            op=case.op,
+            dtype=s["dtype"],
+            out_dtype=s["out_dtype"],
+            scale_format=s.get("scale_format") if fp8 else None,
+            a_block=tuple(s.get("a_block", _default_blocks(case.op)[0])) if fp8 else None,
+            b_block=tuple(s.get("b_block", _default_blocks(case.op)[1])) if fp8 else None,
+            b_major=s.get("b_major", "k"),
+            groups=int(p["groups"]),
+            n=int(p["n"]),
+        )
         if case.op == "masked":
-            return cls(**common, k=int(p["k"]), masked_m=tuple(p["masked_m"]), max_m=int(p["max_m"]),
-                       m=int(p["max_m"]), expected_m=p.get("expected_m"))
+            return cls(
+                **common,
+                k=int(p["k"]),
+                masked_m=tuple(p["masked_m"]),
+                max_m=int(p["max_m"]),
+                m=int(p["max_m"]),
+                expected_m=p.get("expected_m"),
+            )
         counts = tuple(int(c) for c in p["counts"])
         alignment = int(p.get("alignment", 1))
         rows = int(p.get("num_rows") or oracle.aligned_rows(counts, alignment))
         if case.op == "contiguous":
             return cls(**common, k=int(p["k"]), m=rows, counts=counts, alignment=alignment, num_rows=rows)
-        return cls(**common, k=rows, m=int(p["m"]), counts=counts, alignment=alignment, num_rows=rows,
-                   with_c=bool(p.get("c", False)))
+        return cls(
+            **common,
+            k=rows,
+            m=int(p["m"]),
+            counts=counts,
+            alignment=alignment,
+            num_rows=rows,
+            with_c=bool(p.get("c", False)),
+        )
 
     @property
     def fp8(self) -> bool:
@@ -96,13 +115,15 @@ def _default_blocks(op: str) -> tuple[tuple[int, int], tuple[int, int]]:
 
 # -- generation -------------------------------------------------------------------------------------
 
+
 def _round(x: np.ndarray, dtype_name: str) -> torch.Tensor:
     """float64 -> float32 (numpy, IEEE) -> the operand dtype (torch, round to nearest even)."""
     return torch.from_numpy(np.ascontiguousarray(x.astype(np.float32))).to(dtypes.DTYPES[dtype_name])
 
 
-def _quantized(x: np.ndarray, gen: GeneratorSpec, name: str, block: tuple[int, int], ue8m0: bool,
-               k_axis: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+def _quantized(
+    x: np.ndarray, gen: GeneratorSpec, name: str, block: tuple[int, int], ue8m0: bool, k_axis: int
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     shaped = generate.shape_blocks(x, gen, name, block, k_axis)
     codes, scale = oracle.quantize(shaped.astype(np.float32), block, ue8m0)
     data = torch.from_numpy(np.ascontiguousarray(codes)).view(torch.float8_e4m3fn)
@@ -144,11 +165,15 @@ def golden(spec: GemmSpec, a64: np.ndarray, b64: np.ndarray, c64: np.ndarray | N
     return oracle.k_grouped(a64, b64, spec.counts, spec.alignment, c64)
 
 
-def _strided_golden(prefix: str, result: tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]) -> dict[str, torch.Tensor]:
+def _strided_golden(
+    prefix: str, result: tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
     span, shape, strides = result
-    return {f"{prefix}.span": torch.from_numpy(np.ascontiguousarray(span)),
-            f"{prefix}.shape": torch.tensor(shape, dtype=torch.int64),
-            f"{prefix}.strides": torch.tensor(strides, dtype=torch.int64)}
+    return {
+        f"{prefix}.span": torch.from_numpy(np.ascontiguousarray(span)),
+        f"{prefix}.shape": torch.tensor(shape, dtype=torch.int64),
+        f"{prefix}.strides": torch.tensor(strides, dtype=torch.int64),
+    }
 
 
 def transform_tensors(case: Case) -> dict[str, torch.Tensor]:
@@ -217,6 +242,7 @@ def case_tensors(case: Case) -> dict[str, torch.Tensor]:
 
 
 # -- calls -----------------------------------------------------------------------------------------
+
 
 @dataclass
 class GemmCall:
@@ -296,7 +322,7 @@ def _magnitude(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     if spec.op == "contiguous":
         for g, (start, count) in enumerate(zip(oracle.segment_starts(spec.counts, spec.alignment), spec.counts)):
             if count:
-                out[start:start + count] = a[start:start + count] @ b[g].T
+                out[start : start + count] = a[start : start + count] @ b[g].T
     elif spec.op == "masked":
         for g, rows in enumerate(spec.masked_m):
             if rows:
@@ -304,7 +330,7 @@ def _magnitude(spec: GemmSpec, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
     else:
         for g, (start, count) in enumerate(zip(oracle.segment_starts(spec.counts, spec.alignment), spec.counts)):
             if count:
-                out[g] = a[start:start + count].T @ b[start:start + count]
+                out[g] = a[start : start + count].T @ b[start : start + count]
         if c is not None:
             out += torch.nan_to_num(c, posinf=0.0)
     return out

@@ -64,6 +64,7 @@ def fingerprint(t: torch.Tensor) -> str:
 
 # -- output form --------------------------------------------------------------------------------------
 
+
 def shape(out: Any, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, run: str) -> CheckOutcome:
     """An allocated output has the contract's shape, dtype and device and is row-major contiguous."""
     if not isinstance(out, torch.Tensor):
@@ -134,8 +135,13 @@ def untouched(out: torch.Tensor, pattern: int, keep: torch.Tensor, run: str) -> 
     return passed("sentinel", run, {"untouched_elements": int(region.sum())})
 
 
-def zero_rows(out: torch.Tensor, rows: torch.Tensor, run: str, name: str = "padding_zero",
-              what: str = "in rows of no group are not zero") -> CheckOutcome:
+def zero_rows(
+    out: torch.Tensor,
+    rows: torch.Tensor,
+    run: str,
+    name: str = "padding_zero",
+    what: str = "in rows of no group are not zero",
+) -> CheckOutcome:
     """Every element of the boolean ``rows`` mask is exactly zero (either sign)."""
     region = rows.expand(out.shape)
     bad = region & ~(out == 0)
@@ -145,7 +151,9 @@ def zero_rows(out: torch.Tensor, rows: torch.Tensor, run: str, name: str = "padd
     return passed(name, run, {"checked_elements": int(region.sum())})
 
 
-def bitwise_equal(x: torch.Tensor, y: torch.Tensor, region: torch.Tensor, name: str, what: str, run: str) -> CheckOutcome:
+def bitwise_equal(
+    x: torch.Tensor, y: torch.Tensor, region: torch.Tensor, name: str, what: str, run: str
+) -> CheckOutcome:
     """``x`` and ``y`` have identical bytes on ``region``."""
     differ = region.expand(x.shape) & (_as_int(x) != _as_int(y))
     if bool(differ.any()):
@@ -163,6 +171,7 @@ def inputs_unchanged(before: dict[str, str], after: dict[str, str], run: str) ->
 
 # -- exact transforms ------------------------------------------------------------------------------------
 
+
 def exact_bytes(name: str, actual: torch.Tensor, expected: torch.Tensor) -> str | None:
     """None when ``actual`` has ``expected``'s dtype, shape and bytes; else what differs."""
     if actual.dtype != expected.dtype:
@@ -174,11 +183,16 @@ def exact_bytes(name: str, actual: torch.Tensor, expected: torch.Tensor) -> str 
     if bool(differ.any()):
         byte = int(torch.nonzero(differ)[0])
         element = byte // max(1, actual.element_size())
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(element), tuple(actual.shape))) \
-            if actual.dim() else ()
+        index = (
+            tuple(int(i) for i in torch.unravel_index(torch.tensor(element), tuple(actual.shape)))
+            if actual.dim()
+            else ()
+        )
         flat_a, flat_e = actual.contiguous().reshape(-1), expected.contiguous().reshape(-1)
-        return (f"{name}: {int(differ.sum())} byte(s) differ; first in element {index}: "
-                f"got {_show(flat_a[element])}, expected {_show(flat_e[element])}")
+        return (
+            f"{name}: {int(differ.sum())} byte(s) differ; first in element {index}: "
+            f"got {_show(flat_a[element])}, expected {_show(flat_e[element])}"
+        )
     return None
 
 
@@ -199,8 +213,9 @@ def storage_span(t: torch.Tensor) -> torch.Tensor:
     return torch.as_strided(t, (extent,), (1,), t.storage_offset()).cpu()
 
 
-def strided_layout(name: str, actual: torch.Tensor, golden: dict[str, torch.Tensor],
-                   prefix: str) -> tuple[list[str], list[str]]:
+def strided_layout(
+    name: str, actual: torch.Tensor, golden: dict[str, torch.Tensor], prefix: str
+) -> tuple[list[str], list[str]]:
     """``(layout problems, byte problems)`` of a strided result against
     ``golden[prefix + '.span'/'.shape'/'.strides']``: shape and strides exactly, then the bytes of
     the storage span (padding included; only compared when the layout matches)."""

@@ -38,9 +38,13 @@ class CaseDiff:
         return self.status_a in _GOOD and (self.status_b in _BAD or self.status_b is None)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"case": self.key, "status_a": self.status_a, "status_b": self.status_b,
-                "regression": self.regression,
-                "drift": {k: {"a": a, "b": b} for k, (a, b) in self.drift.items()}}
+        return {
+            "case": self.key,
+            "status_a": self.status_a,
+            "status_b": self.status_b,
+            "regression": self.regression,
+            "drift": {k: {"a": a, "b": b} for k, (a, b) in self.drift.items()},
+        }
 
 
 @dataclass
@@ -56,10 +60,15 @@ class RunComparison:
         return [c for c in self.cases if c.regression]
 
     def as_dict(self) -> dict[str, Any]:
-        return {"backend_a": self.name_a, "backend_b": self.name_b,
-                "verdict_a": self.verdicts[0], "verdict_b": self.verdicts[1],
-                "header": {k: {"a": a, "b": b} for k, (a, b) in self.header.items()},
-                "cases": [c.as_dict() for c in self.cases], "regressions": len(self.regressions)}
+        return {
+            "backend_a": self.name_a,
+            "backend_b": self.name_b,
+            "verdict_a": self.verdicts[0],
+            "verdict_b": self.verdicts[1],
+            "header": {k: {"a": a, "b": b} for k, (a, b) in self.header.items()},
+            "cases": [c.as_dict() for c in self.cases],
+            "regressions": len(self.regressions),
+        }
 
 
 def _pairs(a: dict[str, Any], b: dict[str, Any], backend_a: str | None, backend_b: str | None):
@@ -108,8 +117,9 @@ def _drift(ma: dict[str, Any], mb: dict[str, Any], factor: float) -> dict[str, t
     return out
 
 
-def compare(a: dict[str, Any], b: dict[str, Any], drift: float = 2.0, backend_a: str | None = None,
-            backend_b: str | None = None) -> list[RunComparison]:
+def compare(
+    a: dict[str, Any], b: dict[str, Any], drift: float = 2.0, backend_a: str | None = None, backend_b: str | None = None
+) -> list[RunComparison]:
     """Compare reports ``a`` and ``b`` (loaded JSON); one :class:`RunComparison` per paired run.
     Only cases whose status changed, that exist in one run only, or whose metrics drifted by more
     than ``drift`` times are listed."""
@@ -127,8 +137,15 @@ def compare(a: dict[str, Any], b: dict[str, Any], drift: float = 2.0, backend_a:
                 d.drift = _drift(x.get("metrics") or {}, y.get("metrics") or {}, drift)
             if d.status_changed or d.drift:
                 diffs.append(d)
-        out.append(RunComparison(ra["backend"]["name"], rb["backend"]["name"], _header(a, b, ra, rb), diffs,
-                                 (ra["summary"]["verdict"], rb["summary"]["verdict"])))
+        out.append(
+            RunComparison(
+                ra["backend"]["name"],
+                rb["backend"]["name"],
+                _header(a, b, ra, rb),
+                diffs,
+                (ra["summary"]["verdict"], rb["summary"]["verdict"]),
+            )
+        )
     return out
 
 
@@ -137,19 +154,40 @@ def render(comparisons: list[RunComparison], console: Any, label_a: str = "A", l
     from ..cli import render as out
 
     for comp in comparisons:
-        console.print(out.join((comp.name_a, "bold"), f" ({label_a}, {comp.verdicts[0]}) vs ",
-                               (comp.name_b, "bold"), f" ({label_b}, {comp.verdicts[1]})"))
+        console.print(
+            out.join(
+                (comp.name_a, "bold"),
+                f" ({label_a}, {comp.verdicts[0]}) vs ",
+                (comp.name_b, "bold"),
+                f" ({label_b}, {comp.verdicts[1]})",
+            )
+        )
         if comp.header:
             rows = [(key, x, y) for key, (x, y) in comp.header.items()]
-            console.print(out.table("differences in the environment", ("field", label_a, label_b), rows, key=("field",)))
+            console.print(
+                out.table("differences in the environment", ("field", label_a, label_b), rows, key=("field",))
+            )
         if not comp.cases:
             console.print("  every case has the same status; no metric drifted")
             continue
-        rows = [(d.key, d.status_a or "(absent)", d.status_b or "(absent)",
-                 ", ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, (x, y) in d.drift.items())) for d in comp.cases]
-        console.print(out.table(f"{len(comp.cases)} case(s) differ, {len(comp.regressions)} regression(s)",
-                                ("case [path]", label_a, label_b, "metric drift"), rows, key=("case [path]",),
-                                row_styles=["red" if d.regression else None for d in comp.cases]))
+        rows = [
+            (
+                d.key,
+                d.status_a or "(absent)",
+                d.status_b or "(absent)",
+                ", ".join(f"{k} {_fmt(x)} -> {_fmt(y)}" for k, (x, y) in d.drift.items()),
+            )
+            for d in comp.cases
+        ]
+        console.print(
+            out.table(
+                f"{len(comp.cases)} case(s) differ, {len(comp.regressions)} regression(s)",
+                ("case [path]", label_a, label_b, "metric drift"),
+                rows,
+                key=("case [path]",),
+                row_styles=["red" if d.regression else None for d in comp.cases],
+            )
+        )
 
 
 def _fmt(v: Any) -> str:

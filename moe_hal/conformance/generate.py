@@ -49,7 +49,7 @@ class Stream:
     def uniform(self, shape: Sequence[int]) -> np.ndarray:
         """float64 in [0, 1) with 53 random bits (exact)."""
         n = int(np.prod(shape)) if len(shape) else 1
-        return ((self.bits(n) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).reshape(shape)
+        return ((self.bits(n) >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
 
     def normal(self, shape: Sequence[int]) -> np.ndarray:
         """Approximately standard normal: the standardised sum of four uniforms (bounded by 2*sqrt(3))."""
@@ -83,10 +83,15 @@ class GeneratorSpec:
 
     @classmethod
     def from_mapping(cls, m: dict[str, Any]) -> "GeneratorSpec":
-        return cls(seed=int(m["seed"]), dist=m.get("dist", "normal"), scale=float(m.get("scale", 1.0)),
-                   outliers=dict(m.get("outliers", {})), kblock_exponents=tuple(m.get("kblock_exponents", ())),
-                   zero_blocks=float(m.get("zero_blocks", 0.0)),
-                   nonfinite=tuple(tuple(x) for x in m.get("nonfinite", ())))
+        return cls(
+            seed=int(m["seed"]),
+            dist=m.get("dist", "normal"),
+            scale=float(m.get("scale", 1.0)),
+            outliers=dict(m.get("outliers", {})),
+            kblock_exponents=tuple(m.get("kblock_exponents", ())),
+            zero_blocks=float(m.get("zero_blocks", 0.0)),
+            nonfinite=tuple(tuple(x) for x in m.get("nonfinite", ())),
+        )
 
 
 def values(gen: GeneratorSpec, name: str, shape: Sequence[int]) -> np.ndarray:
@@ -137,7 +142,9 @@ def shape_blocks(x: np.ndarray, gen: GeneratorSpec, name: str, block: tuple[int,
     return x
 
 
-def power_of_two_scales(gen: GeneratorSpec, name: str, shape: Sequence[int], low: int = -20, high: int = 10) -> np.ndarray:
+def power_of_two_scales(
+    gen: GeneratorSpec, name: str, shape: Sequence[int], low: int = -20, high: int = 10
+) -> np.ndarray:
     """float32 powers of two ``2**e`` with ``e`` drawn uniformly from [low, high]."""
     e = Stream(gen.seed, name).integers(int(np.prod(shape)), high - low + 1) + low
     return np.ldexp(np.ones(e.shape, dtype=np.float32), e.astype(np.int32)).astype(np.float32).reshape(shape)

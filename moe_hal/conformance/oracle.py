@@ -26,6 +26,7 @@ AMAX_FLOOR = 1e-4
 
 # -- fp8 e4m3fn -----------------------------------------------------------------------------------
 
+
 def _e4m3_table() -> np.ndarray:
     """float64 value of each of the 256 e4m3fn codes (NaN for 0x7F and 0xFF; there is no inf)."""
     values = np.empty(256, dtype=np.float64)
@@ -36,7 +37,7 @@ def _e4m3_table() -> np.ndarray:
         if exponent == 0xF and mantissa == 0x7:
             values[code] = np.nan
         elif exponent == 0:
-            values[code] = sign * (mantissa / 8.0) * 2.0 ** -6
+            values[code] = sign * (mantissa / 8.0) * 2.0**-6
         else:
             values[code] = sign * (1.0 + mantissa / 8.0) * 2.0 ** (exponent - 7)
     return values
@@ -90,7 +91,7 @@ def quantize(x: np.ndarray, block: tuple[int, int], ue8m0: bool) -> tuple[np.nda
     floor = np.float32(AMAX_FLOOR)
     for i in range(sr):
         for j in range(sc):
-            blk = x[..., i * br:(i + 1) * br, j * bc:(j + 1) * bc]
+            blk = x[..., i * br : (i + 1) * br, j * bc : (j + 1) * bc]
             amax = np.abs(blk).max(axis=(-2, -1)) if blk.size else np.zeros(lead, np.float32)
             s = (np.maximum(amax, floor) / np.float32(FP8_MAX)).astype(np.float32)
             if ue8m0:
@@ -98,7 +99,7 @@ def quantize(x: np.ndarray, block: tuple[int, int], ue8m0: bool) -> tuple[np.nda
             scale[..., i, j] = s
             q = (blk / np.asarray(s, np.float32)[..., None, None]).astype(np.float32)
             q = np.clip(q, np.float32(-FP8_MAX), np.float32(FP8_MAX))
-            codes[..., i * br:(i + 1) * br, j * bc:(j + 1) * bc] = e4m3_encode(q)
+            codes[..., i * br : (i + 1) * br, j * bc : (j + 1) * bc] = e4m3_encode(q)
     return codes, scale
 
 
@@ -115,6 +116,7 @@ def dequantize(codes: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> 
 
 
 # -- grouped products ------------------------------------------------------------------------------
+
 
 def segment_starts(counts: Sequence[int], alignment: int) -> list[int]:
     """First row of each group: group g starts at ``align(end of g-1, alignment)``."""
@@ -148,7 +150,7 @@ def contiguous(a: np.ndarray, b: np.ndarray, counts: Sequence[int], alignment: i
     out = np.zeros((num_rows, b.shape[1]), dtype=np.float64)
     for g, (start, count) in enumerate(zip(segment_starts(counts, alignment), counts)):
         if count:
-            out[start:start + count] = _dot_rows(a[start:start + count], b[g])
+            out[start : start + count] = _dot_rows(a[start : start + count], b[g])
     return out
 
 
@@ -162,8 +164,7 @@ def masked(a: np.ndarray, b: np.ndarray, masked_m: Sequence[int]) -> np.ndarray:
     return out
 
 
-def k_grouped(a: np.ndarray, b: np.ndarray, counts: Sequence[int], alignment: int,
-              c: np.ndarray | None) -> np.ndarray:
+def k_grouped(a: np.ndarray, b: np.ndarray, counts: Sequence[int], alignment: int, c: np.ndarray | None) -> np.ndarray:
     """``out[G, M, N] = c[g] + sum over the group's tokens t (in order) of outer(a[t], b[t])``."""
     groups = len(counts)
     out = np.zeros((groups, a.shape[1], b.shape[1]), dtype=np.float64) if c is None else c.astype(np.float64)
@@ -176,11 +177,12 @@ def k_grouped(a: np.ndarray, b: np.ndarray, counts: Sequence[int], alignment: in
 
 # -- layouts and indices ---------------------------------------------------------------------------
 
+
 def m_indices(counts: Sequence[int], alignment: int, num_rows: int) -> np.ndarray:
     """int32 ``[num_rows]``: the group of each row, -1 on rows of no group."""
     out = np.full(num_rows, -1, dtype=np.int32)
     for g, (start, count) in enumerate(zip(segment_starts(counts, alignment), counts)):
-        out[start:start + count] = g
+        out[start : start + count] = g
     return out
 
 
@@ -208,8 +210,12 @@ def dispatch(topk_ids: np.ndarray, num_experts: int, alignment: int) -> dict[str
         for i, s in enumerate(slots[e]):
             slot_of_row[starts[e] + i] = s
             row_of_slot[s] = starts[e] + i
-    return {"counts": np.array(counts, dtype=np.int32), "psum": psum(counts, alignment),
-            "row_of_slot": row_of_slot.reshape(tokens, k), "slot_of_row": slot_of_row}
+    return {
+        "counts": np.array(counts, dtype=np.int32),
+        "psum": psum(counts, alignment),
+        "row_of_slot": row_of_slot.reshape(tokens, k),
+        "slot_of_row": slot_of_row,
+    }
 
 
 def dispatch_masked(topk_ids: np.ndarray, num_experts: int, max_m: int) -> dict[str, np.ndarray]:
@@ -231,8 +237,12 @@ def dispatch_masked(topk_ids: np.ndarray, num_experts: int, max_m: int) -> dict[
             slot_of_row[e, filled[e]] = t * k + j
             row_of_slot[t * k + j] = e * max_m + filled[e]
             filled[e] += 1
-    return {"masked_m": np.array(filled, dtype=np.int32), "row_of_slot": row_of_slot.reshape(tokens, k),
-            "slot_of_row": slot_of_row, "dropped": np.array([dropped], dtype=np.int64)}
+    return {
+        "masked_m": np.array(filled, dtype=np.int32),
+        "row_of_slot": row_of_slot.reshape(tokens, k),
+        "slot_of_row": slot_of_row,
+        "dropped": np.array([dropped], dtype=np.int64),
+    }
 
 
 def gather_rows(hidden: np.ndarray, slot_of_row: np.ndarray, k: int) -> np.ndarray:
@@ -249,6 +259,7 @@ def gather_rows(hidden: np.ndarray, slot_of_row: np.ndarray, k: int) -> np.ndarr
 # Each returns (span, shape, strides): ``span`` is the flat storage from the first to the last
 # element of the strided result, padding included, exactly as the bytes must be.
 
+
 def _strided(values: np.ndarray, mn_stride: int, dtype) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...]]:
     """Lay ``values[.., MN, C]`` out MN-major with column stride ``mn_stride`` (zeros in padding)."""
     lead = values.shape[:-2]
@@ -261,11 +272,11 @@ def _strided(values: np.ndarray, mn_stride: int, dtype) -> tuple[np.ndarray, tup
     for g in range(groups):
         for c in range(cols):
             base = g * group_stride + c * mn_stride
-            storage[base:base + mn] = flat_values[g, :, c]
+            storage[base : base + mn] = flat_values[g, :, c]
     if values.size == 0:
         return storage[:0], tuple(values.shape), strides
     last = (groups - 1) * group_stride + (cols - 1) * mn_stride + (mn - 1)
-    return storage[:last + 1], tuple(values.shape), strides
+    return storage[: last + 1], tuple(values.shape), strides
 
 
 def _exponent_bytes(scale: np.ndarray) -> np.ndarray:
@@ -282,7 +293,7 @@ def _pack(exponents: np.ndarray, per_word: int) -> np.ndarray:
             if per_word * i + j < sk:
                 out[..., i] |= exponents[..., per_word * i + j] << (8 * j)
     bits = 8 * per_word
-    return np.where(out >= 2 ** (bits - 1), out - 2 ** bits, out)
+    return np.where(out >= 2 ** (bits - 1), out - 2**bits, out)
 
 
 def tma_align_mn_major(scale: np.ndarray):

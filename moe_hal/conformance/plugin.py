@@ -56,20 +56,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("moe_hal", "moe_hal conformance suite")
     group.addoption("--moe-backend", help="backend to test (a registered name; ini: moe_backend)")
     group.addoption("--moe-tier", help="smoke, full (default), sweep or fuzz; comma-separated (ini: moe_tier)")
-    group.addoption("--moe-manifest", action="append", default=[], metavar="YAML",
-                    help="expected-failure manifest (in addition to those the plugins ship); repeatable")
-    group.addoption("--moe-strict", action="store_true",
-                    help="unexpected passes and stale expected-failure entries fail the run")
+    group.addoption(
+        "--moe-manifest",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="expected-failure manifest (in addition to those the plugins ship); repeatable",
+    )
+    group.addoption(
+        "--moe-strict", action="store_true", help="unexpected passes and stale expected-failure entries fail the run"
+    )
     group.addoption("--moe-report", metavar="PATH", help="write the JSON conformance report here")
     group.addoption("--moe-device", help="torch device to test on (default: the backend's own, else the CPU)")
-    group.addoption("--moe-case", action="append", default=[], metavar="PATTERN",
-                    help="only case ids matching this shell pattern; repeatable")
+    group.addoption(
+        "--moe-case",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only case ids matching this shell pattern; repeatable",
+    )
     group.addoption("--moe-suite-version", help="refuse to run unless the installed suite has this version")
 
 
 #: Why the conformance tests skip when no backend is configured.
-UNCONFIGURED = ("no backend configured: pass --moe-backend NAME or set moe_backend = NAME in the pytest "
-                "configuration (`moe-hal info` lists the registered backends)")
+UNCONFIGURED = (
+    "no backend configured: pass --moe-backend NAME or set moe_backend = NAME in the pytest "
+    "configuration (`moe-hal info` lists the registered backends)"
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,8 +91,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_SESSION] = None  # the conformance tests skip with UNCONFIGURED
         return
     if "," in name or name.strip() == "all":
-        raise pytest.UsageError(f"moe_hal.conformance.plugin: --moe-backend takes one backend name, got {name!r} "
-                                "(run pytest once per backend, or use `moe-hal conformance run --backend all`)")
+        raise pytest.UsageError(
+            f"moe_hal.conformance.plugin: --moe-backend takes one backend name, got {name!r} "
+            "(run pytest once per backend, or use `moe-hal conformance run --backend all`)"
+        )
     config.stash[_SESSION] = ConformanceSession(config)
 
 
@@ -149,9 +164,15 @@ class ConformanceSession:
             if wanted and wanted != suite.version:
                 raise pytest.UsageError(f"--moe-suite-version {wanted}: the installed suite is {suite.version}")
             try:
-                self._plan = session.plan(opt("moe_backend"), [opt("moe_tier")], device=opt("moe_device") or None,
-                                          manifests=opt("moe_manifest"), strict=opt("moe_strict"),
-                                          cases=opt("moe_case"), suite=suite)
+                self._plan = session.plan(
+                    opt("moe_backend"),
+                    [opt("moe_tier")],
+                    device=opt("moe_device") or None,
+                    manifests=opt("moe_manifest"),
+                    strict=opt("moe_strict"),
+                    cases=opt("moe_case"),
+                    suite=suite,
+                )
             except ConformanceError as exc:
                 raise pytest.UsageError(str(exc)) from None
         return self._plan
@@ -167,11 +188,18 @@ class ConformanceSession:
 
         target = self.runner.target
         spec = target.spec
-        lines = [f"moe_hal {__version__} conformance suite {self.plan.suite.version} "
-                 f"({self.plan.suite.data_version[:19]}...), tiers {','.join(self.plan.tiers)}",
-                 f"backend {target.name}" + (f" from {spec.distribution} {spec.version} (plugin {spec.plugin})"
-                                             if spec is not None and spec.distribution else "")
-                 + (f", mode {target.mode.upper()}" if target.mode else "") + f", device {target.device_info.label}"]
+        lines = [
+            f"moe_hal {__version__} conformance suite {self.plan.suite.version} "
+            f"({self.plan.suite.data_version[:19]}...), tiers {','.join(self.plan.tiers)}",
+            f"backend {target.name}"
+            + (
+                f" from {spec.distribution} {spec.version} (plugin {spec.plugin})"
+                if spec is not None and spec.distribution
+                else ""
+            )
+            + (f", mode {target.mode.upper()}" if target.mode else "")
+            + f", device {target.device_info.label}",
+        ]
         if not target.available:
             lines.append("backend UNAVAILABLE: " + "; ".join(str(r) for r in target.reasons))
         for src in self.runner.waivers.sources:
@@ -186,8 +214,9 @@ class ConformanceSession:
     def check_available(self) -> None:
         target = self.runner.target
         if not target.available:
-            pytest.fail(f"backend {target.name!r} cannot run here: " + "; ".join(str(r) for r in target.reasons),
-                        pytrace=False)
+            pytest.fail(
+                f"backend {target.name!r} cannot run here: " + "; ".join(str(r) for r in target.reasons), pytrace=False
+            )
 
     def check(self, item: tuple[Any, str], node: pytest.Item | None = None) -> None:
         """Run one case on one path and turn its status into the pytest outcome; ``node`` (the
@@ -203,8 +232,9 @@ class ConformanceSession:
         from . import session, sweep
 
         runner = self.runner
-        result = sweep.fuzz(runner.run_case, lambda c: [p for _, p in runner.items([c])], self.plan.fuzz_examples,
-                            session.fuzz_result)
+        result = sweep.fuzz(
+            runner.run_case, lambda c: [p for _, p in runner.items([c])], self.plan.fuzz_examples, session.fuzz_result
+        )
         self.results.append(result)
         self._outcome(result)
 
@@ -220,8 +250,11 @@ class ConformanceSession:
         if status == "xpass" and self.runner.strict:
             pytest.fail(result.message, pytrace=False)
         if status == "xpass" and node is not None:  # passes although waived: pytest reports XPASS
-            node.add_marker(pytest.mark.xfail(reason=f"waived ({result.waiver['reason']}) but passes now: "
-                                                     "remove the waiver", strict=False))
+            node.add_marker(
+                pytest.mark.xfail(
+                    reason=f"waived ({result.waiver['reason']}) but passes now: remove the waiver", strict=False
+                )
+            )
         if status in ("fail", "error"):
             text = result.message + (f"\n{result.traceback}" if result.traceback else "")
             pytest.fail(text, pytrace=False)

@@ -31,7 +31,11 @@ SCHEMA_VERSION = 1
 KIND = "moe_hal.conformance.report"
 REPORT_SCHEMA = "report.schema.json"
 CONFORMANT, WITH_WAIVERS, NONCONFORMANT, UNAVAILABLE = (
-    "conformant", "conformant with waivers", "non-conformant", "unavailable")
+    "conformant",
+    "conformant with waivers",
+    "non-conformant",
+    "unavailable",
+)
 VERDICTS = (CONFORMANT, WITH_WAIVERS, NONCONFORMANT, UNAVAILABLE)
 
 
@@ -55,11 +59,18 @@ def environment() -> dict[str, Any]:
     """Python, platform, library versions (read from metadata, nothing imported) and ``MOE_HAL_*``."""
     import torch
 
-    return {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
-            "platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
-            "torch": torch.__version__, "torch_cuda": torch.version.cuda, "torch_threads": torch.get_num_threads(),
-            "packages": {d: _version(d) for d in _packages()},
-            "moe_hal_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MOE_HAL_")}}
+    return {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torch_threads": torch.get_num_threads(),
+        "packages": {d: _version(d) for d in _packages()},
+        "moe_hal_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("MOE_HAL_")},
+    }
 
 
 def plugins_record() -> list[dict[str, Any]]:
@@ -75,25 +86,47 @@ def backend_record(target: Any) -> dict[str, Any]:
     if target.backend is not None:
         out["class"] = f"{type(target.backend).__module__}.{type(target.backend).__qualname__}"
     if spec is not None:
-        out.update({"vendor": spec.vendor, "tier": spec.tier, "priority": spec.priority, "impl": spec.impl,
-                    "plugin": spec.plugin, "distribution": spec.distribution, "version": spec.version,
-                    "api_version": spec.api_version, "deterministic": spec.deterministic,
-                    "graph_capturable": spec.graph_capturable})
+        out.update(
+            {
+                "vendor": spec.vendor,
+                "tier": spec.tier,
+                "priority": spec.priority,
+                "impl": spec.impl,
+                "plugin": spec.plugin,
+                "distribution": spec.distribution,
+                "version": spec.version,
+                "api_version": spec.api_version,
+                "deterministic": spec.deterministic,
+                "graph_capturable": spec.graph_capturable,
+            }
+        )
     return out
 
 
 def device_record(target: Any) -> dict[str, Any]:
     info = target.device_info
-    out: dict[str, Any] = {"device": str(target.device), "type": info.type, "index": info.index,
-                           "label": info.label, "hw_id": info.hw_id, "features": sorted(info.features),
-                           "seen": info.seen, "hwdb": None}
+    out: dict[str, Any] = {
+        "device": str(target.device),
+        "type": info.type,
+        "index": info.index,
+        "label": info.label,
+        "hw_id": info.hw_id,
+        "features": sorted(info.features),
+        "seen": info.seen,
+        "hwdb": None,
+    }
     if info.hw_id:
         try:
             from .. import hwdb
 
             entry = hwdb.get(info.hw_id)
-            out["hwdb"] = {"id": entry.id, "name": entry.name, "vendor": entry.vendor,
-                           "architecture": entry.architecture, "path": os.path.basename(entry.path)}
+            out["hwdb"] = {
+                "id": entry.id,
+                "name": entry.name,
+                "vendor": entry.vendor,
+                "architecture": entry.architecture,
+                "path": os.path.basename(entry.path),
+            }
         except Exception as exc:  # noqa: BLE001 - the report must still be written
             out["hwdb"] = {"id": info.hw_id, "error": f"{type(exc).__name__}: {exc}"}
     return out
@@ -132,13 +165,18 @@ def run_record(runner: Any, results: list[Any], tiers: list[str], duration_s: fl
         "selection": runner.selections,
         "waivers": runner.waivers.as_dict(selected),
         "cases": cases,
-        "summary": {"counts": {s: counts.get(s, 0) for s in STATUSES},
-                    "total": len(cases), "duration_s": round(duration_s, 3),
-                    "verdict": verdict(cases, target.available, runner.strict, len(stale))},
+        "summary": {
+            "counts": {s: counts.get(s, 0) for s in STATUSES},
+            "total": len(cases),
+            "duration_s": round(duration_s, 3),
+            "verdict": verdict(cases, target.available, runner.strict, len(stale)),
+        },
     }
     if not target.registered and target.available:
-        record["dispatcher_note"] = ("the backend instance is not the one registered under its name, so the "
-                                     "dispatcher path cannot force it and was not run")
+        record["dispatcher_note"] = (
+            "the backend instance is not the one registered under its name, so the "
+            "dispatcher path cannot force it and was not run"
+        )
     return record
 
 
@@ -153,7 +191,9 @@ def overall_verdict(runs: list[dict[str, Any]]) -> str:
     return CONFORMANT
 
 
-def build(suite: Any, runs: list[dict[str, Any]], tiers: list[str], sweep: dict[str, Any] | None = None) -> dict[str, Any]:
+def build(
+    suite: Any, runs: list[dict[str, Any]], tiers: list[str], sweep: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The full report for ``runs`` (from :func:`run_record`)."""
     from .. import __version__, plugins
 
@@ -161,9 +201,15 @@ def build(suite: Any, runs: list[dict[str, Any]], tiers: list[str], sweep: dict[
         "schema_version": SCHEMA_VERSION,
         "kind": KIND,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "suite": {"version": suite.version, "data_version": suite.data_version,
-                  "generator_version": suite.generator_version, "reference": suite.raw["reference"],
-                  "tiers": list(tiers), "sweep": sweep, "mustpass": len(suite.mustpass())},
+        "suite": {
+            "version": suite.version,
+            "data_version": suite.data_version,
+            "generator_version": suite.generator_version,
+            "reference": suite.raw["reference"],
+            "tiers": list(tiers),
+            "sweep": sweep,
+            "mustpass": len(suite.mustpass()),
+        },
         "moe_hal_version": __version__,
         "plugins": plugins_record(),
         "plugin_failures": [f.as_dict() for f in plugins.host().failures()],
@@ -195,6 +241,7 @@ def load_json(path: str) -> dict[str, Any]:
 
 # -- JUnit XML ---------------------------------------------------------------------------------------
 
+
 def junit_xml(report: dict[str, Any]) -> str:
     """JUnit XML: one ``testsuite`` per backend run, one ``testcase`` per case and path."""
     root = ET.Element("testsuites", name="moe_hal conformance")
@@ -203,12 +250,15 @@ def junit_xml(report: dict[str, Any]) -> str:
         name = run["backend"]["name"]
         suite_el = ET.SubElement(root, "testsuite", name=f"moe_hal.conformance[{name}]")
         props = ET.SubElement(suite_el, "properties")
-        for key, value in (("suite_version", report["suite"]["version"]),
-                           ("data_version", report["suite"]["data_version"]),
-                           ("moe_hal_version", report["moe_hal_version"]),
-                           ("backend_version", run["backend"].get("version") or ""),
-                           ("mode", run["backend"].get("mode") or ""),
-                           ("device", run["device"]["label"]), ("verdict", run["summary"]["verdict"])):
+        for key, value in (
+            ("suite_version", report["suite"]["version"]),
+            ("data_version", report["suite"]["data_version"]),
+            ("moe_hal_version", report["moe_hal_version"]),
+            ("backend_version", run["backend"].get("version") or ""),
+            ("mode", run["backend"].get("mode") or ""),
+            ("device", run["device"]["label"]),
+            ("verdict", run["summary"]["verdict"]),
+        ):
             ET.SubElement(props, "property", name=key, value=str(value))
         counts = Counter()
         if not run["available"]:
@@ -217,8 +267,13 @@ def junit_xml(report: dict[str, Any]) -> str:
             ET.SubElement(tc, "skipped", message=f"backend {name!r} is unavailable here: {reasons}")
             counts.update(tests=1, skipped=1)
         for case in run["cases"]:
-            tc = ET.SubElement(suite_el, "testcase", classname=f"moe_hal.conformance.{name}",
-                               name=f"{case['id']} [{case['path']}]", time=f"{case['duration_s']:.6f}")
+            tc = ET.SubElement(
+                suite_el,
+                "testcase",
+                classname=f"moe_hal.conformance.{name}",
+                name=f"{case['id']} [{case['path']}]",
+                time=f"{case['duration_s']:.6f}",
+            )
             counts["tests"] += 1
             status, message = case["status"], case.get("message", "")
             if status == "fail" or (status == "xpass" and run["strict"]):
@@ -252,6 +307,7 @@ def write_junit(report: dict[str, Any], path: str) -> None:
 
 
 # -- verification ------------------------------------------------------------------------------------
+
 
 def verify(report: dict[str, Any], suite: Any = None) -> list[str]:
     """Problems with a report's internal consistency (empty: consistent): schema, summary counts,
@@ -303,6 +359,7 @@ def verify(report: dict[str, Any], suite: Any = None) -> list[str]:
 
 # -- text --------------------------------------------------------------------------------------------
 
+
 def summary_lines(report: dict[str, Any]) -> list[str]:
     """One line per backend run plus the overall verdict."""
     lines = []
@@ -316,10 +373,14 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
             continue
         c = run["summary"]["counts"]
         parts = [f"{c[s]} {s}" for s in STATUSES if c[s]]
-        lines.append(f"{label} on {run['device']['label']}: {run['summary']['verdict']} "
-                     f"({', '.join(parts)}; {run['summary']['duration_s']:.1f} s)")
-    lines.append(f"verdict: {report['verdict']} (suite {report['suite']['version']}, "
-                 f"tiers {', '.join(report['suite']['tiers'])})")
+        lines.append(
+            f"{label} on {run['device']['label']}: {run['summary']['verdict']} "
+            f"({', '.join(parts)}; {run['summary']['duration_s']:.1f} s)"
+        )
+    lines.append(
+        f"verdict: {report['verdict']} (suite {report['suite']['version']}, "
+        f"tiers {', '.join(report['suite']['tiers'])})"
+    )
     if "fuzz" in report["suite"]["tiers"]:
         lines.append("fuzz results are reported but never part of the verdict")
     return lines

@@ -57,10 +57,17 @@ class CaseResult:
         return f"{self.id} [{self.path}]"
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "path": self.path, "op": self.op, "tier": self.tier,
-                               "tags": list(self.tags), "status": self.status,
-                               "duration_s": round(self.duration_s, 6), "metrics": self.metrics,
-                               "checks": [c.as_dict() for c in self.checks]}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "path": self.path,
+            "op": self.op,
+            "tier": self.tier,
+            "tags": list(self.tags),
+            "status": self.status,
+            "duration_s": round(self.duration_s, 6),
+            "metrics": self.metrics,
+            "checks": [c.as_dict() for c in self.checks],
+        }
         if self.message:
             out["message"] = self.message
         if self.reasons:
@@ -101,15 +108,21 @@ class Target:
         elif isinstance(backend, str):
             name = backend
             if name not in host.specs:
-                return cls._unavailable(name, None, [Reason("unknown_backend", "no installed plugin provides this "
-                                                            "backend", set(host.specs), name)], device)
+                return cls._unavailable(
+                    name,
+                    None,
+                    [Reason("unknown_backend", "no installed plugin provides this backend", set(host.specs), name)],
+                    device,
+                )
             blocking = list(host.spec_reasons.get(name, []))  # name conflicts, API version mismatch
             inst, err = host.backend(name) if not blocking else (None, None)
             if inst is None:
                 return cls._unavailable(name, host.specs[name], blocking or [err], device)
             registered = True
         else:
-            raise ConformanceError(f"backend: expected a backend name or a moe_hal.Backend, got {type(backend).__name__}")
+            raise ConformanceError(
+                f"backend: expected a backend name or a moe_hal.Backend, got {type(backend).__name__}"
+            )
         dev, info, reasons = _pick_device(inst, device)
         if reasons:
             return cls(name, inst, inst.spec, dev, info, "", False, reasons, registered)
@@ -153,7 +166,10 @@ def _pick_device(inst: Any, device: str | None):
         dev = torch.device(cand)
         info = device_info(dev)
         reasons = []
-        for what, fn in (("is_available", inst.is_available), ("check_device", lambda info=info: inst.check_device(info))):
+        for what, fn in (
+            ("is_available", inst.is_available),
+            ("check_device", lambda info=info: inst.check_device(info)),
+        ):
             try:
                 reasons.extend(fn() or [])
             except Exception as exc:  # noqa: BLE001 - a backend's probe that raises is reported as its reason
@@ -225,9 +241,11 @@ class Runner:
                 self._error(result, "checking the result", exc)
             if result.status == "pass" and any(c.failed for c in result.checks):
                 result.status = "fail"
-                result.message = "; ".join(f"{case.id} [{path}]: check '{c.name}' failed"
-                                           + (f" ({c.run})" if c.run else "") + f": {c.message}"
-                                           for c in result.checks if c.failed)
+                result.message = "; ".join(
+                    f"{case.id} [{path}]: check '{c.name}' failed" + (f" ({c.run})" if c.run else "") + f": {c.message}"
+                    for c in result.checks
+                    if c.failed
+                )
         result.duration_s = time.perf_counter() - start
         self._apply_waiver(result)
         return result
@@ -249,8 +267,10 @@ class Runner:
         result.waiver = waiver.as_dict()
         result.status = "xpass" if result.status == "pass" else "xfail"
         if result.status == "xpass" and self.strict:
-            result.message = (f"{result.key}: passed although an expected-failure entry ({waiver.pattern}, "
-                              f"{waiver.source}) says it fails; remove the entry (--strict)")
+            result.message = (
+                f"{result.key}: passed although an expected-failure entry ({waiver.pattern}, "
+                f"{waiver.source}) says it fails; remove the entry (--strict)"
+            )
 
     # -- GEMM cases --------------------------------------------------------------------------------
     def _tolerance(self, case: Case):
@@ -258,7 +278,8 @@ class Runner:
 
         if case.tolerance not in self._tolerances:
             self._tolerances[case.tolerance] = ToleranceClass.from_mapping(
-                case.tolerance, self.suite.tolerance_classes[case.tolerance])
+                case.tolerance, self.suite.tolerance_classes[case.tolerance]
+            )
         return self._tolerances[case.tolerance]
 
     def _gemm(self, case: Case, path: str, result: CaseResult) -> None:
@@ -314,8 +335,9 @@ class Runner:
         result.checks += ctx.check_output(first, "out=None", allocated=True)
         first_cpu = first.detach().cpu() if isinstance(first, torch.Tensor) else None
         if "sentinel" in case.checks:
-            out = checks.fill_sentinel(torch.empty(ctx.spec.out_shape, dtype=call.out_dtype, device=ctx.device),
-                                       ctx.sentinel)
+            out = checks.fill_sentinel(
+                torch.empty(ctx.spec.out_shape, dtype=call.out_dtype, device=ctx.device), ctx.sentinel
+            )
             with _stage("backend.run(problem, out) with a sentinel-filled out"):
                 returned = inst.run(Problem.build(call.a, call.b, call.layout(), out=out, **kw), out)
             if "shape" in case.checks:
@@ -323,13 +345,17 @@ class Runner:
             second = out.detach().cpu()
             result.checks += ctx.check_output(second, "out=sentinel", allocated=False)
             if "determinism" in case.checks:
-                result.checks.append(self._determinism(ctx, first_cpu, second, "out=None vs out=sentinel",
-                                                       "differ between two identical calls"))
+                result.checks.append(
+                    self._determinism(
+                        ctx, first_cpu, second, "out=None vs out=sentinel", "differ between two identical calls"
+                    )
+                )
         if "in_place_c" in case.checks and call.c is not None:
             acc = call.c.clone()
             with _stage("backend.run(problem, c) accumulating in place"):
-                returned = inst.run(Problem.build(call.a, call.b, call.layout(), c=acc, out=acc,
-                                                  out_dtype=call.out_dtype), acc)
+                returned = inst.run(
+                    Problem.build(call.a, call.b, call.layout(), c=acc, out=acc, out_dtype=call.out_dtype), acc
+                )
             result.checks.append(checks.returns_out(returned, acc, "out=c"))
             result.checks += ctx.check_output(acc.detach().cpu(), "out=c", allocated=False, only_values=True)
         if first_cpu is not None and self.target.spec.deterministic:
@@ -346,13 +372,18 @@ class Runner:
             selection = moe_hal.select(call.a, call.b, call.layout(), backend=name, **kw)
         except BackendUnavailableError as exc:
             result.status = "error"
-            result.reasons = [r.as_dict() if hasattr(r, "as_dict") else {"code": "unknown", "message": str(r)}
-                              for r in exc.reasons]
-            result.message = (f"{ctx.case.id} [dispatcher]: the dispatcher refuses the forced backend although "
-                              f"its declared capabilities accept the call: " + "; ".join(map(str, exc.reasons)))
+            result.reasons = [
+                r.as_dict() if hasattr(r, "as_dict") else {"code": "unknown", "message": str(r)} for r in exc.reasons
+            ]
+            result.message = (
+                f"{ctx.case.id} [dispatcher]: the dispatcher refuses the forced backend although "
+                f"its declared capabilities accept the call: " + "; ".join(map(str, exc.reasons))
+            )
             return
-        self.selections.setdefault(selection.problem, {"selected": selection.name, "how": selection.how,
-                                                       "mode": selection.mode, "explain": selection.explain()})
+        self.selections.setdefault(
+            selection.problem,
+            {"selected": selection.name, "how": selection.how, "mode": selection.mode, "explain": selection.explain()},
+        )
         if selection.name != name:
             result.checks.append(checks.failed("dispatch", f"forcing {name!r} selected {selection.name!r}", "select"))
             return
@@ -362,8 +393,11 @@ class Runner:
         result.checks += ctx.check_output(out, "dispatcher out=None", allocated=True)
         direct = self._direct.get(ctx.case.id)
         if "determinism" in ctx.case.checks and direct is not None and hasattr(out_cpu, "shape"):
-            result.checks.append(self._determinism(ctx, direct, out_cpu, "dispatcher vs direct",
-                                                   "differ between the dispatcher and the direct call"))
+            result.checks.append(
+                self._determinism(
+                    ctx, direct, out_cpu, "dispatcher vs direct", "differ between the dispatcher and the direct call"
+                )
+            )
 
     def _determinism(self, ctx: "_GemmContext", x: Any, y: Any, run: str, what: str) -> CheckOutcome:
         if not self.target.spec.deterministic:
@@ -387,8 +421,12 @@ class Runner:
         with _stage(f"moe_hal {case.op}"):
             if case.op == "layout_indices":
                 lay = ContiguousLayout.from_counts(p["counts"], alignment=p["alignment"], num_rows=p.get("num_rows"))
-                problems += _exact([("m_indices()", lay.m_indices(dev), golden["golden.m_indices"]),
-                                    ("psum", lay.psum, golden["golden.psum"])])
+                problems += _exact(
+                    [
+                        ("m_indices()", lay.m_indices(dev), golden["golden.m_indices"]),
+                        ("psum", lay.psum, golden["golden.psum"]),
+                    ]
+                )
             elif case.op in ("tma_align_mn_major", "pack_ue8m0", "pack_ue8m0x2"):
                 fn = getattr(quant, case.op)
                 i = 0
@@ -401,27 +439,43 @@ class Runner:
             elif case.op == "quantize_fp8":
                 for fmt in ("fp32", "ue8m0"):
                     q = quant.quantize_fp8(golden["x"].to(dev), tuple(p["block"]), ue8m0=fmt == "ue8m0")
-                    problems += _exact([(f"quantize_fp8(ue8m0={fmt == 'ue8m0'}).data", q.data, golden[f"golden.{fmt}.data"]),
-                                        (f"quantize_fp8(ue8m0={fmt == 'ue8m0'}).scale", q.scale, golden[f"golden.{fmt}.scale"])])
+                    problems += _exact(
+                        [
+                            (f"quantize_fp8(ue8m0={fmt == 'ue8m0'}).data", q.data, golden[f"golden.{fmt}.data"]),
+                            (f"quantize_fp8(ue8m0={fmt == 'ue8m0'}).scale", q.scale, golden[f"golden.{fmt}.scale"]),
+                        ]
+                    )
                     if q.scale_format != fmt or tuple(q.block) != tuple(p["block"]):
-                        problems.append(f"quantize_fp8(ue8m0={fmt == 'ue8m0'}): scale_format {q.scale_format!r}, "
-                                        f"block {q.block} (expected {fmt!r}, {tuple(p['block'])})")
+                        problems.append(
+                            f"quantize_fp8(ue8m0={fmt == 'ue8m0'}): scale_format {q.scale_format!r}, "
+                            f"block {q.block} (expected {fmt!r}, {tuple(p['block'])})"
+                        )
             elif case.op == "routing_dispatch":
-                d = routing.dispatch(golden["hidden"].to(dev), golden["topk_ids"].to(dev), p["num_experts"],
-                                     alignment=p["alignment"])
-                problems += _exact([("layout.counts", d.layout.counts, golden["golden.counts"]),
-                                    ("layout.psum", d.layout.psum, golden["golden.psum"]),
-                                    ("row_of_slot", d.row_of_slot, golden["golden.row_of_slot"]),
-                                    ("slot_of_row", d.slot_of_row, golden["golden.slot_of_row"]),
-                                    ("a", d.a, golden["golden.a"])])
+                d = routing.dispatch(
+                    golden["hidden"].to(dev), golden["topk_ids"].to(dev), p["num_experts"], alignment=p["alignment"]
+                )
+                problems += _exact(
+                    [
+                        ("layout.counts", d.layout.counts, golden["golden.counts"]),
+                        ("layout.psum", d.layout.psum, golden["golden.psum"]),
+                        ("row_of_slot", d.row_of_slot, golden["golden.row_of_slot"]),
+                        ("slot_of_row", d.slot_of_row, golden["golden.slot_of_row"]),
+                        ("a", d.a, golden["golden.a"]),
+                    ]
+                )
             elif case.op == "routing_dispatch_masked":
-                md = routing.dispatch_masked(golden["hidden"].to(dev), golden["topk_ids"].to(dev), p["num_experts"],
-                                             p["max_m"], overflow="drop")
-                problems += _exact([("layout.masked_m", md.layout.masked_m, golden["golden.masked_m"]),
-                                    ("row_of_slot", md.row_of_slot, golden["golden.row_of_slot"]),
-                                    ("slot_of_row", md.slot_of_row, golden["golden.slot_of_row"]),
-                                    ("a", md.a, golden["golden.a"]),
-                                    ("dropped", torch.tensor([md.dropped], dtype=torch.int64), golden["golden.dropped"])])
+                md = routing.dispatch_masked(
+                    golden["hidden"].to(dev), golden["topk_ids"].to(dev), p["num_experts"], p["max_m"], overflow="drop"
+                )
+                problems += _exact(
+                    [
+                        ("layout.masked_m", md.layout.masked_m, golden["golden.masked_m"]),
+                        ("row_of_slot", md.row_of_slot, golden["golden.row_of_slot"]),
+                        ("slot_of_row", md.slot_of_row, golden["golden.slot_of_row"]),
+                        ("a", md.a, golden["golden.a"]),
+                        ("dropped", torch.tensor([md.dropped], dtype=torch.int64), golden["golden.dropped"]),
+                    ]
+                )
             else:
                 raise ConformanceError(f"no runner for op {case.op!r}")
         self._transform_checks(case, result, problems, layout_problems)
@@ -438,8 +492,11 @@ class Runner:
         inst = self.target.backend
         fp8 = any("fp8_e4m3" in s.dtypes for s in inst.spec.signatures)
         if not inst.has_physical_scales() or not fp8:
-            why = (Reason("dtype_unsupported", "the backend declares no fp8 signature", {"fp8_e4m3"}, None) if not fp8
-                   else Reason("physical_scales_absent", "the backend exposes no physical_scales(q, role)"))
+            why = (
+                Reason("dtype_unsupported", "the backend declares no fp8 signature", {"fp8_e4m3"}, None)
+                if not fp8
+                else Reason("physical_scales_absent", "the backend exposes no physical_scales(q, role)")
+            )
             result.status = "not_applicable"
             result.reasons = [why.as_dict()]
             result.message = f"{case.id} [direct]: not applicable: {why}"
@@ -450,20 +507,32 @@ class Runner:
         with _stage(f"backend.physical_scales(q, {case.problem['role']!r})"):
             out = inst.physical_scales(q, case.problem["role"])
         prefix = {"float32": "golden.tma", "int32": "golden.ue8m0", "int16": "golden.ue8m0x2"}.get(
-            str(out.dtype).removeprefix("torch."))
+            str(out.dtype).removeprefix("torch.")
+        )
         if prefix is None:
-            self._transform_checks(case, result, [f"physical_scales returned {out.dtype}; expected float32 (SM90), "
-                                                  "int32 (SM100 UE8M0) or int16 (Ascend 950 UE8M0x2)"], [])
+            self._transform_checks(
+                case,
+                result,
+                [
+                    f"physical_scales returned {out.dtype}; expected float32 (SM90), "
+                    "int32 (SM100 UE8M0) or int16 (Ascend 950 UE8M0x2)"
+                ],
+                [],
+            )
             return
-        layout, data = checks.strided_layout(f"physical_scales(q, 'a') [{prefix.removeprefix('golden.')}]", out,
-                                             golden, prefix)
+        layout, data = checks.strided_layout(
+            f"physical_scales(q, 'a') [{prefix.removeprefix('golden.')}]", out, golden, prefix
+        )
         self._transform_checks(case, result, data, layout)
         result.metrics = {"format": prefix.removeprefix("golden.")}
 
-    def _transform_checks(self, case: Case, result: CaseResult, problems: list[str], layout_problems: list[str]) -> None:
+    def _transform_checks(
+        self, case: Case, result: CaseResult, problems: list[str], layout_problems: list[str]
+    ) -> None:
         if "strides" in case.checks:
-            result.checks.append(checks.failed("strides", "; ".join(layout_problems)) if layout_problems
-                                 else checks.passed("strides"))
+            result.checks.append(
+                checks.failed("strides", "; ".join(layout_problems)) if layout_problems else checks.passed("strides")
+            )
         elif layout_problems:
             problems = layout_problems + problems
         result.checks.append(checks.failed("bytes", "; ".join(problems)) if problems else checks.passed("bytes"))
@@ -534,7 +603,7 @@ class _GemmContext:
             from .oracle import segment_starts
 
             for g, (start, count) in enumerate(zip(segment_starts(s.counts, s.alignment), s.counts)):
-                ids[start:start + count] = g
+                ids[start : start + count] = g
             return (ids >= 0)[:, None]
         if s.op == "masked":
             rows = torch.arange(s.max_m)
@@ -575,17 +644,29 @@ class _GemmContext:
         out = out.detach().cpu()
         rows = self.group_rows()
         if "values" in case.checks:
-            cmp = compare(out, self.call.golden, self.call.magnitude, self.accumulation_length(), self.tolerance,
-                          rows.expand(s.out_shape))
-            found.append(checks.failed("values", cmp.message, run, cmp.metrics) if not cmp.ok
-                         else checks.passed("values", run, cmp.metrics))
+            cmp = compare(
+                out,
+                self.call.golden,
+                self.call.magnitude,
+                self.accumulation_length(),
+                self.tolerance,
+                rows.expand(s.out_shape),
+            )
+            found.append(
+                checks.failed("values", cmp.message, run, cmp.metrics)
+                if not cmp.ok
+                else checks.passed("values", run, cmp.metrics)
+            )
         if only_values:
             return found
         if s.op == "contiguous" and "padding_zero" in case.checks:
             found.append(checks.zero_rows(out, ~rows, run))
         if s.op == "masked" and allocated and "masked_zero" in case.checks:
-            found.append(checks.zero_rows(out, ~rows, run, "masked_zero",
-                                          "past masked_m are not zero in an output the call allocated"))
+            found.append(
+                checks.zero_rows(
+                    out, ~rows, run, "masked_zero", "past masked_m are not zero in an output the call allocated"
+                )
+            )
         if not allocated and "sentinel" in case.checks:
             if s.op == "masked":
                 found.append(checks.untouched(out, self.sentinel, ~rows, run))

@@ -51,8 +51,13 @@ def check_tiers(tiers: Iterable[str]) -> list[str]:
     return out or ["full"]
 
 
-def select_cases(suite: Suite, tiers: list[str], patterns: Iterable[str] = (), sweep_seed: int | None = None,
-                 sweep_count: int | None = None) -> list[Case]:
+def select_cases(
+    suite: Suite,
+    tiers: list[str],
+    patterns: Iterable[str] = (),
+    sweep_seed: int | None = None,
+    sweep_count: int | None = None,
+) -> list[Case]:
     """Stored cases of the tiers plus the generated sweep, filtered by id patterns (fnmatch)."""
     cases = suite.select([t for t in tiers if t in suite_mod.STORED_TIERS])
     if "sweep" in tiers:
@@ -81,10 +86,20 @@ class Plan:
         return sum(len(i) for i in self.items) + (len(self.runners) if "fuzz" in self.tiers else 0)
 
 
-def plan(backend: Any = "all", tiers: Iterable[str] = ("full",), *, device: str | None = None,
-         manifests: Iterable[str] = (), strict: bool = False, cases: Iterable[str] = (), suite: Suite | None = None,
-         sweep_seed: int | None = None, sweep_count: int | None = None, fuzz_examples: int | None = None,
-         use_plugin_manifests: bool = True) -> Plan:
+def plan(
+    backend: Any = "all",
+    tiers: Iterable[str] = ("full",),
+    *,
+    device: str | None = None,
+    manifests: Iterable[str] = (),
+    strict: bool = False,
+    cases: Iterable[str] = (),
+    suite: Suite | None = None,
+    sweep_seed: int | None = None,
+    sweep_count: int | None = None,
+    fuzz_examples: int | None = None,
+    use_plugin_manifests: bool = True,
+) -> Plan:
     """Resolve backends (names or :class:`~moe_hal.Backend` instances), cases and waivers."""
     from ..backend import Backend
 
@@ -94,13 +109,18 @@ def plan(backend: Any = "all", tiers: Iterable[str] = ("full",), *, device: str 
         import importlib.util
 
         if importlib.util.find_spec("hypothesis") is None:
-            raise ConformanceError("the fuzz tier needs hypothesis, which is not installed "
-                                   "(pip install 'moe-hal[test]'); the other tiers do not")
+            raise ConformanceError(
+                "the fuzz tier needs hypothesis, which is not installed "
+                "(pip install 'moe-hal[test]'); the other tiers do not"
+            )
     chosen = select_cases(suite, tiers, cases, sweep_seed, sweep_count)
     if not chosen and "fuzz" not in tiers:
         raise ConformanceError(f"no case matches tiers {tiers} and patterns {list(cases)}")
-    backends = [backend] if isinstance(backend, Backend) else (
-        backend if isinstance(backend, (list, tuple)) else backend_names(backend))
+    backends = (
+        [backend]
+        if isinstance(backend, Backend)
+        else (backend if isinstance(backend, (list, tuple)) else backend_names(backend))
+    )
     manifests = list(manifests)
     runners, items = [], []
     for b in backends:
@@ -111,8 +131,10 @@ def plan(backend: Any = "all", tiers: Iterable[str] = ("full",), *, device: str 
         items.append(runner.items(chosen) if target.available else [])
     sweep = None
     if "sweep" in tiers:
-        sweep = {"seed": suite.sweep["seed"] if sweep_seed is None else sweep_seed,
-                 "cases": suite.sweep["cases"] if sweep_count is None else sweep_count}
+        sweep = {
+            "seed": suite.sweep["seed"] if sweep_seed is None else sweep_seed,
+            "cases": suite.sweep["cases"] if sweep_count is None else sweep_count,
+        }
     examples = suite.sweep.get("fuzz_examples", 25) if fuzz_examples is None else fuzz_examples
     return Plan(suite, tiers, runners, items, examples, sweep)
 
@@ -131,8 +153,9 @@ def execute(p: Plan, progress: Progress | None = None) -> dict[str, Any]:
             if progress:
                 progress.step(runner.target.name, result)
         if "fuzz" in p.tiers and runner.target.available:
-            result = sweep_mod.fuzz(runner.run_case, lambda c, r=runner: [path for _, path in r.items([c])],
-                                    p.fuzz_examples, fuzz_result)
+            result = sweep_mod.fuzz(
+                runner.run_case, lambda c, r=runner: [path for _, path in r.items([c])], p.fuzz_examples, fuzz_result
+            )
             results.append(result)
             if progress:
                 progress.step(runner.target.name, result)
@@ -142,12 +165,14 @@ def execute(p: Plan, progress: Progress | None = None) -> dict[str, Any]:
 
 def fuzz_result(case_id: str, status: str, message: str, metrics: dict[str, Any]) -> CaseResult:
     """The one result the fuzz tier reports per backend."""
-    return CaseResult(case_id, "direct", "gemm", "fuzz", status, message=message, metrics=metrics,
-                      tags=("generated", "hypothesis"))
+    return CaseResult(
+        case_id, "direct", "gemm", "fuzz", status, message=message, metrics=metrics, tags=("generated", "hypothesis")
+    )
 
 
-def run(backend: Any = "all", tiers: Iterable[str] = ("full",), *, progress: Progress | None = None,
-        **options: Any) -> dict[str, Any]:
+def run(
+    backend: Any = "all", tiers: Iterable[str] = ("full",), *, progress: Progress | None = None, **options: Any
+) -> dict[str, Any]:
     """Run the conformance suite and return the report (a JSON-ready dict).
 
     ``backend``: ``"all"``, a name, a comma list, a list of names, or a :class:`~moe_hal.Backend`

@@ -32,15 +32,30 @@ MANIFEST_SCHEMA = "manifest.schema.json"
 #: The grouped-GEMM operations (the API's, defined once in moe_hal.backend).
 GEMM_OPS = OPS
 #: Library transforms checked byte for byte; they run on the backend's device.
-LIBRARY_OPS = ("quantize_fp8", "tma_align_mn_major", "pack_ue8m0", "pack_ue8m0x2", "layout_indices",
-               "routing_dispatch", "routing_dispatch_masked")
+LIBRARY_OPS = (
+    "quantize_fp8",
+    "tma_align_mn_major",
+    "pack_ue8m0",
+    "pack_ue8m0x2",
+    "layout_indices",
+    "routing_dispatch",
+    "routing_dispatch_masked",
+)
 #: Backend-provided transforms (optional ``Backend.physical_scales``).
 BACKEND_TRANSFORM_OPS = ("physical_scales",)
 OPS = GEMM_OPS + LIBRARY_OPS + BACKEND_TRANSFORM_OPS
 
 #: Checks each kind of operation may list.
-GEMM_CHECKS = ("shape", "values", "padding_zero", "sentinel", "masked_zero", "inputs_unchanged",
-               "determinism", "in_place_c")
+GEMM_CHECKS = (
+    "shape",
+    "values",
+    "padding_zero",
+    "sentinel",
+    "masked_zero",
+    "inputs_unchanged",
+    "determinism",
+    "in_place_c",
+)
 TRANSFORM_CHECKS = ("bytes", "strides")
 TIERS = ("smoke", "full", "sweep", "fuzz")
 #: Statuses of a case result, in report order.
@@ -89,9 +104,17 @@ class Case:
         return self.tier == tier
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "op": self.op, "tier": self.tier, "since": self.since, "tags": list(self.tags),
-                "signature": self.signature, "problem": self.problem, "tolerance": self.tolerance,
-                "checks": list(self.checks)}
+        return {
+            "id": self.id,
+            "op": self.op,
+            "tier": self.tier,
+            "since": self.since,
+            "tags": list(self.tags),
+            "signature": self.signature,
+            "problem": self.problem,
+            "tolerance": self.tolerance,
+            "checks": list(self.checks),
+        }
 
 
 @dataclass
@@ -156,12 +179,16 @@ class Suite:
         try:
             blob = (self.root / case.file).read_bytes()
         except (FileNotFoundError, OSError) as exc:
-            raise ConformanceError(f"case {case.id}: data file {case.file} is missing ({exc}); "
-                                   "run `moe-hal conformance regen` in a checkout") from None
+            raise ConformanceError(
+                f"case {case.id}: data file {case.file} is missing ({exc}); "
+                "run `moe-hal conformance regen` in a checkout"
+            ) from None
         digest = hashlib.sha256(blob).hexdigest()
         if digest != case.sha256:
-            raise ConformanceError(f"case {case.id}: {case.file} has sha256 {digest}, the manifest says "
-                                   f"{case.sha256}; the stored data does not match the suite")
+            raise ConformanceError(
+                f"case {case.id}: {case.file} has sha256 {digest}, the manifest says "
+                f"{case.sha256}; the stored data does not match the suite"
+            )
         self._verified[case.file] = blob
         return blob
 
@@ -170,8 +197,9 @@ class Suite:
         Generated (sweep, fuzz) cases have none: :func:`moe_hal.conformance.build.tensors` builds
         theirs."""
         if case.file is None:
-            raise ConformanceError(f"case {case.id} is generated and has no stored tensors "
-                                   "(moe_hal.conformance.build.tensors builds them)")
+            raise ConformanceError(
+                f"case {case.id} is generated and has no stored tensors (moe_hal.conformance.build.tensors builds them)"
+            )
         from safetensors.torch import load
 
         return load(self.data_bytes(case))
@@ -230,15 +258,18 @@ def validate_manifest(raw: Any) -> None:
         allowed = GEMM_CHECKS if entry["op"] in GEMM_OPS else TRANSFORM_CHECKS
         bad = sorted(set(entry["checks"]) - set(allowed))
         if bad:
-            raise ConformanceError(f"{where}: checks {bad} do not apply to op {entry['op']!r} (allowed: {list(allowed)})")
+            raise ConformanceError(
+                f"{where}: checks {bad} do not apply to op {entry['op']!r} (allowed: {list(allowed)})"
+            )
         if entry["op"] in GEMM_OPS:
             tol = entry.get("tolerance")
             if tol not in classes:
                 raise ConformanceError(f"{where}: tolerance class {tol!r} is not defined (known: {sorted(classes)})")
             expected = tolerance_class_for(entry["signature"])
             if tol != expected:
-                raise ConformanceError(f"{where}: tolerance class {tol!r} does not match the signature "
-                                       f"(expected {expected!r})")
+                raise ConformanceError(
+                    f"{where}: tolerance class {tol!r} does not match the signature (expected {expected!r})"
+                )
             _check_problem(entry, where)
 
 
@@ -253,7 +284,9 @@ def _check_problem(entry: dict[str, Any], where: str) -> None:
     p, op = entry["problem"], entry["op"]
     if op == "masked":
         if len(p["masked_m"]) != p["groups"]:
-            raise ConformanceError(f"{where}: problem.masked_m has {len(p['masked_m'])} entries for {p['groups']} groups")
+            raise ConformanceError(
+                f"{where}: problem.masked_m has {len(p['masked_m'])} entries for {p['groups']} groups"
+            )
         if any(m < 0 or m > p["max_m"] for m in p["masked_m"]):
             raise ConformanceError(f"{where}: problem.masked_m must lie in [0, max_m]")
     elif len(p["counts"]) != p["groups"]:
@@ -262,8 +295,18 @@ def _check_problem(entry: dict[str, Any], where: str) -> None:
 
 def _case(entry: dict[str, Any], raw: dict[str, Any]) -> Case:
     data = entry.get("data") or {}
-    return Case(id=entry["id"], op=entry["op"], tier=entry["tier"], since=str(entry["since"]),
-                tags=tuple(entry.get("tags", ())), signature=dict(entry.get("signature", {})),
-                problem=dict(entry["problem"]), generator=dict(entry.get("generator", {})),
-                tolerance=entry.get("tolerance"), checks=tuple(entry["checks"]), file=data.get("file"),
-                sha256=data.get("sha256"), note=entry.get("note", ""))
+    return Case(
+        id=entry["id"],
+        op=entry["op"],
+        tier=entry["tier"],
+        since=str(entry["since"]),
+        tags=tuple(entry.get("tags", ())),
+        signature=dict(entry.get("signature", {})),
+        problem=dict(entry["problem"]),
+        generator=dict(entry.get("generator", {})),
+        tolerance=entry.get("tolerance"),
+        checks=tuple(entry["checks"]),
+        file=data.get("file"),
+        sha256=data.get("sha256"),
+        note=entry.get("note", ""),
+    )

@@ -10,8 +10,11 @@ import sys
 import pytest
 
 if "moe_hal.conformance.plugin" not in sys.modules:
-    pytest.skip("the conformance tests need their plugin: pytest -p moe_hal.conformance.plugin "
-                "--pyargs moe_hal.conformance --moe-backend NAME", allow_module_level=True)
+    pytest.skip(
+        "the conformance tests need their plugin: pytest -p moe_hal.conformance.plugin "
+        "--pyargs moe_hal.conformance --moe-backend NAME",
+        allow_module_level=True,
+    )
 
 
 def test_backend_available(moe_conformance):

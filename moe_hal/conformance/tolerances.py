@@ -37,8 +37,16 @@ class ToleranceClass:
 
     @classmethod
     def from_mapping(cls, name: str, m: dict[str, Any]) -> "ToleranceClass":
-        return cls(name, float(m["rtol"]), float(m["atol"]), float(m["acc_eps"]), float(m["acc_factor"]),
-                   float(m["calc_diff"]), float(m["mismatch_fraction"]), float(m["gross_factor"]))
+        return cls(
+            name,
+            float(m["rtol"]),
+            float(m["atol"]),
+            float(m["acc_eps"]),
+            float(m["acc_factor"]),
+            float(m["calc_diff"]),
+            float(m["mismatch_fraction"]),
+            float(m["gross_factor"]),
+        )
 
     def bound(self, ref: torch.Tensor, magnitude: torch.Tensor, k: torch.Tensor | float) -> torch.Tensor:
         """Per-element allowed ``|out - ref|`` (float64)."""
@@ -70,8 +78,15 @@ def _finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, k: torch.Tensor | float,
-            cls: ToleranceClass, region: torch.Tensor | None = None, shown: int = 3) -> ValueComparison:
+def compare(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    magnitude: torch.Tensor,
+    k: torch.Tensor | float,
+    cls: ToleranceClass,
+    region: torch.Tensor | None = None,
+    shown: int = 3,
+) -> ValueComparison:
     """Compare ``out`` (any float dtype, CPU) with ``ref`` on the elements where ``region`` is True."""
     out64, ref64 = out.double(), ref.double()
     bound = cls.bound(ref64, magnitude, k)
@@ -108,15 +123,25 @@ def compare(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor, k: to
     problems = []
     if metrics["nonfinite_mismatches"]:
         idx = _first(nonfinite_bad)
-        problems.append(f"{metrics['nonfinite_mismatches']} NaN/Inf position(s) differ from the reference; "
-                        f"first at {idx}: got {float(out64[idx])!r}, expected {float(ref64[idx])!r}")
+        problems.append(
+            f"{metrics['nonfinite_mismatches']} NaN/Inf position(s) differ from the reference; "
+            f"first at {idx}: got {float(out64[idx])!r}, expected {float(ref64[idx])!r}"
+        )
     if n_outside > allowed or metrics["gross_mismatches"]:
         idx = _first(gross if metrics["gross_mismatches"] else outside)
-        what = (f"{n_outside} of {numel} elements outside |out - ref| <= bound (allowed {allowed}"
-                + (f", {metrics['gross_mismatches']} beyond {cls.gross_factor:g}x the bound" if metrics["gross_mismatches"] else "")
-                + ")")
-        examples = [f"{i}: got {float(out64[i]):.6g}, expected {float(ref64[i]):.6g}, bound {float(bound[i]):.3g}"
-                    for i in _firsts(gross if metrics["gross_mismatches"] else outside, shown)]
+        what = (
+            f"{n_outside} of {numel} elements outside |out - ref| <= bound (allowed {allowed}"
+            + (
+                f", {metrics['gross_mismatches']} beyond {cls.gross_factor:g}x the bound"
+                if metrics["gross_mismatches"]
+                else ""
+            )
+            + ")"
+        )
+        examples = [
+            f"{i}: got {float(out64[i]):.6g}, expected {float(ref64[i]):.6g}, bound {float(bound[i]):.3g}"
+            for i in _firsts(gross if metrics["gross_mismatches"] else outside, shown)
+        ]
         problems.append(f"{what}; first at " + "; ".join(examples) if examples else what + f" (first at {idx})")
     if cd > cls.calc_diff or math.isnan(cd):
         problems.append(f"calc_diff {cd:.3e} > {cls.calc_diff:g}")

@@ -67,9 +67,11 @@ class WaiverSet:
         return [w for w in self.waivers if not any(w.matches(cid, p) for cid, p in selected)]
 
     def as_dict(self, selected: Iterable[tuple[str, str]]) -> dict[str, Any]:
-        return {"sources": self.sources,
-                "entries": [dict(w.as_dict(), matched=self.matched.get(w, [])) for w in self.waivers],
-                "stale": [w.as_dict() for w in self.stale(selected)]}
+        return {
+            "sources": self.sources,
+            "entries": [dict(w.as_dict(), matched=self.matched.get(w, [])) for w in self.waivers],
+            "stale": [w.as_dict() for w in self.stale(selected)],
+        }
 
 
 def parse(text: str, source: str, backend: str | None = None) -> tuple[list[Waiver], dict[str, Any]]:
@@ -86,16 +88,24 @@ def parse(text: str, source: str, backend: str | None = None) -> tuple[list[Waiv
     if errors:
         e = errors[0]
         where = "/".join(str(p) for p in e.path) or "<root>"
-        hint = " (every expected failure needs a non-empty reason)" if "reason" in e.message or "reason" in where else ""
+        hint = (
+            " (every expected failure needs a non-empty reason)" if "reason" in e.message or "reason" in where else ""
+        )
         raise ConformanceError(f"{source}: {where}: {e.message}{hint}")
-    info = {"path": source, "sha256": hashlib.sha256(text.encode()).hexdigest(),
-            "backend": raw.get("backend"), "suite_version": raw.get("suite_version")}
+    info = {
+        "path": source,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "backend": raw.get("backend"),
+        "suite_version": raw.get("suite_version"),
+    }
     if backend is not None and raw.get("backend") not in (None, backend):
         info["applies"] = False
         return [], info
     info["applies"] = True
-    waivers = [Waiver(e["id"], e["kind"], e["reason"].strip(), e.get("path"), e.get("issue", ""), source)
-               for e in raw.get("entries") or []]
+    waivers = [
+        Waiver(e["id"], e["kind"], e["reason"].strip(), e.get("path"), e.get("issue", ""), source)
+        for e in raw.get("entries") or []
+    ]
     return waivers, info
 
 
@@ -112,8 +122,9 @@ def for_backend(backend: str, files: Iterable[str | Path] = (), use_plugins: boo
         try:
             text = Path(path).read_text(encoding="utf-8")
         except OSError as exc:
-            raise ConformanceError(f"expected-failure manifest {path}{' of plugin ' + plugin if plugin else ''} "
-                                   f"cannot be read: {exc}") from None
+            raise ConformanceError(
+                f"expected-failure manifest {path}{' of plugin ' + plugin if plugin else ''} cannot be read: {exc}"
+            ) from None
         waivers, info = parse(text, path, backend)
         info["plugin"] = plugin
         out.waivers.extend(waivers)

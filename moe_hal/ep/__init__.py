@@ -21,9 +21,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "EPGroup": "group", "EPDispatch": "dispatch", "dispatch": "dispatch", "combine": "dispatch",
-    "OVERFLOW_POLICIES": "dispatch", "select": "transport", "TransportSpec": "transport",
-    "Transport": "transport", "TransportSelection": "transport", "transport_specs": "transport",
+    "EPGroup": "group",
+    "EPDispatch": "dispatch",
+    "dispatch": "dispatch",
+    "combine": "dispatch",
+    "OVERFLOW_POLICIES": "dispatch",
+    "select": "transport",
+    "TransportSpec": "transport",
+    "Transport": "transport",
+    "TransportSelection": "transport",
+    "transport_specs": "transport",
     "spawn_local": "launch",
 }
 

@@ -63,7 +63,7 @@ Hidden = torch.Tensor | QuantizedTensor
 OVERFLOW_POLICIES = ("error", "drop")
 
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
-_BAD_IDS, _STATUS = 0, 1          # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
+_BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,14 +77,14 @@ class _Maps:
     a received row no expert row uses) is never read on the other side, so its index is merely
     clamped into range and it travels as whatever row that is."""
 
-    token_of_send_row: torch.Tensor   # int64 [S]: source token of each send row (clamped where empty)
-    slot_of_send_row: torch.Tensor    # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
-    send_row_of_slot: torch.Tensor    # int64 [T*k]: send row of each slot; S (the zero row) if not sent
-    recv_of_row: torch.Tensor         # int64 [layout rows]: received row placed there; R on padding
-    row_of_recv: torch.Tensor         # int64 [R]: layout row of each received row (clamped where empty)
-    kept_slots: torch.Tensor | None   # bool [T, k]: slots that were sent; None when all were
-    send_splits: list[int]            # rows to each rank
-    recv_splits: list[int]            # rows from each rank
+    token_of_send_row: torch.Tensor  # int64 [S]: source token of each send row (clamped where empty)
+    slot_of_send_row: torch.Tensor  # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
+    send_row_of_slot: torch.Tensor  # int64 [T*k]: send row of each slot; S (the zero row) if not sent
+    recv_of_row: torch.Tensor  # int64 [layout rows]: received row placed there; R on padding
+    row_of_recv: torch.Tensor  # int64 [R]: layout row of each received row (clamped where empty)
+    kept_slots: torch.Tensor | None  # bool [T, k]: slots that were sent; None when all were
+    send_splits: list[int]  # rows to each rank
+    recv_splits: list[int]  # rows from each rank
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,6 +119,7 @@ class EPDispatch:
 
 # -- row movement --------------------------------------------------------------------------------
 
+
 def _words(t: torch.Tensor) -> torch.Tensor:
     """``t``'s rows as a 2-D view of the widest integer type dividing the row's bytes: gathers then
     move whole words (several times faster than bf16 element gathers on the CPU)."""
@@ -132,7 +133,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def _take(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``src[index]`` along dim 0 (every index in range), same dtype and trailing shape."""
-    if index.shape[0] == 0 or src.shape[0] == 0:      # src empty: every index is an unread row
+    if index.shape[0] == 0 or src.shape[0] == 0:  # src empty: every index is an unread row
         return src.new_zeros(index.shape[0], *src.shape[1:])
     rows = _words(src).index_select(0, index)
     return rows.view(torch.uint8).view(src.dtype).reshape(index.shape[0], *src.shape[1:])
@@ -144,13 +145,13 @@ def _take_hidden(x: Hidden, index: torch.Tensor) -> Hidden:
     return _take(x, index)
 
 
-def _exchange(sel: TransportSelection, group: EPGroup, parts: list[torch.Tensor], send_splits: list[int],
-              recv_splits: list[int]) -> list[torch.Tensor]:
+def _exchange(
+    sel: TransportSelection, group: EPGroup, parts: list[torch.Tensor], send_splits: list[int], recv_splits: list[int]
+) -> list[torch.Tensor]:
     """All-to-all of row tensors that share their row count, as one buffer of byte rows; each
     returned tensor has one extra zero row at the end (see :class:`_Maps`)."""
     rows = parts[0].shape[0]
-    views = [p.contiguous().view(torch.uint8).reshape(rows, math.prod(p.shape[1:]) * p.element_size())
-             for p in parts]
+    views = [p.contiguous().view(torch.uint8).reshape(rows, math.prod(p.shape[1:]) * p.element_size()) for p in parts]
     send = views[0] if len(views) == 1 else torch.cat(views, dim=1)
     received = sum(recv_splits)
     recv = send.new_empty(received + 1, send.shape[1])
@@ -158,7 +159,7 @@ def _exchange(sel: TransportSelection, group: EPGroup, parts: list[torch.Tensor]
     sel.transport.all_to_all(recv[:received], send, recv_splits, send_splits, group.process_group)
     out, col = [], 0
     for p, v in zip(parts, views):
-        chunk = recv if len(views) == 1 else recv[:, col:col + v.shape[1]].contiguous()
+        chunk = recv if len(views) == 1 else recv[:, col : col + v.shape[1]].contiguous()
         col += v.shape[1]
         out.append(chunk.view(p.dtype).reshape(received + 1, *p.shape[1:]))
     return out
@@ -174,7 +175,7 @@ def _sum_slots(per_slot: torch.Tensor, weights: torch.Tensor | None) -> torch.Te
     first = per_slot[:, 0]
     acc = first * weights[:, 0:1] if weights is not None else first.to(torch.float32, copy=True)
     for j in range(1, k):
-        acc.add_(per_slot[:, j] * weights[:, j:j + 1] if weights is not None else per_slot[:, j])
+        acc.add_(per_slot[:, j] * weights[:, j : j + 1] if weights is not None else per_slot[:, j])
     return acc
 
 
@@ -188,7 +189,7 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor) -> torch.Tensor:
     """Rows of the local layout ``[layout rows, C]`` -> per-slot rows ``[T, k, C]`` on the source
     rank (zeros for slots not sent); the backward direction."""
     m = d._maps
-    ret, = _exchange(d._selection, d.group, [_take(flat, m.row_of_recv)], m.recv_splits, m.send_splits)
+    (ret,) = _exchange(d._selection, d.group, [_take(flat, m.row_of_recv)], m.recv_splits, m.send_splits)
     return _take(ret, m.send_row_of_slot).view(d.num_tokens, d.top_k, ret.shape[1])
 
 
@@ -210,13 +211,13 @@ class _DispatchRows(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         ctx.d = d
         send = _take(x, d._maps.token_of_send_row)
-        recv, = _to_experts(d, [send])
+        (recv,) = _to_experts(d, [send])
         return _arrange(d, recv)
 
     @staticmethod
     def backward(ctx, grad_a: torch.Tensor):
         d = ctx.d
-        per_slot = _from_experts(d, grad_a.reshape(-1, grad_a.shape[-1]))   # copies an expanded zero
+        per_slot = _from_experts(d, grad_a.reshape(-1, grad_a.shape[-1]))  # copies an expanded zero
         return _sum_slots(per_slot, None).to(grad_a.dtype), None
 
 
@@ -229,8 +230,9 @@ class _CombineRows(torch.autograd.Function):
     not depend on ``a``) — otherwise the other ranks would wait in it forever."""
 
     @staticmethod
-    def forward(ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None,
-                d: EPDispatch) -> torch.Tensor:
+    def forward(
+        ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None, d: EPDispatch
+    ) -> torch.Tensor:
         per_slot = _from_experts(d, expert_out.reshape(-1, expert_out.shape[-1]))
         w = weights.to(torch.float32)
         if d._maps.kept_slots is not None:
@@ -248,7 +250,7 @@ class _CombineRows(torch.autograd.Function):
         grad_w = (per_slot.to(torch.float32) * g[:, None, :]).sum(-1).to(ctx.w_dtype)
         # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
         send = _take(g, m.token_of_send_row) * _take(w.reshape(-1, 1), m.slot_of_send_row)
-        recv, = _to_experts(d, [send.to(ctx.out_dtype)])
+        (recv,) = _to_experts(d, [send.to(ctx.out_dtype)])
         grad_out = _arrange(d, recv).view(ctx.out_shape)
         grad_anchor = None
         if ctx.anchor is not None:
@@ -258,6 +260,7 @@ class _CombineRows(torch.autograd.Function):
 
 
 # -- planning ------------------------------------------------------------------------------------
+
 
 def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow):
     if mode not in ("exact", "capacity"):
@@ -269,8 +272,9 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
         if capacity is not None:
             raise ArgumentError("capacity", "None in mode='exact' (rows are sized by the counts)", capacity)
     elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-        raise ArgumentError("capacity", "a non-negative int (rows per source rank and expert) in "
-                            "mode='capacity'", capacity)
+        raise ArgumentError(
+            "capacity", "a non-negative int (rows per source rank and expert) in mode='capacity'", capacity
+        )
     flat, tokens, k, _ = _check_routing(x, topk_ids, group.num_experts, topk_weights)
     return flat, tokens, k
 
@@ -285,7 +289,7 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup) -> tuple[torch.Tensor, torch.
     row = torch.zeros(E + 3, dtype=torch.int64, device=flat.device)
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
-    row = torch.cat([row[:E], row[E + 1:]])                       # drop the skipped-slot bin
+    row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
     order = torch.sort(key, stable=True).indices
     return key, row, order
 
@@ -294,8 +298,7 @@ def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
     return [s for s, row in enumerate(host) if row[E + _BAD_IDS] or row[E + _STATUS]]
 
 
-def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor, k: int,
-                      capacity: int | None) -> None:
+def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor, k: int, capacity: int | None) -> None:
     """The error path: invalid ids (this rank's, or a peer's), then capacity (first source rank,
     then lowest expert id)."""
     E = group.num_experts
@@ -306,24 +309,29 @@ def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor,
         raise PeerRankError("moe_hal.ep.dispatch", failed, "invalid arguments or expert ids")
     if capacity is None:
         return
-    over = [(s, e) for s in range(group.world_size) for e in range(E)
-            if host[s][group.expert_position[e]] > capacity]
+    over = [(s, e) for s in range(group.world_size) for e in range(E) if host[s][group.expert_position[e]] > capacity]
     if over:
         s, e = over[0]
-        raise EPCapacityError(e, s, group.placement[e], host[s][group.expert_position[e]], capacity,
-                              f"{len(over)} (source rank, expert) pair(s) over capacity; overflow='drop' keeps "
-                              f"the first {capacity} slots of each")
+        raise EPCapacityError(
+            e,
+            s,
+            group.placement[e],
+            host[s][group.expert_position[e]],
+            capacity,
+            f"{len(over)} (source rank, expert) pair(s) over capacity; overflow='drop' keeps "
+            f"the first {capacity} slots of each",
+        )
 
 
-def _exact_maps(host: list[list[int]], group: EPGroup, order: torch.Tensor, k: int,
-                alignment: int) -> tuple[_Maps, ContiguousLayout]:
+def _exact_maps(
+    host: list[list[int]], group: EPGroup, order: torch.Tensor, k: int, alignment: int
+) -> tuple[_Maps, ContiguousLayout]:
     W, r, ps = group.world_size, group.rank, group.position_start
     device = order.device
-    sent = sum(host[r][:group.num_experts])
-    send_splits = [sum(host[r][ps[d]:ps[d + 1]]) for d in range(W)]
+    sent = sum(host[r][: group.num_experts])
+    send_splits = [sum(host[r][ps[d] : ps[d + 1]]) for d in range(W)]
     blocks = [[host[s][ps[r] + lo] for lo in range(group.num_local_experts)] for s in range(W)]
-    layout = ContiguousLayout.from_counts([sum(col) for col in zip(*blocks)] if blocks[0] else [],
-                                          alignment=alignment)
+    layout = ContiguousLayout.from_counts([sum(col) for col in zip(*blocks)] if blocks[0] else [], alignment=alignment)
     recv_splits = [sum(b) for b in blocks]
     shifts, sizes, recv_at, before = [], [], 0, [0] * group.num_local_experts
     for s in range(W):
@@ -334,26 +342,50 @@ def _exact_maps(host: list[list[int]], group: EPGroup, order: torch.Tensor, k: i
             recv_at += n
     received = recv_at
     ar = torch.arange(received, device=device)
-    row_of_recv = torch.repeat_interleave(torch.tensor(shifts, dtype=torch.int64, device=device),
-                                          torch.tensor(sizes, dtype=torch.int64, device=device),
-                                          output_size=received) + ar if received else ar
-    recv_of_row = torch.full((layout.num_rows,), received, dtype=torch.int64, device=device).scatter_(0, row_of_recv, ar)
+    row_of_recv = (
+        torch.repeat_interleave(
+            torch.tensor(shifts, dtype=torch.int64, device=device),
+            torch.tensor(sizes, dtype=torch.int64, device=device),
+            output_size=received,
+        )
+        + ar
+        if received
+        else ar
+    )
+    recv_of_row = torch.full((layout.num_rows,), received, dtype=torch.int64, device=device).scatter_(
+        0, row_of_recv, ar
+    )
     slot_of_send_row = order[:sent]
     send_row_of_slot = torch.full_like(order, sent).scatter_(0, slot_of_send_row, torch.arange(sent, device=device))
     kept = None if sent == order.shape[0] else (send_row_of_slot < sent).view(-1, k)
-    maps = _Maps(torch.div(slot_of_send_row, k, rounding_mode="floor"), slot_of_send_row, send_row_of_slot,
-                 recv_of_row, row_of_recv, kept, send_splits, recv_splits)
+    maps = _Maps(
+        torch.div(slot_of_send_row, k, rounding_mode="floor"),
+        slot_of_send_row,
+        send_row_of_slot,
+        recv_of_row,
+        row_of_recv,
+        kept,
+        send_splits,
+        recv_splits,
+    )
     return maps, layout
 
 
-def _capacity_maps(gathered: torch.Tensor, row: torch.Tensor, key: torch.Tensor, order: torch.Tensor,
-                   group: EPGroup, k: int, capacity: int) -> tuple[_Maps, MaskedLayout]:
+def _capacity_maps(
+    gathered: torch.Tensor,
+    row: torch.Tensor,
+    key: torch.Tensor,
+    order: torch.Tensor,
+    group: EPGroup,
+    k: int,
+    capacity: int,
+) -> tuple[_Maps, MaskedLayout]:
     """All on the device: no count is read on the host."""
     W, r, E, L = group.world_size, group.rank, group.num_experts, group.num_local_experts
     ps, cap, device = group.position_start, capacity, order.device
     n_slots = order.shape[0]
     counts = row[:E]
-    first = torch.cumsum(counts, 0) - counts                          # first sorted index per position
+    first = torch.cumsum(counts, 0) - counts  # first sorted index per position
     # Send side: row p * cap + m holds the m-th slot (slot order) routed to position p, if m < cap.
     key_sorted = key[order]
     routed_sorted = key_sorted < E
@@ -363,22 +395,24 @@ def _capacity_maps(gathered: torch.Tensor, row: torch.Tensor, key: torch.Tensor,
     m = torch.arange(cap, device=device)
     if n_slots:
         at = (first[:, None] + m[None, :]).clamp_(max=n_slots - 1)
-        slot_of_send_row = order[at].reshape(-1)       # rows past a position's count: unread
+        slot_of_send_row = order[at].reshape(-1)  # rows past a position's count: unread
     else:
         slot_of_send_row = torch.zeros(E * cap, dtype=torch.int64, device=device)
     token_of_send_row = torch.div(slot_of_send_row, k, rounding_mode="floor")
     # Receive side: [W, L, cap] rows; source s's kept rows for local expert l go after those of s' < s.
-    kept = gathered[:, ps[r]:ps[r] + L].clamp(max=cap)                 # [W, L]
+    kept = gathered[:, ps[r] : ps[r] + L].clamp(max=cap)  # [W, L]
     before = torch.cumsum(kept, 0) - kept
     max_m = W * cap
     # Rows m >= kept[s, l] are unused; their index stays in range (an unread row of the output).
-    row_of_recv = (torch.arange(L, device=device)[None, :, None] * max_m
-                   + (before[:, :, None] + m[None, None, :]).clamp(max=max(max_m - 1, 0))).reshape(-1)
+    row_of_recv = (
+        torch.arange(L, device=device)[None, :, None] * max_m
+        + (before[:, :, None] + m[None, None, :]).clamp(max=max(max_m - 1, 0))
+    ).reshape(-1)
     masked_m = kept.sum(0)
     if L and max_m:
         i = torch.arange(max_m, device=device).expand(L, max_m).contiguous()
-        ends = torch.cumsum(kept, 0).t().contiguous()                 # [L, W] inclusive ends
-        src = torch.searchsorted(ends, i, right=True).clamp_(max=W - 1)   # source rank of row i
+        ends = torch.cumsum(kept, 0).t().contiguous()  # [L, W] inclusive ends
+        src = torch.searchsorted(ends, i, right=True).clamp_(max=W - 1)  # source rank of row i
         within = i - before.t().gather(1, src)
         recv = (src * L + torch.arange(L, device=device)[:, None]) * cap + within
         recv_of_row = torch.where(i < masked_m[:, None], recv, W * L * cap).reshape(-1)
@@ -386,8 +420,16 @@ def _capacity_maps(gathered: torch.Tensor, row: torch.Tensor, key: torch.Tensor,
         recv_of_row = torch.full((L * max_m,), W * L * cap, dtype=torch.int64, device=device)
     sizes = [(ps[d + 1] - ps[d]) * cap for d in range(W)]
     kept_slots = (send_row_of_slot < E * cap).view(-1, k)
-    maps = _Maps(token_of_send_row, slot_of_send_row, send_row_of_slot, recv_of_row, row_of_recv, kept_slots,
-                 sizes, [L * cap] * W)
+    maps = _Maps(
+        token_of_send_row,
+        slot_of_send_row,
+        send_row_of_slot,
+        recv_of_row,
+        row_of_recv,
+        kept_slots,
+        sizes,
+        [L * cap] * W,
+    )
     return maps, MaskedLayout(masked_m.to(torch.int32), max_m, check=False)
 
 
@@ -399,9 +441,19 @@ def _gather_counts(sel: TransportSelection, group: EPGroup, row: torch.Tensor) -
 
 # -- public API ----------------------------------------------------------------------------------
 
-def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | None, group: EPGroup,
-             mode: str = "exact", alignment: int = 128, capacity: int | None = None, *,
-             overflow: str = "error", transport: str | None = None) -> EPDispatch:
+
+def dispatch(
+    x: Hidden,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    group: EPGroup,
+    mode: str = "exact",
+    alignment: int = 128,
+    capacity: int | None = None,
+    *,
+    overflow: str = "error",
+    transport: str | None = None,
+) -> EPDispatch:
     """Send each routed copy of this rank's tokens to the rank holding its expert.
 
     ``x``: ``[T, H]`` tensor (any float dtype; differentiable) or :class:`~moe_hal.QuantizedTensor`
@@ -419,7 +471,7 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
     same ``H`` and dtype (``T`` may differ, 0 included). See the module docstring for ordering,
     host syncs and the failure protocol.
     """
-    if not isinstance(group, EPGroup):     # without a group there is nobody to tell
+    if not isinstance(group, EPGroup):  # without a group there is nobody to tell
         raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
     graph = isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     sel = select(group, mode if mode in ("exact", "capacity") else "exact", graph=graph, transport=transport)
@@ -427,7 +479,7 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
         key, row, order = _slot_keys(flat, group)
-    except ArgumentError as exc:        # join the count exchange with an error flag, then raise
+    except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
         device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
         row = torch.zeros(group.num_experts + 2, dtype=torch.int64, device=device)
@@ -437,7 +489,7 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
         raise local_error
     E = group.num_experts
     if mode == "exact":
-        host = gathered.tolist()                                      # the one host sync
+        host = gathered.tolist()  # the one host sync
         _raise_for_counts(host, group, flat, k, None)
         maps, layout = _exact_maps(host, group, order, k, alignment)
         dropped = torch.zeros((), dtype=torch.int64, device=flat.device)
@@ -446,7 +498,7 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
         if overflow == "error":
             ok = ok & (gathered[:, :E] <= capacity).all()
         try:
-            torch._assert_async(ok)                                   # device-side on accelerators
+            torch._assert_async(ok)  # device-side on accelerators
         except RuntimeError:
             _raise_for_counts(gathered.tolist(), group, flat, k, capacity if overflow == "error" else None)
             raise
@@ -457,17 +509,22 @@ def dispatch(x: Hidden, topk_ids: torch.Tensor, topk_weights: torch.Tensor | Non
         recv_counts = torch.tensor(maps.recv_splits, device=flat.device)
     else:
         ps, r = group.position_start, group.rank
-        kept = gathered[:, :E].clamp(max=capacity)                  # [W, E] rows kept per (source, position)
-        send_counts = torch.stack([kept[r, ps[t]:ps[t + 1]].sum() for t in range(group.world_size)])
-        recv_counts = kept[:, ps[r]:ps[r + 1]].sum(1)
-    d = EPDispatch(None, layout, mode, group, sel.name, topk_weights, send_counts, recv_counts, dropped,
-                   tokens, k, maps, sel)
+        kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)
+        send_counts = torch.stack([kept[r, ps[t] : ps[t + 1]].sum() for t in range(group.world_size)])
+        recv_counts = kept[:, ps[r] : ps[r + 1]].sum(1)
+    d = EPDispatch(
+        None, layout, mode, group, sel.name, topk_weights, send_counts, recv_counts, dropped, tokens, k, maps, sel
+    )
     if isinstance(x, QuantizedTensor):
         send = _take_hidden(x, maps.token_of_send_row)
         data, scale = _to_experts(d, [send.data.view(torch.uint8), send.scale])
         padding = (maps.recv_of_row == data.shape[0] - 1).view(*_layout_rows(d), 1)
-        a = QuantizedTensor(_arrange(d, data).view(torch.float8_e4m3fn),
-                            _arrange(d, scale).masked_fill_(padding, 1.0), x.block, x.scale_format)
+        a = QuantizedTensor(
+            _arrange(d, data).view(torch.float8_e4m3fn),
+            _arrange(d, scale).masked_fill_(padding, 1.0),
+            x.block,
+            x.scale_format,
+        )
     else:
         a = _DispatchRows.apply(x, d)
     object.__setattr__(d, "a", a)

@@ -24,11 +24,18 @@ class EPGroup:
     Everything here is host-side metadata; building an EPGroup communicates nothing.
     """
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, num_experts: int = 0,
-                 placement: Sequence[int] | torch.Tensor | None = None):
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        num_experts: int = 0,
+        placement: Sequence[int] | torch.Tensor | None = None,
+    ):
         if not dist.is_available() or not dist.is_initialized():
-            raise ArgumentError("process_group", "an initialized torch.distributed process group "
-                                "(call torch.distributed.init_process_group first)", "not initialized")
+            raise ArgumentError(
+                "process_group",
+                "an initialized torch.distributed process group (call torch.distributed.init_process_group first)",
+                "not initialized",
+            )
         if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
             raise ArgumentError("num_experts", "a positive int", num_experts)
         self.process_group = process_group if process_group is not None else dist.group.WORLD
@@ -41,13 +48,15 @@ class EPGroup:
         self.placement: tuple[int, ...] = self._check_placement(placement)
         #: global expert ids held by each rank, increasing
         self.experts_of_rank: tuple[tuple[int, ...], ...] = tuple(
-            tuple(e for e, r in enumerate(self.placement) if r == rank) for rank in range(self.world_size))
+            tuple(e for e, r in enumerate(self.placement) if r == rank) for rank in range(self.world_size)
+        )
         #: position of each expert in (holding rank, local index) order: the order rows are sent in
         order = [e for rank_experts in self.experts_of_rank for e in rank_experts]
         self.expert_position: tuple[int, ...] = tuple(order.index(e) for e in range(num_experts))
         #: first position of each rank's experts in that order (length world_size + 1)
         self.position_start: tuple[int, ...] = tuple(
-            sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1))
+            sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1)
+        )
         self._position_tensors: dict[torch.device, torch.Tensor] = {}
 
     def _check_placement(self, placement) -> tuple[int, ...]:
@@ -56,8 +65,9 @@ class EPGroup:
             return tuple(next(r for r in range(W) if e < (r + 1) * E // W) for e in range(E))
         if isinstance(placement, torch.Tensor):
             if placement.dtype.is_floating_point or placement.dtype == torch.bool or placement.dim() != 1:
-                raise LayoutError("placement", f"a 1-D integer tensor [{E}]", f"{placement.dtype} "
-                                  f"{tuple(placement.shape)}")
+                raise LayoutError(
+                    "placement", f"a 1-D integer tensor [{E}]", f"{placement.dtype} {tuple(placement.shape)}"
+                )
             placement = placement.tolist()
         try:
             values = tuple(int(p) for p in placement)
@@ -88,8 +98,10 @@ class EPGroup:
         return t
 
     def __repr__(self) -> str:
-        return (f"EPGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
-                f"num_experts={self.num_experts}, local_experts={list(self.local_experts)})")
+        return (
+            f"EPGroup(rank={self.rank}, world_size={self.world_size}, backend={self.backend!r}, "
+            f"num_experts={self.num_experts}, local_experts={list(self.local_experts)})"
+        )
 
 
 __all__ = ["EPGroup"]

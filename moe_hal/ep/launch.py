@@ -26,8 +26,16 @@ from ..errors import ArgumentError, SpawnError
 FAILURE_GRACE_S = 10.0
 
 
-def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, results,
-            collective_timeout_s: float, threads: int) -> None:
+def _worker(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    args: tuple,
+    results,
+    collective_timeout_s: float,
+    threads: int,
+) -> None:
     torch.set_num_threads(threads)
     timeout = datetime.timedelta(seconds=collective_timeout_s)
     try:
@@ -42,8 +50,15 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, port: int, args:
         results.put((rank, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
 
 
-def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, timeout_s: float = 120.0,
-                collective_timeout_s: float = 30.0, threads: int = 1) -> list[Any]:
+def spawn_local(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple = (),
+    *,
+    timeout_s: float = 120.0,
+    collective_timeout_s: float = 30.0,
+    threads: int = 1,
+) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes in one gloo group on
     127.0.0.1 and return their results in rank order (each must be picklable; ``fn`` must be a
     module-level function). ``timeout_s`` bounds the whole run; ``collective_timeout_s`` is the
@@ -55,12 +70,24 @@ def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, ti
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ArgumentError("world_size", "a positive int", world_size)
     ctx = mp.get_context("spawn")
-    store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    store = dist.TCPStore(
+        "127.0.0.1",
+        0,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, daemon=True, name=f"moe_hal-ep-rank{rank}",
-                         args=(fn, rank, world_size, store.port, args, results, collective_timeout_s, threads))
-             for rank in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_worker,
+            daemon=True,
+            name=f"moe_hal-ep-rank{rank}",
+            args=(fn, rank, world_size, store.port, args, results, collective_timeout_s, threads),
+        )
+        for rank in range(world_size)
+    ]
     for p in procs:
         p.start()
     values: dict[int, Any] = {}
@@ -83,8 +110,11 @@ def spawn_local(fn: Callable[..., Any], world_size: int, args: tuple = (), *, ti
         others_failed = bool(failures)
         for rank, p in enumerate(procs):
             if rank not in values and rank not in failures:
-                failures[rank] = ("still running after another rank failed; terminated" if others_failed
-                                  else f"no result within {timeout_s:g} s; terminated")
+                failures[rank] = (
+                    "still running after another rank failed; terminated"
+                    if others_failed
+                    else f"no result within {timeout_s:g} s; terminated"
+                )
             _stop(p)
         results.close()
         del store

@@ -66,8 +66,14 @@ class Transport:
         self.spec = spec
 
     # implemented by the transport
-    def all_to_all(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
-                   group: dist.ProcessGroup) -> None:
+    def all_to_all(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        group: dist.ProcessGroup,
+    ) -> None:
         """Send ``inp`` rows ``[sum(in_splits), B]`` (``in_splits[r]`` rows to rank ``r``, in rank
         order) and receive ``out`` ``[sum(out_splits), B]`` (``out_splits[r]`` rows from rank r)."""
         raise NotImplementedError("need all_to_all")
@@ -104,11 +110,12 @@ BUILTIN = TransportSpec(
 
 # -- registry ----------------------------------------------------------------------------------
 
+
 @dataclass
 class _Registry:
     specs: dict[str, TransportSpec]
     conflicts: dict[str, list[str]]
-    failures: list[str]                  # one line per plugin whose hook raised
+    failures: list[str]  # one line per plugin whose hook raised
     instances: dict[str, Transport | Reason] = field(default_factory=dict)
 
 
@@ -129,8 +136,10 @@ def _registry() -> _Registry:
                 if not isinstance(spec, TransportSpec):
                     raise TypeError(f"register() expects a moe_hal.ep.TransportSpec, got {type(spec).__name__}")
         except Exception as exc:  # noqa: BLE001 - one broken plugin must not hide the others
-            failures.append(f"{impl.plugin_name}: moe_hal_ep_transports raised {type(exc).__name__}: {exc}\n"
-                            + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+            failures.append(
+                f"{impl.plugin_name}: moe_hal_ep_transports raised {type(exc).__name__}: {exc}\n"
+                + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            )
             continue
         for spec in found:
             owners.setdefault(spec.name, []).append(impl.plugin_name)
@@ -175,6 +184,7 @@ def _instance(spec: TransportSpec) -> Transport | Reason:
 
 # -- selection ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Candidate:
     name: str
@@ -213,11 +223,23 @@ class TransportSelection:
 def _reasons(spec: TransportSpec, reg: _Registry, pg_backend: str, mode: str, graph: bool) -> list[Reason]:
     out = []
     if spec.name in reg.conflicts:
-        out.append(Reason("name_conflict", f"several plugins register a transport named {spec.name!r}; none is "
-                          "used", "one plugin per name", reg.conflicts[spec.name]))
+        out.append(
+            Reason(
+                "name_conflict",
+                f"several plugins register a transport named {spec.name!r}; none is used",
+                "one plugin per name",
+                reg.conflicts[spec.name],
+            )
+        )
     if "*" not in spec.process_group_backends and pg_backend not in spec.process_group_backends:
-        out.append(Reason("process_group_backend", "runs on other torch.distributed backends",
-                          set(spec.process_group_backends), pg_backend))
+        out.append(
+            Reason(
+                "process_group_backend",
+                "runs on other torch.distributed backends",
+                set(spec.process_group_backends),
+                pg_backend,
+            )
+        )
     if mode not in spec.modes:
         out.append(Reason("mode", "does not implement this dispatch mode", set(spec.modes), mode))
     if mode == "capacity" and spec.needs_host_sync:
@@ -247,8 +269,9 @@ def _select_cached(pg_backend: str, mode: str, graph: bool, forced: str | None) 
         lines = [f"  {c.name}: " + "; ".join(map(str, c.reasons)) for c in candidates]
         lines += [f"  plugin failure: {f.splitlines()[0]}" for f in reg.failures]
         head = f"transport {forced!r} was named" if forced else "no transport is eligible"
-        raise TransportUnavailableError(f"{head} (process group backend {pg_backend!r}, mode {mode!r}, "
-                                        f"graph capture {graph}):\n" + "\n".join(lines))
+        raise TransportUnavailableError(
+            f"{head} (process group backend {pg_backend!r}, mode {mode!r}, graph capture {graph}):\n" + "\n".join(lines)
+        )
     inst = _instance(reg.specs[chosen.name])
     return TransportSelection(inst, pg_backend, mode, graph, forced, candidates, tuple(reg.failures))
 
@@ -268,11 +291,15 @@ def select(group, mode: str = "exact", *, graph: bool = False, transport: str | 
 def _render(sel: TransportSelection) -> str:
     spec = sel.spec
     how = f"forced by transport={sel.forced!r}" if sel.forced else "highest priority among the eligible"
-    lines = [f"expert-parallel transport: {spec.name} ({how})",
-             f"  call: process group backend {sel.pg_backend!r}, mode {sel.mode!r}, graph capture {sel.graph}",
-             (f"  promises: needs_host_sync={spec.needs_host_sync}, graph_safe={spec.graph_safe}, "
-             f"modes={sorted(spec.modes)}, process group backends={list(spec.process_group_backends)}"),
-             f"  from: {spec.plugin or '?'} — {spec.description}"]
+    lines = [
+        f"expert-parallel transport: {spec.name} ({how})",
+        f"  call: process group backend {sel.pg_backend!r}, mode {sel.mode!r}, graph capture {sel.graph}",
+        (
+            f"  promises: needs_host_sync={spec.needs_host_sync}, graph_safe={spec.graph_safe}, "
+            f"modes={sorted(spec.modes)}, process group backends={list(spec.process_group_backends)}"
+        ),
+        f"  from: {spec.plugin or '?'} — {spec.description}",
+    ]
     others = [c for c in sel.candidates if c.name != spec.name]
     if others:
         lines.append("other transports:")
@@ -286,5 +313,14 @@ def _render(sel: TransportSelection) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BUILTIN", "MODES", "AllToAllSingle", "Candidate", "Transport", "TransportSelection", "TransportSpec",
-           "select", "transport_specs"]
+__all__ = [
+    "BUILTIN",
+    "MODES",
+    "AllToAllSingle",
+    "Candidate",
+    "Transport",
+    "TransportSelection",
+    "TransportSpec",
+    "select",
+    "transport_specs",
+]

@@ -13,22 +13,42 @@ DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
 
 # Spellings accepted for those names (moe_hal.dtypes names and torch names among them).
 _DTYPE_ALIASES = {
-    "float32": "fp32", "float": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
     "bfloat16": "bf16",
-    "float16": "fp16", "half": "fp16",
-    "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8",
-    "fp4_e2m1": "fp4", "float4_e2m1fn_x2": "fp4",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8",
+    "float8_e5m2": "fp8",
+    "e4m3": "fp8",
+    "fp4_e2m1": "fp4",
+    "float4_e2m1fn_x2": "fp4",
 }
 
 # Factor from each unit the schema allows to its SI base (FLOP/s, OP/s, B/s, B, Hz, W, count).
 _UNIT_SCALE = {
     "count": 1.0,
-    "GFLOPS": 1e9, "TFLOPS": 1e12, "PFLOPS": 1e15,
-    "GOPS": 1e9, "TOPS": 1e12, "POPS": 1e15,
-    "GB/s": 1e9, "TB/s": 1e12,
-    "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-    "KiB": 2.0**10, "MiB": 2.0**20, "GiB": 2.0**30, "TiB": 2.0**40,
-    "MHz": 1e6, "GHz": 1e9,
+    "GFLOPS": 1e9,
+    "TFLOPS": 1e12,
+    "PFLOPS": 1e15,
+    "GOPS": 1e9,
+    "TOPS": 1e12,
+    "POPS": 1e15,
+    "GB/s": 1e9,
+    "TB/s": 1e12,
+    "B": 1.0,
+    "KB": 1e3,
+    "MB": 1e6,
+    "GB": 1e9,
+    "TB": 1e12,
+    "KiB": 2.0**10,
+    "MiB": 2.0**20,
+    "GiB": 2.0**30,
+    "TiB": 2.0**40,
+    "MHz": 1e6,
+    "GHz": 1e9,
     "W": 1.0,
 }
 
@@ -108,8 +128,9 @@ class HardwareEntry:
             if node is None:
                 return None
         if not _is_quantity(node):
-            raise ArgumentError("path", "a dotted path to a quantity of the entry", path,
-                                f"{path!r} holds {type(node).__name__}")
+            raise ArgumentError(
+                "path", "a dotted path to a quantity of the entry", path, f"{path!r} holds {type(node).__name__}"
+            )
         return None if node["value"] is None else Quantity.from_mapping(node)
 
     def quantities(self) -> Iterator[tuple[str, dict[str, Any]]]:

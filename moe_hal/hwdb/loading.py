@@ -126,8 +126,7 @@ class _BoundedLoader(yaml.SafeLoader):
         # The scanner tracks every open flow collection ([ or {) per token: quadratic in their
         # nesting, so it is cut short here, before the composer would see the depth.
         if self.flow_level >= MAX_DEPTH:
-            raise yaml.scanner.ScannerError(None, None, f"nesting deeper than {MAX_DEPTH} levels",
-                                            self.get_mark())
+            raise yaml.scanner.ScannerError(None, None, f"nesting deeper than {MAX_DEPTH} levels", self.get_mark())
         super().fetch_flow_collection_start(TokenClass)
 
     def compose_node(self, parent, index):
@@ -136,13 +135,17 @@ class _BoundedLoader(yaml.SafeLoader):
             target = self.anchors.get(event.anchor)
             if target is not None and not isinstance(target, yaml.ScalarNode):
                 raise yaml.composer.ComposerError(
-                    None, None, f"alias *{event.anchor} names a {target.id}; only scalars (such as source "
-                    "texts) may be aliased", event.start_mark)
+                    None,
+                    None,
+                    f"alias *{event.anchor} names a {target.id}; only scalars (such as source texts) may be aliased",
+                    event.start_mark,
+                )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nesting deeper than {MAX_DEPTH} levels",
-                                                  self.peek_event().start_mark)
+                raise yaml.composer.ComposerError(
+                    None, None, f"nesting deeper than {MAX_DEPTH} levels", self.peek_event().start_mark
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -202,8 +205,9 @@ def _check_patterns(data: dict[str, Any], path: str) -> None:
             if problem:
                 raise HardwareDBError(path, f"recognition.{kind}.{key}", problem)
     if recognition.get("cuda", {}).get("require_sm_count") and data["compute"]["units"]["value"] is None:
-        raise HardwareDBError(path, "recognition.cuda.require_sm_count",
-                              "needs a known compute.units value to compare with")
+        raise HardwareDBError(
+            path, "recognition.cuda.require_sm_count", "needs a known compute.units value to compare with"
+        )
 
 
 def _pattern_problem(pattern: str) -> str | None:
@@ -294,13 +298,17 @@ class _Database:
                 continue
             entry_id = doc.data["id"]
             if entry_id in entries:
-                raise HardwareDBError(doc.path, "id", f"duplicate id {entry_id!r}: already defined in {entries[entry_id].path}")
+                raise HardwareDBError(
+                    doc.path, "id", f"duplicate id {entry_id!r}: already defined in {entries[entry_id].path}"
+                )
             entries[entry_id] = doc
             for i, name in enumerate([entry_id, *doc.data.get("aliases", ())]):
                 if name in names and names[name][0] != entry_id:
                     owner, owner_file = names[name]
                     field = "id" if i == 0 else f"aliases.{i - 1}"
-                    raise HardwareDBError(doc.path, field, f"name {name!r} is already used by {owner!r} in {owner_file}")
+                    raise HardwareDBError(
+                        doc.path, field, f"name {name!r} is already used by {owner!r} in {owner_file}"
+                    )
                 names[name] = (entry_id, doc.path)
 
         measured: dict[str, dict[str, Any]] = {k: copy.deepcopy(d.data.get("measured", {})) for k, d in entries.items()}
@@ -311,7 +319,9 @@ class _Database:
             if target is None:
                 continue
             if target not in entries:
-                raise HardwareDBError(doc.path, "overlay_of", f"no entry with id {target!r}; known ids: {', '.join(sorted(entries))}")
+                raise HardwareDBError(
+                    doc.path, "overlay_of", f"no entry with id {target!r}; known ids: {', '.join(sorted(entries))}"
+                )
             merged = measured[target]
             for key, value in doc.data.get("measured", {}).items():
                 if key == "matmul":
@@ -424,5 +434,7 @@ def get(id_or_alias: str) -> HardwareEntry:
     db = _db()
     found = db.by_name.get(str(id_or_alias).strip().lower())
     if found is None:
-        raise ArgumentError("hw", f"a hardware-DB id or alias, one of: {', '.join(sorted(db.by_id))}", repr(id_or_alias))
+        raise ArgumentError(
+            "hw", f"a hardware-DB id or alias, one of: {', '.join(sorted(db.by_id))}", repr(id_or_alias)
+        )
     return found

@@ -35,8 +35,11 @@ def decide(candidates: list[HardwareEntry], seen: str, rejected: list[str], kind
     if len(candidates) > 1:
         ids = ", ".join(e.id for e in candidates)
         files = "; ".join(f"{e.id}: {e.path}" for e in candidates)
-        return Match(None, seen, f"ambiguous: {len(candidates)} entries match ({ids}); "
-                                 f"make their recognition patterns exclusive ({files})")
+        return Match(
+            None,
+            seen,
+            f"ambiguous: {len(candidates)} entries match ({ids}); make their recognition patterns exclusive ({files})",
+        )
     reason = f"no hardware-DB entry recognises this {kind} device"
     if rejected:
         reason += ": " + "; ".join(rejected)
@@ -58,12 +61,16 @@ def match_cuda(name: str, major: int, minor: int, sm_count: int | None = None) -
         if "name_exclude" in rule and re.search(rule["name_exclude"], name[:MAX_NAME_CHARS], re.IGNORECASE):
             continue
         if rule["compute_capability"] != cc:
-            rejected.append(f"{entry.id} matches the name but has compute capability {rule['compute_capability']}, not {cc}")
+            rejected.append(
+                f"{entry.id} matches the name but has compute capability {rule['compute_capability']}, not {cc}"
+            )
             continue
         units = entry.quantity("compute.units")
         if rule.get("require_sm_count") and sm_count is not None and units is not None and sm_count != units.value:
-            rejected.append(f"{entry.id} matches the name but has {int(units.value)} SMs, not {sm_count} "
-                            "(a MIG slice or a different board?)")
+            rejected.append(
+                f"{entry.id} matches the name but has {int(units.value)} SMs, not {sm_count} "
+                "(a MIG slice or a different board?)"
+            )
             continue
         candidates.append(entry)
     return decide(candidates, seen, rejected, "CUDA")
@@ -157,5 +164,6 @@ def match(device: Any) -> Match:
     found = host.probe_device(kind, index)
     if found is not None:
         return found
-    return Match(None, str(device), f"the hardware DB has no entries for device type {kind!r}: "
-                                    "no installed plugin probes it")
+    return Match(
+        None, str(device), f"the hardware DB has no entries for device type {kind!r}: no installed plugin probes it"
+    )

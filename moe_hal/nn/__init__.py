@@ -12,5 +12,14 @@ from .hf import expert_weights, from_hf
 from .moe import MoE
 from .router import TopKRouter
 
-__all__ = ["Dispatched", "GroupedExperts", "MoE", "TopKRouter", "combine", "dispatch_contiguous", "dispatch_masked",
-           "expert_weights", "from_hf"]
+__all__ = [
+    "Dispatched",
+    "GroupedExperts",
+    "MoE",
+    "TopKRouter",
+    "combine",
+    "dispatch_contiguous",
+    "dispatch_masked",
+    "expert_weights",
+    "from_hf",
+]

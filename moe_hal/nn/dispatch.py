@@ -46,7 +46,7 @@ def _sort_slots(topk_ids: torch.Tensor, num_experts: int):
     counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     sorted_expert = flat[order]
-    first = torch.cumsum(counts, 0) - counts                 # first sorted position of each expert
+    first = torch.cumsum(counts, 0) - counts  # first sorted position of each expert
     rank = torch.arange(flat.numel(), device=flat.device) - first[sorted_expert]
     return order, sorted_expert, rank, counts
 
@@ -67,12 +67,13 @@ def dispatch_contiguous(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: in
     row_sorted = starts[sorted_expert] + rank
     source = x.index_select(0, order // k)
     if alignment == 1:
-        a = source                                            # rows are already in sorted order
+        a = source  # rows are already in sorted order
         row_expert = sorted_expert
     else:
         a = x.new_zeros(num_rows, x.shape[1]).index_copy(0, row_sorted, source)
         row_expert = torch.full((num_rows,), -1, dtype=torch.int64, device=x.device).index_copy(
-            0, row_sorted, sorted_expert)
+            0, row_sorted, sorted_expert
+        )
     row_of_slot = torch.empty_like(row_sorted).index_copy_(0, order, row_sorted)
     psum = (starts + counts).to(torch.int32)
     return Dispatched(a, PsumLayout(psum, "contiguous", alignment), row_of_slot, row_expert, counts)

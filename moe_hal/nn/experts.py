@@ -33,16 +33,29 @@ class GroupedExperts(nn.Module):
     activations per token (1x128) and run fp8 grouped GEMMs, forward only.
     """
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int, activation: str = "swiglu",
-                 bias: bool = False, dtype: torch.dtype | None = None, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden: int,
+        intermediate: int,
+        activation: str = "swiglu",
+        bias: bool = False,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ArgumentError("activation", f"one of {ACTIVATIONS}", activation)
-        self.num_experts, self.hidden, self.intermediate, self.activation = num_experts, hidden, intermediate, activation
+        self.num_experts, self.hidden, self.intermediate, self.activation = (
+            num_experts,
+            hidden,
+            intermediate,
+            activation,
+        )
         self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden, dtype=dtype, device=device))
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden, intermediate, dtype=dtype, device=device))
-        nn.init.normal_(self.w13, std=hidden ** -0.5)
-        nn.init.normal_(self.w2, std=intermediate ** -0.5)
+        nn.init.normal_(self.w13, std=hidden**-0.5)
+        nn.init.normal_(self.w2, std=intermediate**-0.5)
         if bias:
             self.b13 = nn.Parameter(torch.zeros(num_experts, 2 * intermediate, dtype=dtype, device=device))
             self.b2 = nn.Parameter(torch.zeros(num_experts, hidden, dtype=dtype, device=device))
@@ -74,8 +87,11 @@ class GroupedExperts(nn.Module):
         if self._fp8 is None:
             return grouped_gemm(x, self.w13 if which == 0 else self.w2, layout)
         if torch.is_grad_enabled() and x.requires_grad:
-            raise GradientError("GroupedExperts", "torch.no_grad() or float weights (drop_fp8()) for a gradient",
-                                "fp8 weights from prepare_fp8(), which are forward only")
+            raise GradientError(
+                "GroupedExperts",
+                "torch.no_grad() or float weights (drop_fp8()) for a gradient",
+                "fp8 weights from prepare_fp8(), which are forward only",
+            )
         out = grouped_gemm(quantize_fp8(x, _ACT_BLOCK), self._fp8[which], layout)
         return out.to(x.dtype)
 
@@ -84,10 +100,11 @@ class GroupedExperts(nn.Module):
         if masked:
             return bias[:, None, :]
         if row_expert is None:
-            raise ArgumentError("row_expert", "the expert of each row (int [rows], -1 for none) when bias=True",
-                                None)
+            raise ArgumentError("row_expert", "the expert of each row (int [rows], -1 for none) when bias=True", None)
         return torch.where((row_expert >= 0)[:, None], bias[row_expert.clamp(min=0)], 0).to(h.dtype)
 
     def extra_repr(self) -> str:
-        return (f"num_experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
-                f"activation={self.activation!r}, bias={self.b13 is not None}, fp8={self._fp8 is not None}")
+        return (
+            f"num_experts={self.num_experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+            f"activation={self.activation!r}, bias={self.b13 is not None}, fp8={self._fp8 is not None}"
+        )

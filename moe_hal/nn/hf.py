@@ -30,8 +30,9 @@ from .router import TopKRouter
 _PER_EXPERT = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
 
 
-def expert_weights(state_dict: Mapping[str, torch.Tensor], num_experts: int,
-                   prefix: str = "experts.") -> tuple[torch.Tensor, torch.Tensor]:
+def expert_weights(
+    state_dict: Mapping[str, torch.Tensor], num_experts: int, prefix: str = "experts."
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(w13 [E, 2I, H], w2 [E, H, I])`` from a state dict in any of the module's three layouts
     (keys under ``prefix``). Raises :class:`~moe_hal.errors.ArgumentError` naming the missing key."""
     fused = prefix + "gate_up_proj"
@@ -42,11 +43,15 @@ def expert_weights(state_dict: Mapping[str, torch.Tensor], num_experts: int,
         if w13.dim() != 3 or w13.shape[0] != num_experts:
             raise ShapeError(fused, f"[{num_experts}, 2I, H]", tuple(w13.shape))
         if w2.shape != (num_experts, w13.shape[2], w13.shape[1] // 2):
-            raise ShapeError(prefix + "down_proj", f"[{num_experts}, {w13.shape[2]}, {w13.shape[1] // 2}] "
-                             "(from gate_up_proj [E, 2I, H])", tuple(w2.shape))
+            raise ShapeError(
+                prefix + "down_proj",
+                f"[{num_experts}, {w13.shape[2]}, {w13.shape[1] // 2}] (from gate_up_proj [E, 2I, H])",
+                tuple(w2.shape),
+            )
         return w13, w2
     for gate, up, down in _PER_EXPERT:
         if f"{prefix}0.{gate}.weight" in state_dict:
+
             def get(e: int, name: str) -> torch.Tensor:
                 key = f"{prefix}{e}.{name}.weight"
                 if key not in state_dict:
@@ -56,8 +61,12 @@ def expert_weights(state_dict: Mapping[str, torch.Tensor], num_experts: int,
             w13 = torch.stack([torch.cat([get(e, gate), get(e, up)], dim=0) for e in range(num_experts)])
             w2 = torch.stack([get(e, down) for e in range(num_experts)])
             return w13, w2
-    raise ArgumentError("state_dict", f"expert weights under {prefix!r}: gate_up_proj/down_proj, or per-expert "
-                        "gate_proj/up_proj/down_proj or w1/w3/w2", sorted(state_dict)[:8])
+    raise ArgumentError(
+        "state_dict",
+        f"expert weights under {prefix!r}: gate_up_proj/down_proj, or per-expert "
+        "gate_proj/up_proj/down_proj or w1/w3/w2",
+        sorted(state_dict)[:8],
+    )
 
 
 def router_from_hf(block: nn.Module) -> TopKRouter:
@@ -71,13 +80,22 @@ def router_from_hf(block: nn.Module) -> TopKRouter:
     bias = getattr(gate, "e_score_correction_bias", None)
     n_group = getattr(gate, "n_group", getattr(gate, "num_group", None))
     topk_group = getattr(gate, "topk_group", None)
-    if n_group == 1 and topk_group == 1:           # one group: not group-limited
+    if n_group == 1 and topk_group == 1:  # one group: not group-limited
         n_group = topk_group = None
     norm = getattr(gate, "norm_topk_prob", getattr(block, "norm_topk_prob", True))
-    router = TopKRouter(hidden, num_experts, top_k, score="sigmoid" if bias is not None else "softmax",
-                        n_group=n_group, topk_group=topk_group, correction_bias=bias is not None,
-                        norm_topk_prob=bool(norm), routed_scaling_factor=float(getattr(gate, "routed_scaling_factor", 1.0)),
-                        dtype=weight.dtype, device=weight.device)
+    router = TopKRouter(
+        hidden,
+        num_experts,
+        top_k,
+        score="sigmoid" if bias is not None else "softmax",
+        n_group=n_group,
+        topk_group=topk_group,
+        correction_bias=bias is not None,
+        norm_topk_prob=bool(norm),
+        routed_scaling_factor=float(getattr(gate, "routed_scaling_factor", 1.0)),
+        dtype=weight.dtype,
+        device=weight.device,
+    )
     with torch.no_grad():
         router.weight.copy_(weight)
         if bias is not None:
@@ -91,7 +109,7 @@ def experts_from_hf(experts: nn.Module, num_experts: int) -> GroupedExperts:
     if act is None and isinstance(experts, nn.ModuleList) and len(experts):
         act = getattr(experts[0], "act_fn", None)
     if act is not None:
-        probe = torch.linspace(-4, 4, 17)          # by behaviour: activation classes differ across versions
+        probe = torch.linspace(-4, 4, 17)  # by behaviour: activation classes differ across versions
         if not torch.allclose(act(probe), torch.nn.functional.silu(probe)):
             raise ArgumentError("block.experts.act_fn", "SiLU (SwiGLU experts)", type(act).__name__)
     w13, w2 = expert_weights(experts.state_dict(prefix=""), num_experts, prefix="")
@@ -106,10 +124,19 @@ def from_hf(block: nn.Module, layout: str = "contiguous", alignment: int = 1, ma
     """A :class:`MoE` computing what ``block`` (a transformers MoE block) computes, in eval mode
     (router jitter noise is a training-time perturbation and is not reproduced)."""
     if getattr(block, "shared_expert_gate", None) is not None:
-        raise ArgumentError("block.shared_expert_gate", "no gated shared expert (not modelled by moe_hal.nn.MoE)",
-                            type(block.shared_expert_gate).__name__)
+        raise ArgumentError(
+            "block.shared_expert_gate",
+            "no gated shared expert (not modelled by moe_hal.nn.MoE)",
+            type(block.shared_expert_gate).__name__,
+        )
     router = router_from_hf(block)
     experts = experts_from_hf(block.experts, router.num_experts)
     shared = getattr(block, "shared_experts", None)
-    return MoE(router, experts, shared_expert=copy.deepcopy(shared) if shared is not None else None,
-               layout=layout, alignment=alignment, masked_capacity=masked_capacity)
+    return MoE(
+        router,
+        experts,
+        shared_expert=copy.deepcopy(shared) if shared is not None else None,
+        layout=layout,
+        alignment=alignment,
+        masked_capacity=masked_capacity,
+    )

@@ -40,23 +40,31 @@ class MoE(nn.Module):
     a device value on the host.
     """
 
-    def __init__(self, router: TopKRouter, experts: GroupedExperts, shared_expert: nn.Module | None = None,
-                 layout: str = "contiguous", alignment: int = 1, masked_capacity: int = 32, ep_group=None):
+    def __init__(
+        self,
+        router: TopKRouter,
+        experts: GroupedExperts,
+        shared_expert: nn.Module | None = None,
+        layout: str = "contiguous",
+        alignment: int = 1,
+        masked_capacity: int = 32,
+        ep_group=None,
+    ):
         super().__init__()
         if layout not in LAYOUTS:
             raise ArgumentError("layout", f"one of {LAYOUTS}", layout)
         if ep_group is not None:
             self._check_ep_group(ep_group, router, experts, layout)
         elif router.num_experts != experts.num_experts:
-            raise ArgumentError("experts.num_experts", f"{router.num_experts} (router.num_experts)",
-                                experts.num_experts)
+            raise ArgumentError(
+                "experts.num_experts", f"{router.num_experts} (router.num_experts)", experts.num_experts
+            )
         if router.hidden != experts.hidden:
             raise ArgumentError("experts.hidden", f"{router.hidden} (router.hidden)", experts.hidden)
         self.router, self.experts, self.shared_expert = router, experts, shared_expert
         self.layout, self.alignment, self.masked_capacity = layout, alignment, masked_capacity
         self.ep_group = ep_group
-        self.register_buffer("tokens_per_expert", torch.zeros(router.num_experts, dtype=torch.int64),
-                             persistent=False)
+        self.register_buffer("tokens_per_expert", torch.zeros(router.num_experts, dtype=torch.int64), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = x.reshape(-1, x.shape[-1])
@@ -82,8 +90,9 @@ class MoE(nn.Module):
         if not masked:
             return dispatch_contiguous(hidden, topk_ids, self.experts.num_experts, self.alignment)
         if tokens > self.masked_capacity:
-            raise CapacityError("x", f"at most masked_capacity = {self.masked_capacity} tokens for the masked layout",
-                                tokens)
+            raise CapacityError(
+                "x", f"at most masked_capacity = {self.masked_capacity} tokens for the masked layout", tokens
+            )
         return dispatch_masked(hidden, topk_ids, self.experts.num_experts, self.masked_capacity)
 
     def combine(self, expert_out: torch.Tensor, d: Dispatched, topk_weights: torch.Tensor) -> torch.Tensor:
@@ -98,30 +107,45 @@ class MoE(nn.Module):
         if not isinstance(ep_group, EPGroup):
             raise ArgumentError("ep_group", "None or a moe_hal.ep.EPGroup", type(ep_group).__name__)
         if router.num_experts != ep_group.num_experts:
-            raise ArgumentError("router.num_experts", f"{ep_group.num_experts} (ep_group.num_experts)",
-                                router.num_experts)
+            raise ArgumentError(
+                "router.num_experts", f"{ep_group.num_experts} (ep_group.num_experts)", router.num_experts
+            )
         if experts.num_experts != ep_group.num_local_experts:
-            raise ArgumentError("experts.num_experts", f"{ep_group.num_local_experts} (this rank's experts in "
-                                "ep_group.local_experts)", experts.num_experts)
+            raise ArgumentError(
+                "experts.num_experts",
+                f"{ep_group.num_local_experts} (this rank's experts in ep_group.local_experts)",
+                experts.num_experts,
+            )
         if layout == "auto":
-            raise ArgumentError("layout", "'contiguous' or 'masked' with an ep_group (every rank must use the "
-                                "same dispatch mode)", layout)
+            raise ArgumentError(
+                "layout",
+                "'contiguous' or 'masked' with an ep_group (every rank must use the same dispatch mode)",
+                layout,
+            )
 
     def _forward_ep(self, hidden: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         from .. import ep
 
         masked = self.layout == "masked"
-        d = ep.dispatch(hidden, topk_ids, topk_weights, self.ep_group, mode="capacity" if masked else "exact",
-                        alignment=self.alignment, capacity=self.masked_capacity if masked else None)
-        with torch.no_grad():             # this rank's slots per (global) expert, counted on the device
+        d = ep.dispatch(
+            hidden,
+            topk_ids,
+            topk_weights,
+            self.ep_group,
+            mode="capacity" if masked else "exact",
+            alignment=self.alignment,
+            capacity=self.masked_capacity if masked else None,
+        )
+        with torch.no_grad():  # this rank's slots per (global) expert, counted on the device
             ids = topk_ids.reshape(-1)
             self.tokens_per_expert.zero_().scatter_add_(0, ids.clamp(min=0), (ids >= 0).to(torch.int64))
         row_expert = None if masked else d.layout.m_indices(hidden.device).to(torch.int64)
         return ep.combine(self.experts(d.a, d.layout, row_expert), d)
 
     @classmethod
-    def from_hf(cls, block: nn.Module, layout: str = "contiguous", alignment: int = 1,
-                masked_capacity: int = 32) -> MoE:
+    def from_hf(
+        cls, block: nn.Module, layout: str = "contiguous", alignment: int = 1, masked_capacity: int = 32
+    ) -> MoE:
         """An equivalent MoE from a transformers MoE block (Mixtral, Qwen2/3-MoE, DeepSeek-V3;
         fused or per-expert weights), with copies of its weights. See :mod:`moe_hal.nn.hf`."""
         from .hf import from_hf

@@ -33,10 +33,20 @@ class TopKRouter(nn.Module):
     ``[num_experts, hidden]`` (nn.Linear layout).
     """
 
-    def __init__(self, hidden: int, num_experts: int, top_k: int, score: str = "softmax",
-                 n_group: int | None = None, topk_group: int | None = None, correction_bias: bool = False,
-                 norm_topk_prob: bool = True, routed_scaling_factor: float = 1.0,
-                 dtype: torch.dtype | None = None, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        hidden: int,
+        num_experts: int,
+        top_k: int,
+        score: str = "softmax",
+        n_group: int | None = None,
+        topk_group: int | None = None,
+        correction_bias: bool = False,
+        norm_topk_prob: bool = True,
+        routed_scaling_factor: float = 1.0,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ):
         super().__init__()
         if score not in SCORES:
             raise ArgumentError("score", f"one of {SCORES}", score)
@@ -55,14 +65,14 @@ class TopKRouter(nn.Module):
         self.n_group, self.topk_group = n_group, topk_group
         self.norm_topk_prob, self.routed_scaling_factor = norm_topk_prob, routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype, device=device))
-        nn.init.normal_(self.weight, std=hidden ** -0.5)
+        nn.init.normal_(self.weight, std=hidden**-0.5)
         if correction_bias:
             self.register_buffer("correction_bias", torch.zeros(num_experts, dtype=torch.float32, device=device))
         else:
             self.correction_bias = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        score_dtype = torch.promote_types(x.dtype, torch.float32)      # fp32, or fp64 for fp64 inputs
+        score_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         if self.score == "softmax":
             logits = F.linear(x, self.weight.to(x.dtype)).to(score_dtype)
             probs = logits.softmax(dim=-1)

@@ -56,7 +56,27 @@ from .hardware import Hardware, resolve_hardware, ridge_m
 from .model import Estimate, estimate
 from .operands import BYTES_PER_ELEMENT, SCALE_BYTES, default_out_dtype, dtype_name, operand_bytes
 
-__all__ = ["Advice", "BYTES_PER_ELEMENT", "DEFAULT_TILES", "DISTRIBUTIONS", "Estimate", "Hardware", "OPS",
-           "SCALE_BYTES", "SEED_COUNTS", "TIE_BAND", "advise", "advise_decode", "advise_problem", "default_out_dtype", "dtype_name",
-           "estimate", "operand_bytes", "rank_key", "resolve_hardware", "ridge_m", "scale_counts",
-           "synthetic_counts"]
+__all__ = [
+    "Advice",
+    "BYTES_PER_ELEMENT",
+    "DEFAULT_TILES",
+    "DISTRIBUTIONS",
+    "Estimate",
+    "Hardware",
+    "OPS",
+    "SCALE_BYTES",
+    "SEED_COUNTS",
+    "TIE_BAND",
+    "advise",
+    "advise_decode",
+    "advise_problem",
+    "default_out_dtype",
+    "dtype_name",
+    "estimate",
+    "operand_bytes",
+    "rank_key",
+    "resolve_hardware",
+    "ridge_m",
+    "scale_counts",
+    "synthetic_counts",
+]

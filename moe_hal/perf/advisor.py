@@ -44,20 +44,39 @@ class Advice:
         return self.best.tile
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tile": list(self.tile), "reason": self.reason, "tie_band": TIE_BAND,
-                "equivalent": [list(e.tile) for e in self.equivalent], "ranked": [e.as_dict() for e in self.ranked]}
+        return {
+            "tile": list(self.tile),
+            "reason": self.reason,
+            "tie_band": TIE_BAND,
+            "equivalent": [list(e.tile) for e in self.equivalent],
+            "ranked": [e.as_dict() for e in self.ranked],
+        }
 
 
 def rank_key(est: Estimate) -> tuple:
     """Sort key of :func:`advise`, smallest first. In order: predicted time (to the picosecond);
     compute time (more headroom when memory time decides); fewer waves; fuller last wave;
     smaller ``BM + BN``; smaller ``BM * BN``; smaller ``BM``."""
-    return (round(est.t_predicted, 12), round(est.t_compute, 12), est.waves, -est.wave_efficiency,
-            est.block_m + est.block_n, est.block_m * est.block_n, est.block_m)
+    return (
+        round(est.t_predicted, 12),
+        round(est.t_compute, 12),
+        est.waves,
+        -est.wave_efficiency,
+        est.block_m + est.block_n,
+        est.block_m * est.block_n,
+        est.block_m,
+    )
 
 
-def advise(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None, dtype: str = "bf16",
-           tiles: Iterable[tuple[int, int]] = DEFAULT_TILES, **options: Any) -> Advice:
+def advise(
+    counts: Sequence[int],
+    n: int,
+    k: int | None = None,
+    hw: Any = None,
+    dtype: str = "bf16",
+    tiles: Iterable[tuple[int, int]] = DEFAULT_TILES,
+    **options: Any,
+) -> Advice:
     """Rank the tiles ``[(block_m, block_n), ...]`` a backend can launch for this call and pick
     the best by :func:`rank_key`. ``options`` are passed to :func:`estimate` (``op``, ``m``,
     ``out_dtype``, ``streams_all_experts``, ...)."""
@@ -67,9 +86,17 @@ def advise(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None, 
     return Advice(ranked, _reason(ranked))
 
 
-def advise_decode(max_m: int, expected_m: int | None, num_groups: int, n: int, k: int, hw: Any = None,
-                  dtype: str = "bf16", tiles: Iterable[tuple[int, int]] = DEFAULT_TILES,
-                  **options: Any) -> Advice:
+def advise_decode(
+    max_m: int,
+    expected_m: int | None,
+    num_groups: int,
+    n: int,
+    k: int,
+    hw: Any = None,
+    dtype: str = "bf16",
+    tiles: Iterable[tuple[int, int]] = DEFAULT_TILES,
+    **options: Any,
+) -> Advice:
     """Tile advice when only the device holds the histogram (masked decode under CUDA graphs).
 
     Every one of ``num_groups`` groups is assumed to hold ``expected_m`` rows (``max_m`` when
@@ -90,13 +117,15 @@ def advise_decode(max_m: int, expected_m: int | None, num_groups: int, n: int, k
             raise ArgumentError("expected_m", f"<= max_m ({max_m})", expected_m)
     options.setdefault("op", "masked")
     advice = advise([rows] * num_groups, n, k, hw, dtype, tiles, max_m=max_m, **options)
-    regime = ("expected_m <= M*: weight streaming bounds every tile" if rows <= advice.best.ridge_m
-              else "expected_m > M*: compute-bound, padding and waves decide")
+    regime = (
+        "expected_m <= M*: weight streaming bounds every tile"
+        if rows <= advice.best.ridge_m
+        else "expected_m > M*: compute-bound, padding and waves decide"
+    )
     return Advice(advice.ranked, f"{regime} (M* = {advice.best.ridge_m:.0f} rows); {advice.reason}")
 
 
-def advise_problem(problem: Any, hw: Any, tiles: Iterable[tuple[int, int]] = DEFAULT_TILES,
-                   **options: Any) -> Advice:
+def advise_problem(problem: Any, hw: Any, tiles: Iterable[tuple[int, int]] = DEFAULT_TILES, **options: Any) -> Advice:
     """Tile advice for a validated :class:`moe_hal.Problem`, without a device sync: contiguous
     and K-grouped calls read the host-side counts of their layout; a masked call uses
     :func:`advise_decode` with the layout's ``max_m`` and ``expected_m``. Backends resolve ``hw``
@@ -105,25 +134,50 @@ def advise_problem(problem: Any, hw: Any, tiles: Iterable[tuple[int, int]] = DEF
     layout = problem.layout
     dtype, out_dtype = problem.in_dtype, problem.out_dtype_name
     if problem.op == "masked":
-        return advise_decode(layout.max_m, layout.expected_m, problem.num_groups, problem.n, problem.k, hw, dtype,
-                             tiles, out_dtype=out_dtype, **options)
+        return advise_decode(
+            layout.max_m,
+            layout.expected_m,
+            problem.num_groups,
+            problem.n,
+            problem.k,
+            hw,
+            dtype,
+            tiles,
+            out_dtype=out_dtype,
+            **options,
+        )
     if problem.op == "k_grouped":
-        return advise(layout.counts_list, problem.n, None, hw, dtype, tiles, op="k_grouped", m=problem.m,
-                      out_dtype=out_dtype, accumulate=problem.c is not None, **options)
+        return advise(
+            layout.counts_list,
+            problem.n,
+            None,
+            hw,
+            dtype,
+            tiles,
+            op="k_grouped",
+            m=problem.m,
+            out_dtype=out_dtype,
+            accumulate=problem.c is not None,
+            **options,
+        )
     return advise(layout.counts_list, problem.n, problem.k, hw, dtype, tiles, out_dtype=out_dtype, **options)
 
 
 def _reason(ranked: Sequence[Estimate]) -> str:
     best = ranked[0]
-    text = (f"{best.block_m}x{best.block_n}: predicted {best.t_predicted * 1e6:.1f} us "
-            f"({best.bound}-bound; roofline {best.t_roofline * 1e6:.1f} us)")
+    text = (
+        f"{best.block_m}x{best.block_n}: predicted {best.t_predicted * 1e6:.1f} us "
+        f"({best.bound}-bound; roofline {best.t_roofline * 1e6:.1f} us)"
+    )
     if len(ranked) == 1:
         return text + "; the only tile offered"
     tied = [e for e in ranked[1:] if e.t_predicted <= best.t_predicted * (1 + TIE_BAND)]
     if tied:
         names = ", ".join(f"{e.block_m}x{e.block_n} ({e.t_predicted * 1e6:.1f} us)" for e in tied)
-        text += (f"; equivalent within the model's error (+-{TIE_BAND:.0%}): {names}, so the choice among "
-                 f"them is a tie-break")
+        text += (
+            f"; equivalent within the model's error (+-{TIE_BAND:.0%}): {names}, so the choice among "
+            f"them is a tie-break"
+        )
     second = ranked[1]
     if round(second.t_predicted, 12) > round(best.t_predicted, 12):
         return text + f"; next {second.block_m}x{second.block_n} at {second.t_predicted * 1e6:.1f} us"

@@ -41,8 +41,9 @@ DEFAULT_BLOCK_N: tuple[int, ...] = (64, 96, 112, 128, 144, 160, 192, 224, 256)
 DEFAULT_BLOCK_M: tuple[int, ...] = (64, 128, 256)
 
 #: Grid of (tile overhead, launch) seconds searched per fit.
-GRID: tuple[tuple[float, float], ...] = tuple((oh * 1e-6, launch * 1e-6) for oh in (0, 1, 2, 3, 4, 5)
-                                              for launch in (0, 3, 6, 10))
+GRID: tuple[tuple[float, float], ...] = tuple(
+    (oh * 1e-6, launch * 1e-6) for oh in (0, 1, 2, 3, 4, 5) for launch in (0, 3, 6, 10)
+)
 
 #: Iterations of the attribute-then-refit loop (it settles in 3-4).
 ITERATIONS = 6
@@ -97,11 +98,22 @@ class Outcome:
 
     def as_dict(self) -> dict[str, Any]:
         e = self.estimate
-        return {"id": self.case.id, "source": self.case.source, "device": self.case.device, "impl": self.case.impl,
-                "op": self.case.op, "dtype": self.case.dtype, "measured_us": self.case.t_measured * 1e6,
-                "predicted_us": e.t_predicted * 1e6, "roofline_us": self.t_roofline * 1e6,
-                "error": self.error, "roofline_error": self.roofline_error, "bound": e.bound,
-                "tile": list(e.tile), "basis": dict(e.basis)}
+        return {
+            "id": self.case.id,
+            "source": self.case.source,
+            "device": self.case.device,
+            "impl": self.case.impl,
+            "op": self.case.op,
+            "dtype": self.case.dtype,
+            "measured_us": self.case.t_measured * 1e6,
+            "predicted_us": e.t_predicted * 1e6,
+            "roofline_us": self.t_roofline * 1e6,
+            "error": self.error,
+            "roofline_error": self.roofline_error,
+            "bound": e.bound,
+            "tile": list(e.tile),
+            "basis": dict(e.basis),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,8 +128,9 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
 
     location = Path(path) if path is not None else PUBLISHED
     if not location.is_file():
-        raise ArgumentError("path", "the published set bench/published/cases.yaml (in a source checkout)",
-                            str(location))
+        raise ArgumentError(
+            "path", "the published set bench/published/cases.yaml (in a source checkout)", str(location)
+        )
     data = yaml.safe_load(location.read_text())
     schema = json.loads(location.with_name("schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
@@ -149,11 +162,23 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
         block_m = impl.get("block_m", {}).get(op, DEFAULT_BLOCK_M)
         block_n = impl.get("block_n", DEFAULT_BLOCK_N)
         tiles = tuple((bm, bn) for bm in block_m for bn in block_n if not (bm > 128 and bn > 128))
-    return MeasuredCase(id=raw["id"], source=raw["source"], device=raw["device"], impl=raw["impl"], op=op,
-                        dtype=raw["dtype"], out_dtype=raw["out_dtype"], counts=counts, n=raw["n"],
-                        k=raw.get("k"), m=raw.get("m"), t_measured=t, tiles=tiles,
-                        swap_ab=bool(impl.get("swap_ab", False)),
-                        streams_all_experts=bool(raw.get("streams_all_experts", False)))
+    return MeasuredCase(
+        id=raw["id"],
+        source=raw["source"],
+        device=raw["device"],
+        impl=raw["impl"],
+        op=op,
+        dtype=raw["dtype"],
+        out_dtype=raw["out_dtype"],
+        counts=counts,
+        n=raw["n"],
+        k=raw.get("k"),
+        m=raw.get("m"),
+        t_measured=t,
+        tiles=tiles,
+        swap_ab=bool(impl.get("swap_ab", False)),
+        streams_all_experts=bool(raw.get("streams_all_experts", False)),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -182,8 +207,12 @@ def predict(case: MeasuredCase, table: EfficiencyTable | None = None) -> Estimat
 
 
 def _call_options(case: MeasuredCase) -> dict[str, Any]:
-    options: dict[str, Any] = {"op": case.op, "out_dtype": case.out_dtype, "swap_ab": case.swap_ab,
-                               "streams_all_experts": case.streams_all_experts}
+    options: dict[str, Any] = {
+        "op": case.op,
+        "out_dtype": case.out_dtype,
+        "swap_ab": case.swap_ab,
+        "streams_all_experts": case.streams_all_experts,
+    }
     if case.op == "k_grouped":
         options["m"] = case.m
     return options
@@ -221,7 +250,9 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
     return out
 
 
-def _fast_predict(p: _Prepared, table: EfficiencyTable, overhead: float, launch: float) -> tuple[float, _Candidate, str]:
+def _fast_predict(
+    p: _Prepared, table: EfficiencyTable, overhead: float, launch: float
+) -> tuple[float, _Candidate, str]:
     """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms."""
     c = p.case
     comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
@@ -239,8 +270,14 @@ def _fast_predict(p: _Prepared, table: EfficiencyTable, overhead: float, launch:
     return best
 
 
-def fit(cases: Sequence[MeasuredCase], *, basis: str = "fitted", source: str = "bench/published/cases.yaml",
-        grid: Sequence[tuple[float, float]] = GRID, prepared: Mapping[str, _Prepared] | None = None) -> EfficiencyTable:
+def fit(
+    cases: Sequence[MeasuredCase],
+    *,
+    basis: str = "fitted",
+    source: str = "bench/published/cases.yaml",
+    grid: Sequence[tuple[float, float]] = GRID,
+    prepared: Mapping[str, _Prepared] | None = None,
+) -> EfficiencyTable:
     """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
     ``prepared``: the cases' unit terms by case id, when the caller has them already."""
     prepared = [prepared[c.id] for c in cases] if prepared is not None else _prepare(cases)
@@ -252,8 +289,9 @@ def fit(cases: Sequence[MeasuredCase], *, basis: str = "fitted", source: str = "
         best = None
         for overhead, launch in grid:
             table = _fit_fractions(group, overhead, launch, basis, source)
-            score = statistics.fmean(abs(_fast_predict(p, table, overhead, launch)[0] / p.case.t_measured - 1)
-                                     for p in group)
+            score = statistics.fmean(
+                abs(_fast_predict(p, table, overhead, launch)[0] / p.case.t_measured - 1) for p in group
+            )
             if best is None or score < best[0]:
                 best = (score, table, overhead, launch)
         _, table, overhead, launch = best
@@ -266,8 +304,7 @@ def fit(cases: Sequence[MeasuredCase], *, basis: str = "fitted", source: str = "
     return EfficiencyTable(records)
 
 
-def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis: str,
-                   source: str) -> EfficiencyTable:
+def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis: str, source: str) -> EfficiencyTable:
     table = EfficiencyTable()
     for _ in range(ITERATIONS):
         compute: dict[tuple, list[float]] = {}
@@ -280,14 +317,19 @@ def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis
                 mma = left - cand.waves * overhead
                 if mma > 0:
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
-                        min(1.0, cand.t_compute_unit / mma))
+                        min(1.0, cand.t_compute_unit / mma)
+                    )
             elif left > 0:
                 bandwidth.setdefault((c.device, c.impl), []).append(min(1.0, cand.t_memory_unit / left))
         arch = group[0].architecture
-        records = [Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dtype=dt, family=f)
-                   for (d, i, dt, f), v in compute.items()]
-        records += [Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source)
-                    for (d, i), v in bandwidth.items()]
+        records = [
+            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dtype=dt, family=f)
+            for (d, i, dt, f), v in compute.items()
+        ]
+        records += [
+            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source)
+            for (d, i), v in bandwidth.items()
+        ]
         table = EfficiencyTable(records)
     return table
 
@@ -329,12 +371,19 @@ def summarize(outcomes: Iterable[Outcome]) -> dict[str, Any]:
             return {"cases": 0}
         model = [abs(o.error) for o in items]
         roof = [abs(o.roofline_error) for o in items]
-        return {"cases": len(items), "model_median": statistics.median(model), "model_worst": max(model),
-                "roofline_median": statistics.median(roof), "roofline_worst": max(roof)}
+        return {
+            "cases": len(items),
+            "model_median": statistics.median(model),
+            "model_worst": max(model),
+            "roofline_median": statistics.median(roof),
+            "roofline_worst": max(roof),
+        }
 
-    return {"all": stats(outcomes),
-            "compute_bound": stats([o for o in outcomes if o.estimate.bound == "compute"]),
-            "memory_bound": stats([o for o in outcomes if o.estimate.bound == "memory"])}
+    return {
+        "all": stats(outcomes),
+        "compute_bound": stats([o for o in outcomes if o.estimate.bound == "compute"]),
+        "memory_bound": stats([o for o in outcomes if o.estimate.bound == "memory"]),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,11 +396,23 @@ def overlays(table: EfficiencyTable, *, method: str, tool: str, date: str | None
     for r in table:
         doc = docs.setdefault(r.device, {"schema_version": 1, "overlay_of": r.device, "achieved": {}})
         impl = doc["achieved"].setdefault(r.impl, {})
-        value, unit = ((round(r.value, 4), "fraction") if r.kind in FRACTIONS else
-                       (round(r.value * 1e6, 3), "us") if r.kind in SECONDS else (round(r.value / 1e9, 3), "GB/s"))
-        q: dict[str, Any] = {"value": value, "unit": unit,
-                             "basis": r.basis, "cases": r.cases, "source": r.source, "method": method,
-                             "date": day, "tool": tool}
+        value, unit = (
+            (round(r.value, 4), "fraction")
+            if r.kind in FRACTIONS
+            else (round(r.value * 1e6, 3), "us")
+            if r.kind in SECONDS
+            else (round(r.value / 1e9, 3), "GB/s")
+        )
+        q: dict[str, Any] = {
+            "value": value,
+            "unit": unit,
+            "basis": r.basis,
+            "cases": r.cases,
+            "source": r.source,
+            "method": method,
+            "date": day,
+            "tool": tool,
+        }
         if r.kind == "compute":
             impl.setdefault("compute", {}).setdefault(r.dtype, {})[r.family] = q
         else:
@@ -372,8 +433,9 @@ def write_overlays(table: EfficiencyTable, directory: str | Path, *, suffix: str
     for device, doc in sorted(overlays(table, **kwargs).items()):
         target = folder / f"{device}{suffix}.yaml"
         staging = folder / f".{device}{suffix}.yaml.new"
-        staging.write_text("# Written by `moe-hal model calibrate`; do not edit by hand.\n"
-                           + yaml.safe_dump(doc, sort_keys=False))
+        staging.write_text(
+            "# Written by `moe-hal model calibrate`; do not edit by hand.\n" + yaml.safe_dump(doc, sort_keys=False)
+        )
         try:
             hwdb.validate(staging)
         except Exception:

@@ -48,8 +48,12 @@ FAMILIES = ("dense", "grouped_contiguous", "grouped_masked", "k_grouped")
 FAMILY_OF_OP = {"contiguous": "grouped_contiguous", "masked": "grouped_masked", "k_grouped": "k_grouped"}
 
 #: Forward kernels share code and tiling; weight-gradient (K-grouped) kernels are a different kernel.
-CLASS_OF_FAMILY = {"dense": "forward", "grouped_contiguous": "forward", "grouped_masked": "forward",
-                   "k_grouped": "weight_gradient"}
+CLASS_OF_FAMILY = {
+    "dense": "forward",
+    "grouped_contiguous": "forward",
+    "grouped_masked": "forward",
+    "k_grouped": "weight_gradient",
+}
 
 #: Kinds of achieved figure: fractions (compute, bandwidth), seconds (tile_overhead, launch) and
 #: rates in bytes/s (bandwidth_per_unit, l2_bandwidth).
@@ -87,8 +91,9 @@ class Achieved:
         if self.kind not in KINDS:
             raise ArgumentError("Achieved.kind", f"one of {KINDS}", self.kind)
         if self.kind == "compute" and (self.dtype is None or self.family not in FAMILIES):
-            raise ArgumentError("Achieved.family", f"a dtype and one of {FAMILIES} for kind 'compute'",
-                                (self.dtype, self.family))
+            raise ArgumentError(
+                "Achieved.family", f"a dtype and one of {FAMILIES} for kind 'compute'", (self.dtype, self.family)
+            )
         if not (isinstance(self.value, (int, float)) and math.isfinite(self.value) and self.value >= 0):
             raise ArgumentError("Achieved.value", "a finite number >= 0", self.value)
         if self.kind in FRACTIONS and not 0 < self.value <= 1:
@@ -120,22 +125,26 @@ class EfficiencyTable:
     def __iter__(self) -> Iterator[Achieved]:
         return iter(self.records)
 
-    def compute(self, device: str, architecture: str | None, impl: str | None, dtype: str,
-                family: str) -> Resolved | None:
+    def compute(
+        self, device: str, architecture: str | None, impl: str | None, dtype: str, family: str
+    ) -> Resolved | None:
         """Achieved fraction of the dtype's datasheet peak for a call of ``family``."""
         key = ("compute", device, architecture, impl, dtype, family)
         if key not in self._answers:
             self._answers[key] = self._compute(device, architecture, impl, dtype, family)
         return self._answers[key]
 
-    def _compute(self, device: str, architecture: str | None, impl: str | None, dtype: str,
-                 family: str) -> Resolved | None:
+    def _compute(
+        self, device: str, architecture: str | None, impl: str | None, dtype: str, family: str
+    ) -> Resolved | None:
         cls = CLASS_OF_FAMILY[family]
         places = [("device", device)] + ([("architecture", architecture)] if architecture else [])
         levels = []
         for where, name in places:
-            for scope, match in ((family, lambda r: r.family == family),
-                                 (f"{cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)):
+            for scope, match in (
+                (family, lambda r: r.family == family),
+                (f"{cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls),
+            ):
                 levels.append((where, name, f"{dtype} {scope}", lambda r, m=match: r.dtype == dtype and m(r)))
         if architecture:
             levels.append(("architecture", architecture, f"{dtype}, any family", lambda r: r.dtype == dtype))
@@ -182,8 +191,11 @@ class EfficiencyTable:
                 # best: the highest fraction or rate, the shortest time
                 sign = -1 if kind in SECONDS else 1
                 best_impl = max(by_impl, key=lambda i: sign * _weighted_median(by_impl[i]))
-                who = "every implementation (fitted jointly)" if best_impl == "*" else \
-                    f"best known implementation ({best_impl})"
+                who = (
+                    "every implementation (fitted jointly)"
+                    if best_impl == "*"
+                    else f"best known implementation ({best_impl})"
+                )
                 return _summary(by_impl[best_impl], f"{who} on {where} {name}, {scope}")
         return None
 
@@ -230,17 +242,49 @@ def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieve
     for impl, figures in achieved.items():
         for dtype, families in figures.get("compute", {}).items():
             for family, q in families.items():
-                out.append(Achieved(entry_id, architecture, impl, "compute", float(q["value"]), int(q.get("cases", 1)),
-                                    q["basis"], q["source"], dtype=dtype, family=family))
+                out.append(
+                    Achieved(
+                        entry_id,
+                        architecture,
+                        impl,
+                        "compute",
+                        float(q["value"]),
+                        int(q.get("cases", 1)),
+                        q["basis"],
+                        q["source"],
+                        dtype=dtype,
+                        family=family,
+                    )
+                )
         if "bandwidth" in figures:
             q = figures["bandwidth"]
-            out.append(Achieved(entry_id, architecture, impl, "bandwidth", float(q["value"]), int(q.get("cases", 1)),
-                                q["basis"], q["source"]))
+            out.append(
+                Achieved(
+                    entry_id,
+                    architecture,
+                    impl,
+                    "bandwidth",
+                    float(q["value"]),
+                    int(q.get("cases", 1)),
+                    q["basis"],
+                    q["source"],
+                )
+            )
         for kind in SECONDS + RATES:
             if kind in figures:
                 q = figures[kind]
-                out.append(Achieved(entry_id, architecture, impl, kind, float(q["value"]) * _SI[q["unit"]],
-                                    int(q.get("cases", 1)), q["basis"], q["source"]))
+                out.append(
+                    Achieved(
+                        entry_id,
+                        architecture,
+                        impl,
+                        kind,
+                        float(q["value"]) * _SI[q["unit"]],
+                        int(q.get("cases", 1)),
+                        q["basis"],
+                        q["source"],
+                    )
+                )
     return out
 
 
@@ -290,19 +334,23 @@ class Rates:
         compute = table.compute(device, arch, impl, dtype, FAMILY_OF_OP[op])
         if compute is not None:
             flops = compute.value * datasheet_peak
-            basis["compute"] = f"achieved {compute.value:.3f} x datasheet {dtype} peak ({compute.basis}; {compute.level})"
+            basis["compute"] = (
+                f"achieved {compute.value:.3f} x datasheet {dtype} peak ({compute.basis}; {compute.level})"
+            )
         else:
             flops = hw.peak(dtype)
-            basis["compute"] = (f"{dtype} peak as given ({peak_word}); no achieved efficiency known for {who} "
-                                f"on {device}: optimistic")
+            basis["compute"] = (
+                f"{dtype} peak as given ({peak_word}); no achieved efficiency known for {who} on {device}: optimistic"
+            )
         band = table.bandwidth(device, arch, impl)
         if band is not None:
             bandwidth = band.value * datasheet_bw
             basis["bandwidth"] = f"achieved {band.value:.3f} x datasheet bandwidth ({band.basis}; {band.level})"
         else:
             bandwidth = hw.mem_bandwidth
-            basis["bandwidth"] = (f"bandwidth as given ({bw_word}); no achieved streaming bandwidth known for {who} "
-                                  f"on {device}")
+            basis["bandwidth"] = (
+                f"bandwidth as given ({bw_word}); no achieved streaming bandwidth known for {who} on {device}"
+            )
         if hw.tile_overhead is not None:
             overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
         elif (found := table.figure("tile_overhead", device, arch, impl)) is not None:
@@ -326,8 +374,9 @@ class Rates:
                 caps[name], basis[name] = found.value, f"{found.value / 1e9:.1f} GB/s ({found.basis}; {found.level})"
             else:
                 caps[name], basis[name] = None, "not modelled"
-        return cls(flops, bandwidth, overhead, launch, caps["bw_per_core"], caps["l2_bandwidth"],
-                   MappingProxyType(basis))
+        return cls(
+            flops, bandwidth, overhead, launch, caps["bw_per_core"], caps["l2_bandwidth"], MappingProxyType(basis)
+        )
 
 
 def _source_word(source: str | None) -> str:

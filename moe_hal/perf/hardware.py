@@ -69,8 +69,9 @@ class Hardware:
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
         if not is_positive_number(self.mem_bandwidth):
             raise ArgumentError("Hardware.mem_bandwidth", "a positive bytes/s value", self.mem_bandwidth)
-        if self.mma_min_m is not None and (isinstance(self.mma_min_m, bool)
-                                           or not isinstance(self.mma_min_m, int) or self.mma_min_m < 1):
+        if self.mma_min_m is not None and (
+            isinstance(self.mma_min_m, bool) or not isinstance(self.mma_min_m, int) or self.mma_min_m < 1
+        ):
             raise ArgumentError("Hardware.mma_min_m", "None or a positive int", self.mma_min_m)
         if self.bw_per_core is not None and not is_positive_number(self.bw_per_core):
             raise ArgumentError("Hardware.bw_per_core", "None or a positive bytes/s value", self.bw_per_core)
@@ -79,19 +80,27 @@ class Hardware:
         if not is_number(self.t_fixed) or self.t_fixed < 0:
             raise ArgumentError("Hardware.t_fixed", "a non-negative number of seconds", self.t_fixed)
         if self.tile_overhead is not None and (not is_number(self.tile_overhead) or self.tile_overhead < 0):
-            raise ArgumentError("Hardware.tile_overhead", "None or a non-negative number of seconds", self.tile_overhead)
-        if self.mma_min_n is not None and (isinstance(self.mma_min_n, bool)
-                                           or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1):
+            raise ArgumentError(
+                "Hardware.tile_overhead", "None or a non-negative number of seconds", self.tile_overhead
+            )
+        if self.mma_min_n is not None and (
+            isinstance(self.mma_min_n, bool) or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1
+        ):
             raise ArgumentError("Hardware.mma_min_n", "None or a positive int", self.mma_min_n)
         if self.datasheet_peak_flops is not None:
-            object.__setattr__(self, "datasheet_peak_flops", MappingProxyType(
-                {dtype_name(k): float(v) for k, v in dict(self.datasheet_peak_flops).items()}))
+            object.__setattr__(
+                self,
+                "datasheet_peak_flops",
+                MappingProxyType({dtype_name(k): float(v) for k, v in dict(self.datasheet_peak_flops).items()}),
+            )
         if self.datasheet_bandwidth is not None and not is_positive_number(self.datasheet_bandwidth):
-            raise ArgumentError("Hardware.datasheet_bandwidth", "None or a positive bytes/s value",
-                                self.datasheet_bandwidth)
+            raise ArgumentError(
+                "Hardware.datasheet_bandwidth", "None or a positive bytes/s value", self.datasheet_bandwidth
+            )
         if not isinstance(self.efficiency, EfficiencyTable):
-            raise ArgumentError("Hardware.efficiency", "a perf.efficiency.EfficiencyTable",
-                                type(self.efficiency).__name__)
+            raise ArgumentError(
+                "Hardware.efficiency", "a perf.efficiency.EfficiencyTable", type(self.efficiency).__name__
+            )
 
     def peak(self, dtype: str) -> float:
         """Dense FLOP/s for ``dtype``; :class:`~moe_hal.errors.DTypeError` when the device has none."""
@@ -105,8 +114,9 @@ class Hardware:
         return replace(self, **changes)
 
     @classmethod
-    def from_entry(cls, entry: Any, measured: bool = True, achieved: bool = True,
-                   impl: str | None = None) -> "Hardware":
+    def from_entry(
+        cls, entry: Any, measured: bool = True, achieved: bool = True, impl: str | None = None
+    ) -> "Hardware":
         """Adapter from a :mod:`moe_hal.hwdb` entry.
 
         The roofline figures (``peak_flops``, ``mem_bandwidth``): with ``measured`` (default) the
@@ -128,8 +138,12 @@ class Hardware:
                 spec = entry.peak_flops(name, measured=False)
                 sources[f"peak.{name}"] = "spec" if value == spec else "measured"
         if not peaks:
-            raise ArgumentError("hw", "a hardware-DB entry with a dense peak for some dtype", entry.id,
-                                "the entry gives none; measure them (bench/calibrate.py) or pass a perf.Hardware")
+            raise ArgumentError(
+                "hw",
+                "a hardware-DB entry with a dense peak for some dtype",
+                entry.id,
+                "the entry gives none; measure them (bench/calibrate.py) or pass a perf.Hardware",
+            )
         bandwidth = entry.mem_bandwidth(measured=measured)
         spec_bw = entry.mem_bandwidth(measured=False)
         sources["bandwidth"] = "spec" if bandwidth == spec_bw else "measured read"
@@ -138,8 +152,12 @@ class Hardware:
             if copy is not None:
                 bandwidth, sources["bandwidth"] = copy.si, "measured copy (read+write)"
         if not bandwidth:
-            raise ArgumentError("hw", "a hardware-DB entry with a memory bandwidth", entry.id,
-                                "the entry gives none; measure it (bench/calibrate.py) or pass a perf.Hardware")
+            raise ArgumentError(
+                "hw",
+                "a hardware-DB entry with a memory bandwidth",
+                entry.id,
+                "the entry gives none; measure it (bench/calibrate.py) or pass a perf.Hardware",
+            )
         cores = entry.num_cores
         if not cores:
             cores = os.cpu_count() or 1
@@ -152,11 +170,20 @@ class Hardware:
             from .. import hwdb
 
             table = table_from_entries(hwdb.all())
-        return cls(name=str(entry.id), num_cores=int(cores), peak_flops=peaks, mem_bandwidth=float(bandwidth),
-                   mma_min_m=int(mma_min_m) if mma_min_m else None, l2_bytes=int(l2) if l2 else None,
-                   sources=sources, architecture=getattr(entry, "architecture", None), impl=impl,
-                   efficiency=table, datasheet_peak_flops=datasheet or None,
-                   datasheet_bandwidth=entry.mem_bandwidth(measured=False) or None)
+        return cls(
+            name=str(entry.id),
+            num_cores=int(cores),
+            peak_flops=peaks,
+            mem_bandwidth=float(bandwidth),
+            mma_min_m=int(mma_min_m) if mma_min_m else None,
+            l2_bytes=int(l2) if l2 else None,
+            sources=sources,
+            architecture=getattr(entry, "architecture", None),
+            impl=impl,
+            efficiency=table,
+            datasheet_peak_flops=datasheet or None,
+            datasheet_bandwidth=entry.mem_bandwidth(measured=False) or None,
+        )
 
 
 def resolve_hardware(hw: Any, measured: bool = True, achieved: bool = True) -> Hardware:

@@ -99,12 +99,28 @@ class Estimate:
         return out
 
 
-def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None, dtype: str = "bf16",
-             block_m: int = 128, block_n: int = 128, *, out_dtype: str | None = None,
-             op: str = "contiguous", m: int | None = None, max_m: int | None = None,
-             streams_all_experts: bool = False, reads_padding_rows: bool = False,
-             accumulate: bool = False, t_fixed: float | None = None, overlap_p: float | None = None,
-             measured: bool = True, impl: str | None = None, swap_ab: bool = False) -> Estimate:
+def estimate(
+    counts: Sequence[int],
+    n: int,
+    k: int | None = None,
+    hw: Any = None,
+    dtype: str = "bf16",
+    block_m: int = 128,
+    block_n: int = 128,
+    *,
+    out_dtype: str | None = None,
+    op: str = "contiguous",
+    m: int | None = None,
+    max_m: int | None = None,
+    streams_all_experts: bool = False,
+    reads_padding_rows: bool = False,
+    accumulate: bool = False,
+    t_fixed: float | None = None,
+    overlap_p: float | None = None,
+    measured: bool = True,
+    impl: str | None = None,
+    swap_ab: bool = False,
+) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
     ``counts``: rows per group ``M_g`` (``op="contiguous"``), valid rows ``masked_m[g]``
@@ -123,10 +139,25 @@ def estimate(counts: Sequence[int], n: int, k: int | None = None, hw: Any = None
     ``swap_ab``: the kernel puts tokens on the MMA's N side, so a tile is floored at the
     hardware's ``mma_min_n`` rows instead of ``mma_min_m``.
     """
-    call = Call.build(counts, n, k, hw, dtype, out_dtype=out_dtype, op=op, m=m, max_m=max_m,
-                      streams_all_experts=streams_all_experts, reads_padding_rows=reads_padding_rows,
-                      accumulate=accumulate, t_fixed=t_fixed, overlap_p=overlap_p, measured=measured,
-                      impl=impl, swap_ab=swap_ab)
+    call = Call.build(
+        counts,
+        n,
+        k,
+        hw,
+        dtype,
+        out_dtype=out_dtype,
+        op=op,
+        m=m,
+        max_m=max_m,
+        streams_all_experts=streams_all_experts,
+        reads_padding_rows=reads_padding_rows,
+        accumulate=accumulate,
+        t_fixed=t_fixed,
+        overlap_p=overlap_p,
+        measured=measured,
+        impl=impl,
+        swap_ab=swap_ab,
+    )
     return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
 
 
@@ -153,11 +184,27 @@ class Call:
     rates: Rates
 
     @classmethod
-    def build(cls, counts: Any, n: Any, k: Any, hw: Any, dtype: Any, *, out_dtype: Any = None,
-              op: str = "contiguous", m: Any = None, max_m: Any = None, streams_all_experts: bool = False,
-              reads_padding_rows: bool = False, accumulate: bool = False, t_fixed: Any = None,
-              overlap_p: Any = None, measured: bool = True, impl: str | None = None,
-              swap_ab: bool = False) -> "Call":
+    def build(
+        cls,
+        counts: Any,
+        n: Any,
+        k: Any,
+        hw: Any,
+        dtype: Any,
+        *,
+        out_dtype: Any = None,
+        op: str = "contiguous",
+        m: Any = None,
+        max_m: Any = None,
+        streams_all_experts: bool = False,
+        reads_padding_rows: bool = False,
+        accumulate: bool = False,
+        t_fixed: Any = None,
+        overlap_p: Any = None,
+        measured: bool = True,
+        impl: str | None = None,
+        swap_ab: bool = False,
+    ) -> "Call":
         if op not in OPS:
             raise ArgumentError("op", f"one of {OPS}", op)
         if hw is None:
@@ -193,8 +240,24 @@ class Call:
         for c in values:
             hist[c] = hist.get(c, 0) + 1
         rates = Rates.of(h, dt, op, t_fixed)
-        return cls(h, values, hist, op, n, k, m, dt, out_dt, bool(streams_all_experts), bool(reads_padding_rows),
-                   bool(accumulate), rates.launch, overlap_p, bool(swap_ab), rates)
+        return cls(
+            h,
+            values,
+            hist,
+            op,
+            n,
+            k,
+            m,
+            dt,
+            out_dt,
+            bool(streams_all_experts),
+            bool(reads_padding_rows),
+            bool(accumulate),
+            rates.launch,
+            overlap_p,
+            bool(swap_ab),
+            rates,
+        )
 
     def estimate(self, block_m: int, block_n: int) -> Estimate:
         h, hist, n, rates = self.hw, self.hist, self.n, self.rates
@@ -259,8 +322,10 @@ class Call:
             if self.reads_padding_rows:
                 bytes_kernel += (padded_rows - rows) * k * e_a
             for c in hist:
-                terms[c] = (ceil_div(c, block_m) * n_blocks * t_tile / S,
-                            (n * k * e_b + c * k * e_a + c * n * e_c) / bw)
+                terms[c] = (
+                    ceil_div(c, block_m) * n_blocks * t_tile / S,
+                    (n * k * e_b + c * k * e_a + c * n * e_c) / bw,
+                )
 
         waves = ceil_div(tiles, S)
         wave_eff = tiles / (waves * S) if waves else 1.0
@@ -273,18 +338,47 @@ class Call:
         bound_of = {c: "empty" if c == 0 else ("compute" if tc > tm else "memory") for c, (tc, tm) in terms.items()}
         t_serial = sum(max(tc, tm) * hist[c] for c, (tc, tm) in terms.items() if c)
         return Estimate(
-            op=self.op, hw=h.name, dtype=self.dtype, out_dtype=self.out_dtype, n=n, k=self.k, m=self.m,
-            block_m=block_m, block_n=block_n, counts=self.values, active_groups=active,
-            rows=rows, padded_rows=padded_rows, useful_flops=useful, padded_flops=padded,
-            occupancy_m=occ_m, occupancy_n=n / n_pad, tiles=tiles, waves=waves, wave_efficiency=wave_eff,
-            bytes_min=bytes_min, bytes_kernel=bytes_kernel, t_compute=t_comp, t_memory=t_mem,
-            t_roofline=max(useful / peak, bytes_min / roof_bw), t_padded=max(padded / peak, bytes_min / roof_bw),
-            t_predicted=t_body + self.t_fixed, t_serial=t_serial + self.t_fixed, t_fixed=self.t_fixed,
+            op=self.op,
+            hw=h.name,
+            dtype=self.dtype,
+            out_dtype=self.out_dtype,
+            n=n,
+            k=self.k,
+            m=self.m,
+            block_m=block_m,
+            block_n=block_n,
+            counts=self.values,
+            active_groups=active,
+            rows=rows,
+            padded_rows=padded_rows,
+            useful_flops=useful,
+            padded_flops=padded,
+            occupancy_m=occ_m,
+            occupancy_n=n / n_pad,
+            tiles=tiles,
+            waves=waves,
+            wave_efficiency=wave_eff,
+            bytes_min=bytes_min,
+            bytes_kernel=bytes_kernel,
+            t_compute=t_comp,
+            t_memory=t_mem,
+            t_roofline=max(useful / peak, bytes_min / roof_bw),
+            t_padded=max(padded / peak, bytes_min / roof_bw),
+            t_predicted=t_body + self.t_fixed,
+            t_serial=t_serial + self.t_fixed,
+            t_fixed=self.t_fixed,
             bound="compute" if t_comp >= t_mem else "memory",
             group_bounds=tuple(bound_of[c] for c in self.values),
-            ridge_m=rates.flops * e_b / (2 * bw), peak_flops=peak, mem_bandwidth=roof_bw, num_cores=S,
-            impl=h.impl, achieved_flops=rates.flops, achieved_bandwidth=bw, tile_overhead=rates.tile_overhead,
-            basis=rates.basis)
+            ridge_m=rates.flops * e_b / (2 * bw),
+            peak_flops=peak,
+            mem_bandwidth=roof_bw,
+            num_cores=S,
+            impl=h.impl,
+            achieved_flops=rates.flops,
+            achieved_bandwidth=bw,
+            tile_overhead=rates.tile_overhead,
+            basis=rates.basis,
+        )
 
 
 def _p_norm(x: float, y: float, p: float) -> float:

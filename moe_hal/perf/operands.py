@@ -10,16 +10,27 @@ from ..errors import DTypeError
 
 #: Bytes per element of each dtype the model knows.
 BYTES_PER_ELEMENT: Mapping[str, float] = MappingProxyType(
-    {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp4": 0.5})
+    {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "fp4": 0.5}
+)
 
 #: Extra bytes per element for the scales of block-scaled dtypes, as ``(activations, weights)``.
 #: fp8: DeepGEMM-style fp32 scales per 1x128 activation block and per 128x128 weight block.
 #: fp4: one 1-byte scale per 16 elements (NVFP4-style) on both operands.
 SCALE_BYTES: Mapping[str, tuple[float, float]] = MappingProxyType(
-    {"fp8": (4 / 128, 4 / (128 * 128)), "fp4": (1 / 16, 1 / 16)})
+    {"fp8": (4 / 128, 4 / (128 * 128)), "fp4": (1 / 16, 1 / 16)}
+)
 
-_DTYPE_ALIASES = {"fp8_e4m3": "fp8", "float8_e4m3fn": "fp8", "e4m3": "fp8", "float32": "fp32",
-                  "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
+_DTYPE_ALIASES = {
+    "fp8_e4m3": "fp8",
+    "float8_e4m3fn": "fp8",
+    "e4m3": "fp8",
+    "float32": "fp32",
+    "float": "fp32",
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+}
+
 
 def dtype_name(dtype: str) -> str:
     """Model dtype name (``fp32 tf32 bf16 fp16 fp8 int8 fp4``) for a name or alias such as

@@ -18,8 +18,8 @@ import re
 import subprocess
 import sys
 
-PINNED = "54e2261"      # "Multiple updates and refactorings (#364)", __version__ = '2.6.1'
-V1 = "03d0be3"          # the last v1 layout of the API (2025-07-02)
+PINNED = "54e2261"  # "Multiple updates and refactorings (#364)", __version__ = '2.6.1'
+V1 = "03d0be3"  # the last v1 layout of the API (2025-07-02)
 
 _DEF_START = re.compile(r'm\.def\(\s*"(\w+)"\s*,')
 _ARG = re.compile(r'py::arg\("(\w+)"\)(?:\s*=\s*((?:std::make_tuple\([^)]*\))|[^,)\n]+))?')
@@ -28,13 +28,18 @@ _PY_ALIAS = re.compile(r"^\s*(\w+)\s*=\s*(\w+)\s*$", re.M)
 
 
 def _show(git_dir: str, commit: str, path: str) -> str:
-    return subprocess.run(["git", "--git-dir", git_dir, "show", f"{commit}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "--git-dir", git_dir, "show", f"{commit}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _files(git_dir: str, commit: str, prefix: str) -> list[str]:
-    out = subprocess.run(["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit, prefix],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", commit, prefix],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.split()
 
 
@@ -51,7 +56,7 @@ def _registrations(text: str) -> list[tuple[str, str]]:
             depth += ch in "({"
             depth -= ch in ")}"
             i += 1
-        found.append((match.group(1), text[match.end():i - 1]))
+        found.append((match.group(1), text[match.end() : i - 1]))
     return found
 
 
@@ -69,7 +74,7 @@ def _default(cpp: str):
     try:
         return int(cpp)
     except ValueError:
-        return {"cpp": cpp}          # a C++ value with no Python literal (e.g. torch::kFloat32)
+        return {"cpp": cpp}  # a C++ value with no Python literal (e.g. torch::kFloat32)
 
 
 def _cpp_param_count(sources: str, name: str, body: str) -> int:
@@ -79,7 +84,7 @@ def _cpp_param_count(sources: str, name: str, body: str) -> int:
         decl = re.search(r"\b" + re.escape(name) + r"\(([^)]*)\)\s*(?:->|\{|const)", sources)
         params = decl.group(1) if decl else ""
     depth, count, seen = 0, 0, False
-    for ch in params:                        # commas inside template arguments do not count
+    for ch in params:  # commas inside template arguments do not count
         depth += ch == "<"
         depth -= ch == ">"
         if ch == "," and depth == 0:
@@ -89,8 +94,9 @@ def _cpp_param_count(sources: str, name: str, body: str) -> int:
 
 
 def pybind_functions(git_dir: str, commit: str) -> tuple[dict, dict]:
-    sources = "".join(_show(git_dir, commit, p) for p in _files(git_dir, commit, "csrc")
-                      if p.endswith((".hpp", ".cpp")))
+    sources = "".join(
+        _show(git_dir, commit, p) for p in _files(git_dir, commit, "csrc") if p.endswith((".hpp", ".cpp"))
+    )
     functions, aliases = {}, {}
     for path in _files(git_dir, commit, "csrc/apis"):
         text = _show(git_dir, commit, path)
@@ -99,8 +105,10 @@ def pybind_functions(git_dir: str, commit: str) -> tuple[dict, dict]:
                 continue
             args = _ARG.findall(re.sub(r"\[&\]\s*\([^)]*\)\s*\{.*\}", "", body, flags=re.S))
             if args:
-                functions[name] = {"params": [{"name": n, **({"default": _default(d)} if d else {})}
-                                              for n, d in args], "source": path}
+                functions[name] = {
+                    "params": [{"name": n, **({"default": _default(d)} if d else {})} for n, d in args],
+                    "source": path,
+                }
             else:
                 functions[name] = {"positional_only": _cpp_param_count(sources, name, body), "source": path}
         aliases.update(dict(_ATTR.findall(text)))
@@ -111,7 +119,7 @@ def _py_default(node: ast.expr):
     try:
         value = ast.literal_eval(node)
     except ValueError:
-        return {"python": ast.unparse(node)}     # not a literal (e.g. torch.float)
+        return {"python": ast.unparse(node)}  # not a literal (e.g. torch.float)
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -123,9 +131,13 @@ def python_functions(git_dir: str, commit: str, paths: list[str]) -> tuple[dict,
             if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
                 args = node.args
                 defaults = [None] * (len(args.args) - len(args.defaults)) + list(args.defaults)
-                functions[node.name] = {"params": [
-                    {"name": a.arg, **({"default": _py_default(d)} if d is not None else {})}
-                    for a, d in zip(args.args, defaults)], "source": path}
+                functions[node.name] = {
+                    "params": [
+                        {"name": a.arg, **({"default": _py_default(d)} if d is not None else {})}
+                        for a, d in zip(args.args, defaults)
+                    ],
+                    "source": path,
+                }
         aliases.update(dict(_PY_ALIAS.findall(text)))
     return functions, aliases
 
@@ -139,9 +151,14 @@ def main(git_dir: str) -> dict:
     v1_paths = [p for p in _files(git_dir, V1, "deep_gemm/jit_kernels") if p.endswith(".py")]
     v1, _ = python_functions(git_dir, V1, v1_paths)
     v1_exports = re.findall(r"^\s+(\w+),?", _show(git_dir, V1, "deep_gemm/__init__.py"), re.M)
-    return {"repository": "deepseek-ai/DeepGEMM", "commit": PINNED, "v1_commit": V1,
-            "functions": dict(sorted(functions.items())), "aliases": dict(sorted(aliases.items())),
-            "v1_functions": {k: v for k, v in sorted(v1.items()) if k in v1_exports}}
+    return {
+        "repository": "deepseek-ai/DeepGEMM",
+        "commit": PINNED,
+        "v1_commit": V1,
+        "functions": dict(sorted(functions.items())),
+        "aliases": dict(sorted(aliases.items())),
+        "v1_functions": {k: v for k, v in sorted(v1.items()) if k in v1_exports},
+    }
 
 
 if __name__ == "__main__":

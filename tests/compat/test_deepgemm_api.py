@@ -27,16 +27,36 @@ TABLE = json.loads((pathlib.Path(__file__).with_name("deepgemm_signatures.json")
 
 #: What the issue asks the shim to provide (each must be in DeepGEMM's table, or be a v1 name).
 REQUIRED = [
-    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_fp8_fp4_gemm_nn_contiguous",
-    "m_grouped_fp8_gemm_nn_contiguous", "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked",
-    "fp8_m_grouped_gemm_nt_masked", "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
-    "bf16_m_grouped_gemm_nt_masked", "k_grouped_bf16_gemm_tn_contiguous", "get_mn_major_tma_aligned_tensor",
-    "get_mn_major_tma_aligned_packed_ue8m0_tensor", "transform_sf_into_required_layout", "get_tma_aligned_size",
-    "set_num_sms", "get_num_sms", "set_mk_alignment_for_contiguous_layout", "get_mk_alignment_for_contiguous_layout",
-    "get_m_alignment_for_contiguous_layout", "get_k_alignment_for_contiguous_layout",
-    "get_theoretical_mk_alignment_for_contiguous_layout", "ceil_div", "align",
-    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "gemm_fp8_fp8_bf16_nt",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked",
+    "k_grouped_bf16_gemm_tn_contiguous",
+    "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "transform_sf_into_required_layout",
+    "get_tma_aligned_size",
+    "set_num_sms",
+    "get_num_sms",
+    "set_mk_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
+    "ceil_div",
+    "align",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "gemm_fp8_fp8_bf16_nt",
     "get_col_major_tma_aligned_tensor",
 ]
 
@@ -66,11 +86,11 @@ def test_every_deepgemm_function_is_provided_with_its_signature_or_refused_by_na
         fn = getattr(dg, name)
     except NotProvidedError as exc:
         assert name not in REQUIRED and exc.name == name and "m_grouped_fp8_gemm_nt_contiguous" in exc.provided
-        assert not hasattr(dg, name)                      # probing with hasattr keeps working
+        assert not hasattr(dg, name)  # probing with hasattr keeps working
         return
     params = list(inspect.signature(fn).parameters.values())
     assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params), name
-    if "positional_only" in entry:                        # pybind11 names these arg0, arg1, ...
+    if "positional_only" in entry:  # pybind11 names these arg0, arg1, ...
         required = [p for p in params if p.default is inspect.Parameter.empty]
         assert len(required) <= entry["positional_only"] <= len(params), name
         return
@@ -92,11 +112,11 @@ def test_aliases_are_the_same_function(alias, target):
 @pytest.mark.parametrize("name", sorted(TABLE["v1_functions"]))
 def test_v1_names(name):
     if name in TABLE["functions"]:
-        return                                             # the v2.6 signature is the one checked
+        return  # the v2.6 signature is the one checked
     try:
         fn = getattr(dg, name)
     except NotProvidedError:
-        assert "wgrad" in name                             # v1 weight-gradient GEMMs are not provided
+        assert "wgrad" in name  # v1 weight-gradient GEMMs are not provided
         return
     ours = list(inspect.signature(fn).parameters)
     assert ours == [p["name"] for p in TABLE["v1_functions"][name]["params"]]
@@ -129,7 +149,10 @@ def test_invalid_calls_raise_deepgemm_and_moe_hal_types_before_writing_d():
         (lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices.long()), "grouped_layout"),
         (lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, (b[0], b[1][:, :, :0]), d, m_indices), "b[1]"),
         (lambda: dg.m_grouped_fp8_gemm_nt_contiguous((a[0].float(), a[1]), b, d, m_indices), "a[0]"),
-        (lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, torch.full((128,), 2, dtype=torch.int32)), "m_indices[0]"),
+        (
+            lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, torch.full((128,), 2, dtype=torch.int32)),
+            "m_indices[0]",
+        ),
     ]
     for call, argument in cases:
         with pytest.raises(ArgumentError) as info:
@@ -138,11 +161,15 @@ def test_invalid_calls_raise_deepgemm_and_moe_hal_types_before_writing_d():
         assert info.value.argument == argument
         assert torch.equal(d, sentinel)
     x = dg.per_channel_cast_to_fp8(torch.randn(128, 8), False)
-    for call in (lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, recipe=(1, 128, 128),
-                                                            recipe_a=(1, 128), recipe_b=(128, 128)),
-                 lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, expected_m_for_psum_layout=64),
-                 lambda: dg.k_grouped_fp8_gemm_tn_contiguous(                # c is required
-                     x, x, torch.zeros(1, 8, 8), [128], torch.tensor([128], dtype=torch.int32))):
+    for call in (
+        lambda: dg.m_grouped_fp8_gemm_nt_contiguous(
+            a, b, d, m_indices, recipe=(1, 128, 128), recipe_a=(1, 128), recipe_b=(128, 128)
+        ),
+        lambda: dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, expected_m_for_psum_layout=64),
+        lambda: dg.k_grouped_fp8_gemm_tn_contiguous(  # c is required
+            x, x, torch.zeros(1, 8, 8), [128], torch.tensor([128], dtype=torch.int32)
+        ),
+    ):
         with pytest.raises(DeepGEMMError):
             call()
         assert torch.equal(d, sentinel)
@@ -161,8 +188,8 @@ def test_settings_are_per_thread_and_restorable():
     worker = threading.Thread(target=other_thread)
     worker.start()
     worker.join()
-    assert seen["align"] == 128 and seen["sms"] != 20          # a fresh thread starts from the defaults
-    assert dg.get_num_sms() == 20                             # and cannot change this thread's value
+    assert seen["align"] == 128 and seen["sms"] != 20  # a fresh thread starts from the defaults
+    assert dg.get_num_sms() == 20  # and cannot change this thread's value
     with dg.scoped_settings(num_sms=7, mk_alignment=96):
         assert (dg.get_num_sms(), dg.get_m_alignment_for_contiguous_layout()) == (7, 96)
     assert (dg.get_num_sms(), dg.get_k_alignment_for_contiguous_layout()) == (20, 224)
@@ -174,8 +201,13 @@ def test_theoretical_alignment_follows_the_arch():
     assert dg.get_theoretical_mk_alignment_for_contiguous_layout() == 128
     dg.set_arch_major(10)
     assert dg.get_theoretical_mk_alignment_for_contiguous_layout() == 224
-    assert [dg.get_theoretical_mk_alignment_for_contiguous_layout(m) for m in (1, 32, 33, 100, 300)] == \
-        [32, 32, 64, 128, 224]
+    assert [dg.get_theoretical_mk_alignment_for_contiguous_layout(m) for m in (1, 32, 33, 100, 300)] == [
+        32,
+        32,
+        64,
+        128,
+        224,
+    ]
 
 
 # -- SM100 scale rules ------------------------------------------------------------------------------
@@ -191,7 +223,7 @@ def test_sm100_floors_fp32_scales_once_warned_and_refuses_disabled_cast():
         dg.m_grouped_fp8_gemm_nt_contiguous((a[0], floored[0]), (b[0], floored[1]), expected, m_indices)
     assert torch.equal(d, expected)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", PathWarning)            # once per operand, not per call
+        warnings.simplefilter("error", PathWarning)  # once per operand, not per call
         dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices)
     with pytest.raises(DeepGEMMError, match="disable_ue8m0_cast"):
         dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d, m_indices, disable_ue8m0_cast=True)
@@ -233,11 +265,11 @@ def test_passthrough_calls_real_deepgemm_only_on_sm90_sm100(monkeypatch):
     monkeypatch.setattr(passthrough, "_real", [fake])
     a, b = torch.randn(2, 4, 8).bfloat16(), torch.randn(2, 6, 8).bfloat16()
     d, masked_m = torch.zeros(2, 4, 6, dtype=torch.bfloat16), torch.tensor([1, 4], dtype=torch.int32)
-    dg.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, 4)            # CPU tensors: moe_hal runs it
+    dg.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, 4)  # CPU tensors: moe_hal runs it
     assert calls == [] and d.abs().sum() > 0
     monkeypatch.setattr(passthrough, "device_arch_major", lambda tensor: 10)
     dg.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, 4, compiled_dims="nk")
-    assert calls == [((a, b, d, masked_m, 4), {"compiled_dims": "nk"})]   # arguments untouched
+    assert calls == [((a, b, d, masked_m, 4), {"compiled_dims": "nk"})]  # arguments untouched
     dg.set_passthrough("never")
     dg.m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, 4)
     assert len(calls) == 1
@@ -271,15 +303,15 @@ def test_vllm_style_probing_and_injected_disable_ue8m0_cast():
         grouped = _resolve(module, "m_grouped_fp8_gemm_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous")
         masked = _resolve(module, "fp8_m_grouped_gemm_nt_masked", "m_grouped_gemm_fp8_fp8_bf16_nt_masked")
         assert None not in (dense, grouped, masked)
-        assert getattr(module, "fp8_paged_mqa_logits", None) is None    # optional kernels probe as absent
+        assert getattr(module, "fp8_paged_mqa_logits", None) is None  # optional kernels probe as absent
     a, b, d = _fp8_case()
-    m_indices = torch.tensor([1] * 50 + [-1] * 14 + [0] * 64, dtype=torch.int32)   # any valid form
+    m_indices = torch.tensor([1] * 50 + [-1] * 14 + [0] * 64, dtype=torch.int32)  # any valid form
     a_values, b_values = _dequantized_a(a), _dequantized_b(b)
     ref = torch.zeros(128, 32, dtype=torch.float64)
     for row, g in enumerate(m_indices.tolist()):
         if g >= 0:
             ref[row] = a_values[row] @ b_values[g].T
-    grouped(a, b, d, m_indices, disable_ue8m0_cast=True)                # vLLM injects this keyword
+    grouped(a, b, d, m_indices, disable_ue8m0_cast=True)  # vLLM injects this keyword
     assert calc_diff(d, ref) < 1e-5 and bool((d[50:64] == 0).all())
     dense_out = torch.empty(128, 32, dtype=torch.bfloat16)
     dense(a, (b[0][0], b[1][0]), dense_out, disable_ue8m0_cast=True)
@@ -288,7 +320,7 @@ def test_vllm_style_probing_and_injected_disable_ue8m0_cast():
 
 def _dequantized_a(a):
     """float64 values of a DeepGEMM activation ``(fp8 [M, K], sf [M, K/128])``."""
-    return a[0].double() * a[1].double().repeat_interleave(128, dim=1)[:, :a[0].shape[1]]
+    return a[0].double() * a[1].double().repeat_interleave(128, dim=1)[:, : a[0].shape[1]]
 
 
 def _dequantized_b(b):
@@ -341,7 +373,7 @@ def test_torchao_style_v1_calls():
 def test_packing_with_a_psum_layout_never_reads_gap_rows():
     dg.set_mk_alignment_for_contiguous_layout(32)
     sf = dg.ceil_to_ue8m0(torch.rand(96, 9) + 0.1)
-    psum = torch.tensor([20, 40], dtype=torch.int32)                  # groups [0, 20), [32, 40); rest gaps
+    psum = torch.tensor([20, 40], dtype=torch.int32)  # groups [0, 20), [32, 40); rest gaps
     gappy = sf.clone()
     gappy[20:32], gappy[40:] = float("nan"), float("nan")
     packed = dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(gappy, psum)
@@ -351,15 +383,15 @@ def test_packing_with_a_psum_layout_never_reads_gap_rows():
 
 
 def test_transform_sf_into_required_layout_follows_the_arch():
-    sfa = torch.rand(100, 3) + 0.1                                    # (1, 128) activation scales, K = 300
-    sfb = dg.ceil_to_ue8m0(torch.rand(2, 3) + 0.1)                    # (128, 128) weight scales, N = 200
+    sfa = torch.rand(100, 3) + 0.1  # (1, 128) activation scales, K = 300
+    sfb = dg.ceil_to_ue8m0(torch.rand(2, 3) + 0.1)  # (128, 128) weight scales, N = 200
     dg.set_arch_major(9)
     aligned = dg.transform_sf_into_required_layout(sfa, 100, 300, (1, 128, 128), is_sfa=True)
     assert aligned.stride() == (1, 100) and torch.equal(aligned, sfa)
     assert dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128), is_sfa=False) is sfb
     dg.set_arch_major(10)
     packed = dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128), is_sfa=False)
-    per_row = sfb.repeat_interleave(128, dim=0)[:200]                 # broadcast to one row per N
+    per_row = sfb.repeat_interleave(128, dim=0)[:200]  # broadcast to one row per N
     assert torch.equal(packed, dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row))
     with pytest.raises(DeepGEMMError, match="is_sfa"):
         dg.transform_sf_into_required_layout(sfb, 200, 300, (1, 128, 128))
@@ -373,9 +405,11 @@ def test_packed_ue8m0_operands_compute_like_their_fp32_powers_of_two():
     d_fp32, d_packed = torch.empty(128, 32, dtype=torch.bfloat16), torch.empty(128, 32, dtype=torch.bfloat16)
     dg.m_grouped_fp8_gemm_nt_contiguous(a, b, d_fp32, m_indices)
     per_row_b = b[1].repeat_interleave(128, dim=1)[:, :32]
-    packed = ((a[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(a[1])),
-              (b[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row_b)))
-    dg.m_grouped_fp8_gemm_nt_contiguous(*packed, d_packed, m_indices)   # default recipe (1, 1, 128)
+    packed = (
+        (a[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(a[1])),
+        (b[0], dg.get_mn_major_tma_aligned_packed_ue8m0_tensor(per_row_b)),
+    )
+    dg.m_grouped_fp8_gemm_nt_contiguous(*packed, d_packed, m_indices)  # default recipe (1, 1, 128)
     assert torch.equal(d_fp32, d_packed)
 
 
@@ -387,8 +421,9 @@ def test_k_grouped_packed_ue8m0_scales_compute_like_their_fp32_powers_of_two():
     qx, qy = dg.per_channel_cast_to_fp8(x, True), dg.per_channel_cast_to_fp8(y, True)
     d_fp32 = torch.zeros(3, 16, 24)
     dg.k_grouped_fp8_gemm_tn_contiguous(qx, qy, d_fp32, ks, layout, d_fp32)
-    packed = [(q[0], dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(q[1], layout, ks, 128, 128))
-              for q in (qx, qy)]
+    packed = [
+        (q[0], dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(q[1], layout, ks, 128, 128)) for q in (qx, qy)
+    ]
     d_packed = torch.zeros(3, 16, 24)
     dg.k_grouped_fp8_gemm_tn_contiguous(*packed, d_packed, ks, layout, d_packed)
     assert torch.equal(d_fp32, d_packed) and bool((d_packed[1] == 0).all())

@@ -48,7 +48,7 @@ def _settings(request):
     random.seed(0)
     torch.manual_seed(0)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # fallback/dequantization path notices
+        warnings.simplefilter("ignore")  # fallback/dequantization path notices
         yield
     dg.settings.restore(saved)
 
@@ -96,15 +96,21 @@ def test_m_grouped_contiguous(backend, arch, dtype, use_psum):
     for alignment in ALIGNMENTS:
         dg.set_mk_alignment_for_contiguous_layout(alignment)
         for num_groups, expected_m in ((3, 40),) if SMALL else ((4, 40), (2, 150)):
-            for nn in (False, True) if num_groups == 4 else (False,):   # the alias test: nn with b.mT
+            for nn in (False, True) if num_groups == 4 else (False,):  # the alias test: nn with b.mT
                 m, a, b, layout, ref = _m_grouped_contiguous(num_groups, expected_m, use_psum)
                 d = torch.full((m, N), float("nan"), dtype=torch.bfloat16)
                 if dtype == "fp8":
                     qa = dg.per_token_cast_to_fp8(a, ue8m0)
                     qb = _grouped_cast(b, ue8m0, block=True)
                     fn = dg.m_grouped_fp8_gemm_nn_contiguous if nn else dg.m_grouped_fp8_gemm_nt_contiguous
-                    fn(qa, (qb[0].mT, qb[1].mT) if nn else qb, d, layout, use_psum_layout=use_psum,
-                       disable_ue8m0_cast=not ue8m0)
+                    fn(
+                        qa,
+                        (qb[0].mT, qb[1].mT) if nn else qb,
+                        d,
+                        layout,
+                        use_psum_layout=use_psum,
+                        disable_ue8m0_cast=not ue8m0,
+                    )
                 else:
                     fn = dg.m_grouped_bf16_gemm_nn_contiguous if nn else dg.m_grouped_bf16_gemm_nt_contiguous
                     fn(a, b.mT.contiguous() if nn else b, d, layout, use_psum_layout=use_psum)
@@ -112,10 +118,10 @@ def test_m_grouped_contiguous(backend, arch, dtype, use_psum):
                 if use_psum:
                     for j in range(num_groups):
                         start = 0 if j == 0 else dg.align(int(layout[j - 1]), alignment)
-                        diff = calc_diff(d[start:int(layout[j])], ref[start:int(layout[j])])
+                        diff = calc_diff(d[start : int(layout[j])], ref[start : int(layout[j])])
                         assert diff < threshold, (backend, alignment, j, diff)
-                        padding = d[int(layout[j]):dg.align(int(layout[j]), alignment)]
-                        assert bool((padding == 0).all())       # check_fp8_fp4_psum_zero_padding
+                        padding = d[int(layout[j]) : dg.align(int(layout[j]), alignment)]
+                        assert bool((padding == 0).all())  # check_fp8_fp4_psum_zero_padding
                 else:
                     diff = calc_diff(d, ref)
                     assert diff < threshold, (backend, alignment, diff)
@@ -130,7 +136,7 @@ def _masked_to_psum(x: torch.Tensor, psum: torch.Tensor) -> torch.Tensor:
     out.view(torch.uint8).fill_(0x7F) if x.dtype == torch.float8_e4m3fn else out.fill_(float("nan"))
     last = 0
     for i in range(num_groups):
-        out[last:int(psum[i])] = x[i, :int(psum[i]) - last]
+        out[last : int(psum[i])] = x[i, : int(psum[i]) - last]
         last = dg.align(int(psum[i]), dg.get_mk_alignment_for_contiguous_layout())
     return out
 
@@ -143,15 +149,17 @@ def test_m_grouped_masked(backend, arch, dtype, use_psum):
     max_m = 128 if SMALL else 256
     for num_groups, expected_m in ((3, 20),) if SMALL else ((4, 20), (2, 90)):
         dg.set_arch_major(10)
-        dg.set_mk_alignment_for_contiguous_layout(dg.get_theoretical_mk_alignment_for_contiguous_layout(
-            int(expected_m * 1.2)))
+        dg.set_mk_alignment_for_contiguous_layout(
+            dg.get_theoretical_mk_alignment_for_contiguous_layout(int(expected_m * 1.2))
+        )
         dg.set_arch_major(10 if ue8m0 else 9)
         a = torch.randn(num_groups, max_m, K, dtype=torch.bfloat16)
         b = torch.randn(num_groups, N, K, dtype=torch.bfloat16)
         d = torch.full((num_groups, max_m, N), 7.0, dtype=torch.bfloat16)
         ref = torch.einsum("gmk,gnk->gmn", a, b)
-        masked_m = torch.tensor([int(expected_m * random.uniform(0.7, 1.3)) for _ in range(num_groups)],
-                                dtype=torch.int32)
+        masked_m = torch.tensor(
+            [int(expected_m * random.uniform(0.7, 1.3)) for _ in range(num_groups)], dtype=torch.int32
+        )
         psum, end = [], 0
         for j in range(num_groups):
             end = (0 if j == 0 else dg.align(end, dg.get_mk_alignment_for_contiguous_layout())) + int(masked_m[j])
@@ -160,17 +168,29 @@ def test_m_grouped_masked(backend, arch, dtype, use_psum):
         if dtype == "fp8":
             qa, qb = _grouped_cast(a, ue8m0, block=False), _grouped_cast(b, ue8m0, block=True)
             for j in range(num_groups):
-                qa[1][j, int(masked_m[j]):] = 0                 # DeepGEMM zeroes SFA rows past masked_m
+                qa[1][j, int(masked_m[j]) :] = 0  # DeepGEMM zeroes SFA rows past masked_m
         expected_m_hint = int(expected_m * 1.2)
         if use_psum:
             d = _masked_to_psum(d, psum)
             if dtype == "fp8":
-                dg.m_grouped_fp8_gemm_nt_contiguous((_masked_to_psum(qa[0], psum), _masked_to_psum(qa[1], psum)),
-                                                    qb, d, psum, use_psum_layout=True, disable_ue8m0_cast=not ue8m0,
-                                                    expected_m_for_psum_layout=expected_m_hint)
+                dg.m_grouped_fp8_gemm_nt_contiguous(
+                    (_masked_to_psum(qa[0], psum), _masked_to_psum(qa[1], psum)),
+                    qb,
+                    d,
+                    psum,
+                    use_psum_layout=True,
+                    disable_ue8m0_cast=not ue8m0,
+                    expected_m_for_psum_layout=expected_m_hint,
+                )
             else:
-                dg.m_grouped_bf16_gemm_nt_contiguous(_masked_to_psum(a, psum), b, d, psum, use_psum_layout=True,
-                                                     expected_m_for_psum_layout=expected_m_hint)
+                dg.m_grouped_bf16_gemm_nt_contiguous(
+                    _masked_to_psum(a, psum),
+                    b,
+                    d,
+                    psum,
+                    use_psum_layout=True,
+                    expected_m_for_psum_layout=expected_m_hint,
+                )
         elif dtype == "fp8":
             dg.fp8_m_grouped_gemm_nt_masked(qa, qb, d, masked_m, expected_m_hint, disable_ue8m0_cast=not ue8m0)
         else:
@@ -180,10 +200,10 @@ def test_m_grouped_masked(backend, arch, dtype, use_psum):
             rows = int(masked_m[j])
             if use_psum:
                 start = 0 if j == 0 else dg.align(int(psum[j - 1]), dg.get_mk_alignment_for_contiguous_layout())
-                got = d[start:int(psum[j])]
+                got = d[start : int(psum[j])]
             else:
                 got = d[j, :rows]
-                assert bool((d[j, rows:] == 7).all())             # rows past masked_m are never written
+                assert bool((d[j, rows:] == 7).all())  # rows past masked_m are never written
             assert calc_diff(got, ref[j, :rows]) < threshold, (backend, j)
 
 
@@ -197,9 +217,9 @@ def _k_grouped_cast(x: torch.Tensor, groups, ue8m0: bool, gran_k: int):
         if end == start:
             continue
         padded = torch.zeros(dg.align(end - start, gran_k), x.shape[1], dtype=x.dtype)
-        padded[:end - start] = x[start:end]
+        padded[: end - start] = x[start:end]
         q, sf = dg.per_channel_cast_to_fp8(padded, ue8m0, gran_k)
-        data[start:end] = q[:end - start]
+        data[start:end] = q[: end - start]
         scales.append(sf)
     return data, torch.cat(scales) if scales else torch.empty(0, x.shape[1])
 
@@ -238,7 +258,7 @@ def test_k_grouped_contiguous(backend, arch, dtype):
     m, n = 32, 48
     options = K_GROUPED.get(backend, [(128, 128), (128, 160), (32, 224), (128, 224)])
     if arch == "sm90":
-        options = [(128, 128)]                   # SM90: gran_k 128 at alignment 128 only (DeepGEMM's list)
+        options = [(128, 128)]  # SM90: gran_k 128 at alignment 128 only (DeepGEMM's list)
     psum_options = (False, True) if arch == "sm100" else (False,)
     for num_groups, expected_k in ((3, 150),) if SMALL else ((4, 200),):
         real = [max(1, int(expected_k * random.uniform(0.7, 1.3))) for _ in range(num_groups)]
@@ -246,25 +266,25 @@ def test_k_grouped_contiguous(backend, arch, dtype):
             for gran_k, alignment in options:
                 dg.set_mk_alignment_for_contiguous_layout(alignment)
                 variants = [list(real), list(real)]
-                variants[1][random.randrange(num_groups)] = 0                   # an empty group
+                variants[1][random.randrange(num_groups)] = 0  # an empty group
                 if use_psum and variants[0][0] > 1:
                     variants[0][0] -= random.randint(1, min(alignment - 1, variants[0][0] - 1))
                 for real_ks in variants:
                     a, b, c, ref, layout, groups, aligned_ks = _k_grouped_case(real_ks, alignment, use_psum, m, n)
-                    d = c                                                        # d is c: accumulate
+                    d = c  # d is c: accumulate
                     if dtype == "bf16":
                         dg.k_grouped_bf16_gemm_tn_contiguous(a, b, d, aligned_ks, layout, c, use_psum_layout=use_psum)
                         threshold = BF16_DIFF
                     else:
                         qa = _k_grouped_cast(a, groups, ue8m0, gran_k)
                         qb = _k_grouped_cast(b, groups, ue8m0, gran_k)
-                        if arch == "sm90":                                       # K-major, flattened per group
+                        if arch == "sm90":  # K-major, flattened per group
                             qa, qb = _k_major(qa, aligned_ks), _k_major(qb, aligned_ks)
                             fn = dg.k_grouped_fp8_gemm_nt_contiguous
                         else:
                             fn = dg.k_grouped_fp8_gemm_tn_contiguous
-                        ks_cpu = None if use_psum and real_ks is variants[0] else aligned_ks   # unsynced psum path
-                        if backend in K_GROUPED_FP8_REFUSED:                     # refused with a reason, d kept
+                        ks_cpu = None if use_psum and real_ks is variants[0] else aligned_ks  # unsynced psum path
+                        if backend in K_GROUPED_FP8_REFUSED:  # refused with a reason, d kept
                             before = d.clone()
                             with pytest.raises(BackendUnavailableError, match="layout_unsupported"):
                                 fn(qa, qb, d, ks_cpu, layout, c, recipe=(1, 1, gran_k), use_psum_layout=use_psum)
@@ -281,7 +301,7 @@ def _k_major(x, ks):
     data, sf = x
     flat, start = [], 0
     for k in ks:
-        flat.append(data[start:start + k].T.reshape(-1))
+        flat.append(data[start : start + k].T.reshape(-1))
         start += k
     return torch.cat(flat), sf.T
 
@@ -295,7 +315,7 @@ def _packed_reference(sf: torch.Tensor) -> torch.Tensor:
     exponents = torch.zeros(*lead, mn, words * 4, dtype=torch.int64)
     exponents[..., :sk] = (sf.contiguous().view(torch.int32).to(torch.int64) >> 23) & 0xFF
     value = sum(exponents[..., j::4] << (8 * j) for j in range(4))
-    value = torch.where(value >= 2 ** 31, value - 2 ** 32, value).to(torch.int32)
+    value = torch.where(value >= 2**31, value - 2**32, value).to(torch.int32)
     aligned = dg.get_tma_aligned_size(mn, 4)
     storage = torch.zeros(*lead, words, aligned, dtype=torch.int32)
     storage[..., :mn] = value.mT
@@ -334,7 +354,8 @@ def test_k_grouped_sf_layout_is_byte_identical(gran_k):
     ks = [dg.align(int(random.uniform(0.7, 1.3) * avg_k), gran_k) for _ in range(num_groups)]
     _, sf = dg.per_channel_cast_to_fp8(torch.randn(sum(ks), mn, dtype=torch.bfloat16), True, gran_k)
     packed = dg.get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
-        sf, torch.tensor(ks, dtype=torch.int32), ks, gran_k, gran_k)
+        sf, torch.tensor(ks, dtype=torch.int32), ks, gran_k, gran_k
+    )
     packed_groups = packed.split([dg.ceil_div(k, gran_k * 4) for k in ks])
     for i, group_sf in enumerate(sf.split([k // gran_k for k in ks])):
         assert torch.equal(packed_groups[i], _packed_reference(group_sf.T).T), i

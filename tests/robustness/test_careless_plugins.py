@@ -27,9 +27,25 @@ PACKAGE = Path(__file__).parents[1] / "plugins" / "moe_hal_careless_vendor"
 @pytest.fixture(scope="session")
 def careless_site(tmp_path_factory) -> Path:
     site = tmp_path_factory.mktemp("careless-site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps",
-                    "--no-build-isolation", "--no-index", "--target", str(site), str(PACKAGE)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(PACKAGE),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert list(site.glob("moe_hal_careless_vendor-*.dist-info/entry_points.txt"))
     return site
 
@@ -59,18 +75,21 @@ def _unrelated_calls_still_work():
     expected = moe_hal.grouped_gemm(a, b, lay, backend="reference")
     torch.testing.assert_close(moe_hal.grouped_gemm(a, b, lay), expected)
     assert moe_hal.explain(a, b, lay)
-    snap = sysinfo.snapshot()   # what `moe-hal info` prints
+    snap = sysinfo.snapshot()  # what `moe-hal info` prints
     assert {b["name"] for b in snap["backends"]} >= {"torch", "reference"}
     return snap
 
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.PluginWarning")
-@pytest.mark.parametrize("entry_point,field", [
-    ("api_version_none", "BackendSpec.api_version"),
-    ("priority_high", "BackendSpec.priority"),
-    ("signatures_str", "BackendSpec.signatures"),
-    ("mutated_spec", "BackendSpec.tier"),
-])
+@pytest.mark.parametrize(
+    "entry_point,field",
+    [
+        ("api_version_none", "BackendSpec.api_version"),
+        ("priority_high", "BackendSpec.priority"),
+        ("signatures_str", "BackendSpec.signatures"),
+        ("mutated_spec", "BackendSpec.tier"),
+    ],
+)
 def test_a_malformed_spec_fails_its_plugin_naming_the_field(careless, entry_point, field):
     host = careless(entry_point)
     snap = _unrelated_calls_still_work()
@@ -84,42 +103,51 @@ def test_a_malformed_spec_fails_its_plugin_naming_the_field(careless, entry_poin
 
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.PluginWarning")
-@pytest.mark.parametrize("entry_point,probe", [
-    ("available_true", "is_available"),
-    ("available_str", "is_available"),
-    ("mode_none", "execution_mode"),
-    ("unsupported_str", "unsupported"),
-    ("auto_reason_str", "auto_select_reason"),
-    ("path_int", "describe_path"),
-    ("check_device_raises", "check_device"),
-])
+@pytest.mark.parametrize(
+    "entry_point,probe",
+    [
+        ("available_true", "is_available"),
+        ("available_str", "is_available"),
+        ("mode_none", "execution_mode"),
+        ("unsupported_str", "unsupported"),
+        ("auto_reason_str", "auto_select_reason"),
+        ("path_int", "describe_path"),
+        ("check_device_raises", "check_device"),
+    ],
+)
 def test_a_probe_returning_a_bad_value_skips_the_backend_naming_the_probe(careless, entry_point, probe):
     host = careless(entry_point)
     name = f"careless_{entry_point}"
     assert name in host.specs
     a, b, lay = _call()
     sel = moe_hal.select(a, b, lay)
-    assert sel.name != name                       # priority 1000 would win if the value got through
+    assert sel.name != name  # priority 1000 would win if the value got through
     cand = next(c for c in sel.candidates if c.name == name)
     assert [r.code for r in cand.reasons] == ["probe_failed"]
     assert f"{name}.{probe}()" in cand.reasons[0].message
     assert name in sel.explain() and f"{probe}()" in sel.explain()
-    if probe != "auto_select_reason":             # not asked when the backend is named
+    if probe != "auto_select_reason":  # not asked when the backend is named
         with pytest.raises(errors.BackendUnavailableError, match=probe):
             moe_hal.grouped_gemm(a, b, lay, backend=name)
     snap = _unrelated_calls_still_work()
     record = host.plugins[entry_point]
     assert any(f.phase == f"probe {name}.{probe}" for f in record.failures), record.failures
-    if probe not in ("unsupported", "describe_path"):   # the per-device probes `moe-hal info` asks
+    if probe not in ("unsupported", "describe_path"):  # the per-device probes `moe-hal info` asks
         row = {r["name"]: r for r in snap["backends"]}[name]
         assert not row["devices"]["cpu"]["available"]
 
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.PluginWarning")
-@pytest.mark.parametrize("backend,with_out", [
-    ("careless_wrong_shape", False), ("careless_wrong_dtype", False), ("careless_returns_none", False),
-    ("careless_returns_none", True), ("careless_ignores_out", True),
-])
+@pytest.mark.parametrize(
+    "backend,with_out",
+    [
+        ("careless_wrong_shape", False),
+        ("careless_wrong_dtype", False),
+        ("careless_returns_none", False),
+        ("careless_returns_none", True),
+        ("careless_ignores_out", True),
+    ],
+)
 def test_a_result_breaking_the_output_contract_raises_backend_run_error(careless, backend, with_out):
     careless("results")
     a, b, lay = _call()
@@ -147,11 +175,11 @@ def test_a_slow_availability_probe_of_another_device_type_is_never_waited_for(ca
     careless("slow_cuda")
     backend = moe_hal.get_backend("careless_slow_cuda")
     start = time.perf_counter()
-    for k in (8, 16, 24, 32, 40):                 # five new CPU call signatures
+    for k in (8, 16, 24, 32, 40):  # five new CPU call signatures
         lay = moe_hal.ContiguousLayout.from_counts([2, 1], alignment=1)
         moe_hal.grouped_gemm(torch.randn(3, k), torch.randn(2, 4, k), lay)
     assert type(backend).calls == 0
-    assert time.perf_counter() - start < 2.5      # five probes would take 2.5 s
+    assert time.perf_counter() - start < 2.5  # five probes would take 2.5 s
     # Named explicitly, it is asked — once, however many calls follow.
     for k in (8, 16):
         with pytest.raises(errors.BackendUnavailableError):

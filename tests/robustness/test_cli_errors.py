@@ -17,7 +17,7 @@ from moe_hal import cli
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     try:
         code = cli.main(argv)
-    except SystemExit as exc:            # argparse's usage errors
+    except SystemExit as exc:  # argparse's usage errors
         code = exc.code
     captured = capsys.readouterr()
     return code, captured.out, captured.err
@@ -56,8 +56,26 @@ LIBRARY_ERRORS = [
     (["model", "--hw", "no-such-device", "--counts", "4,4"], 2),
     (["model", "--counts", "4,-4"], 2),
     (["model", "--counts", "a,b"], 2),
-    (["run", "--backend", "no_such_backend", "--tokens", "8", "--experts", "2", "--n", "8", "--k", "8",
-      "--repeat", "0", "--conformance", "none"], 2),
+    (
+        [
+            "run",
+            "--backend",
+            "no_such_backend",
+            "--tokens",
+            "8",
+            "--experts",
+            "2",
+            "--n",
+            "8",
+            "--k",
+            "8",
+            "--repeat",
+            "0",
+            "--conformance",
+            "none",
+        ],
+        2,
+    ),
     (["conformance", "verify", "/nonexistent-dir/report.json"], 2),
     (["conformance", "compare", "/nonexistent-dir/a.json", "/nonexistent-dir/b.json"], 2),
 ]
@@ -92,12 +110,15 @@ def test_an_unexpected_error_is_one_line_and_the_traceback_is_opt_in(monkeypatch
 
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.PluginWarning")
-@pytest.mark.parametrize("variable,value,problem", [
-    ("MOE_HAL_STRICT_PLUGINS", "1", "MOE_HAL_STRICT_PLUGINS is set"),
-    ("MOE_HAL_HWDB", "{bomb}", "bomb.yaml"),
-    ("MOE_HAL_TRACE_PLUGINS", "maybe", "MOE_HAL_TRACE_PLUGINS"),
-    ("MOE_HAL_PREPARED_MAX_BYTES", "1e999", "MOE_HAL_PREPARED_MAX_BYTES"),
-])
+@pytest.mark.parametrize(
+    "variable,value,problem",
+    [
+        ("MOE_HAL_STRICT_PLUGINS", "1", "MOE_HAL_STRICT_PLUGINS is set"),
+        ("MOE_HAL_HWDB", "{bomb}", "bomb.yaml"),
+        ("MOE_HAL_TRACE_PLUGINS", "maybe", "MOE_HAL_TRACE_PLUGINS"),
+        ("MOE_HAL_PREPARED_MAX_BYTES", "1e999", "MOE_HAL_PREPARED_MAX_BYTES"),
+    ],
+)
 def test_info_reports_problems_and_exits_3(variable, value, problem, monkeypatch, fresh_plugins, tmp_path, capsys):
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("a: &a [x, x, x]\nb: &b [*a, *a, *a]\nc: [*b, *b, *b]\n")
@@ -108,7 +129,7 @@ def test_info_reports_problems_and_exits_3(variable, value, problem, monkeypatch
     snap = json.loads(out)
     assert any(problem in p for p in snap["problems"]), snap["problems"]
     assert "Traceback" not in err
-    if variable != "MOE_HAL_TRACE_PLUGINS":    # that one stops plugin discovery: no devices or backends to list
+    if variable != "MOE_HAL_TRACE_PLUGINS":  # that one stops plugin discovery: no devices or backends to list
         assert snap["devices"]
         assert {b["name"] for b in snap["backends"]} >= {"torch", "reference"}
 
@@ -123,8 +144,9 @@ def test_info_exits_0_without_problems(monkeypatch, fresh_plugins, capsys):
 
 
 def test_the_console_script_prints_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "moe_hal.cli", "run", "--tokens", "-1"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "moe_hal.cli", "run", "--tokens", "-1"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "--tokens" in done.stderr.strip().splitlines()[-1]
 

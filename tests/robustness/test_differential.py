@@ -39,8 +39,12 @@ def _backends() -> list[str]:
     return [n for n in names if n in known]
 
 
-DIFF_SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+DIFF_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 dims = st.sampled_from([1, 2, 3, 5, 8, 16, 24])
 dtypes = st.sampled_from([torch.float32, torch.bfloat16])
 
@@ -56,7 +60,7 @@ def _weights(gen, g: int, n: int, k: int, dtype, order: str, step: int) -> torch
         return _tensor(gen, (g, n, k), dtype)
     if order == "n":
         return _tensor(gen, (g, k, n), dtype).transpose(1, 2)
-    return _tensor(gen, (g, n * step, k * (step + 1)), dtype)[:, ::step, ::step + 1]
+    return _tensor(gen, (g, n * step, k * (step + 1)), dtype)[:, ::step, :: step + 1]
 
 
 def _masked_m(values: list[int], form: str) -> torch.Tensor:
@@ -83,7 +87,7 @@ def _compare(a, b, layout, k_reduction: int, sentinel_shape: tuple[int, ...], dt
         try:
             got = moe_hal.grouped_gemm(a, b, layout, out=out, backend=name, **kw)
         except errors.BackendUnavailableError:
-            continue                               # a refusal with reasons is allowed; a wrong answer is not
+            continue  # a refusal with reasons is allowed; a wrong answer is not
         ran += 1
         assert got is out
         if isinstance(layout, moe_hal.MaskedLayout):
@@ -114,11 +118,18 @@ BF16 = torch.bfloat16
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.MoeHalWarning")
 @DIFF_SETTINGS
-@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=4), n=dims, k=dims, dtype=dtypes,
-       order=st.sampled_from(["k", "n", "strided"]), step=st.integers(1, 2), alignment=st.sampled_from([1, 4, 8]),
-       seed=st.integers(0, 2 ** 16))
-@example(counts=[3, 0, 5], n=1, k=16, dtype=BF16, order="n", step=1, alignment=1, seed=0)     # N = 1, N-major b
-@example(counts=[3, 0, 5], n=8, k=1, dtype=BF16, order="k", step=1, alignment=4, seed=1)     # K = 1
+@given(
+    counts=st.lists(st.integers(0, 9), min_size=1, max_size=4),
+    n=dims,
+    k=dims,
+    dtype=dtypes,
+    order=st.sampled_from(["k", "n", "strided"]),
+    step=st.integers(1, 2),
+    alignment=st.sampled_from([1, 4, 8]),
+    seed=st.integers(0, 2**16),
+)
+@example(counts=[3, 0, 5], n=1, k=16, dtype=BF16, order="n", step=1, alignment=1, seed=0)  # N = 1, N-major b
+@example(counts=[3, 0, 5], n=8, k=1, dtype=BF16, order="k", step=1, alignment=4, seed=1)  # K = 1
 @example(counts=[4, 2], n=8, k=16, dtype=BF16, order="strided", step=2, alignment=1, seed=2)  # b neither K- nor N-major
 @pytest.mark.usefixtures("some_backend_runs")
 def test_contiguous_backends_agree(counts, n, k, dtype, order, step, alignment, seed):
@@ -131,9 +142,17 @@ def test_contiguous_backends_agree(counts, n, k, dtype, order, step, alignment, 
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.MoeHalWarning")
 @DIFF_SETTINGS
-@given(values=st.lists(st.integers(0, 8), min_size=1, max_size=4), max_m=st.sampled_from([1, 3, 8]), n=dims,
-       k=dims, dtype=dtypes, order=st.sampled_from(["k", "n", "strided"]), step=st.integers(1, 2),
-       form=st.sampled_from(["contiguous", "strided", "expanded"]), seed=st.integers(0, 2 ** 16))
+@given(
+    values=st.lists(st.integers(0, 8), min_size=1, max_size=4),
+    max_m=st.sampled_from([1, 3, 8]),
+    n=dims,
+    k=dims,
+    dtype=dtypes,
+    order=st.sampled_from(["k", "n", "strided"]),
+    step=st.integers(1, 2),
+    form=st.sampled_from(["contiguous", "strided", "expanded"]),
+    seed=st.integers(0, 2**16),
+)
 @example(values=[2, 2, 2, 2], max_m=4, n=8, k=16, dtype=BF16, order="k", step=1, form="expanded", seed=0)
 @example(values=[3, 0, 1], max_m=4, n=8, k=16, dtype=BF16, order="k", step=1, form="strided", seed=1)
 @example(values=[1, 2], max_m=3, n=1, k=1, dtype=BF16, order="n", step=1, form="contiguous", seed=2)  # N = K = 1
@@ -153,8 +172,16 @@ def test_masked_backends_agree_and_never_write_past_masked_m(values, max_m, n, k
 
 @pytest.mark.filterwarnings("ignore::moe_hal.errors.MoeHalWarning")
 @DIFF_SETTINGS
-@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=4), m=dims, n=dims, dtype=dtypes,
-       a_transposed=st.booleans(), b_transposed=st.booleans(), with_c=st.booleans(), seed=st.integers(0, 2 ** 16))
+@given(
+    counts=st.lists(st.integers(0, 6), min_size=1, max_size=4),
+    m=dims,
+    n=dims,
+    dtype=dtypes,
+    a_transposed=st.booleans(),
+    b_transposed=st.booleans(),
+    with_c=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
 @example(counts=[1], m=8, n=8, dtype=BF16, a_transposed=True, b_transposed=False, with_c=False, seed=0)  # T = 1
 @example(counts=[1], m=2, n=1, dtype=torch.float32, a_transposed=True, b_transposed=False, with_c=False, seed=0)
 @example(counts=[0, 3, 2], m=1, n=1, dtype=BF16, a_transposed=False, b_transposed=True, with_c=True, seed=1)
@@ -171,10 +198,12 @@ def test_k_grouped_backends_agree(counts, m, n, dtype, a_transposed, b_transpose
 
 
 CHILD_MODES = [
-    pytest.param("cuda_sm90,cuda_sm100", {"MOE_HAL_CUDA_INTERPRET": "1", "MOE_HAL_PLUGINS": "cuda"},
-                 id="interpreted-cuda"),
-    pytest.param("ascend,ascend_950", {"MOE_HAL_ASCEND_EMULATE": "1", "MOE_HAL_PLUGINS": "ascend"},
-                 id="emulated-ascend"),
+    pytest.param(
+        "cuda_sm90,cuda_sm100", {"MOE_HAL_CUDA_INTERPRET": "1", "MOE_HAL_PLUGINS": "cuda"}, id="interpreted-cuda"
+    ),
+    pytest.param(
+        "ascend,ascend_950", {"MOE_HAL_ASCEND_EMULATE": "1", "MOE_HAL_PLUGINS": "ascend"}, id="emulated-ascend"
+    ),
 ]
 
 
@@ -183,8 +212,22 @@ CHILD_MODES = [
 def test_interpreted_and_emulated_backends_agree(backends, env):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MOE_HAL_") and k != "TRITON_INTERPRET"}
     env = {**clean, **env, BACKENDS_VAR: backends, "MOE_HAL_DIFFERENTIAL_EXAMPLES": "3"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)),
-                           "-k", "backends_agree and not interpreted"],
-                          env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(Path(__file__)),
+            "-k",
+            "backends_agree and not interpreted",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "3 passed" in done.stdout, done.stdout[-2000:]

@@ -13,9 +13,21 @@ from moe_hal import environment, errors, perf
 from moe_hal.prepared import ENV_MAX_BYTES, prepared_cache
 
 
-@pytest.mark.parametrize("text,value", [("1", True), ("true", True), ("YES", True), (" on ", True),
-                                        ("", False), ("0", False), ("false", False), ("False", False),
-                                        ("no", False), ("off", False)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        (" on ", True),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+    ],
+)
 def test_boolean_variables(text, value, monkeypatch):
     monkeypatch.setenv("MOE_HAL_STRICT_PLUGINS", text)
     assert environment.flag("MOE_HAL_STRICT_PLUGINS") is value
@@ -49,7 +61,7 @@ def test_a_size_variable_that_is_no_size_names_the_variable(text, monkeypatch):
     assert info.value.argument == ENV_MAX_BYTES
 
 
-@pytest.mark.parametrize("text,value", [("8e9", 8 * 10 ** 9), ("512MiB", 512 * 2 ** 20), ("", None), ("0", 0)])
+@pytest.mark.parametrize("text,value", [("8e9", 8 * 10**9), ("512MiB", 512 * 2**20), ("", None), ("0", 0)])
 def test_size_variables(text, value, monkeypatch):
     monkeypatch.setenv(ENV_MAX_BYTES, text)
     prepared_cache.reset_max_bytes()
@@ -77,13 +89,16 @@ def test_overlap_p_never_underflows(p):
     assert math.isfinite(est.t_predicted) and est.t_predicted > 0
 
 
-@pytest.mark.parametrize("argument,kwargs", [
-    ("counts[0]", dict(counts=[10 ** 400])),
-    ("counts[1]", dict(counts=[1, 2 ** 60])),
-    ("n", dict(counts=[4], n=10 ** 400)),
-    ("k", dict(counts=[4], k=2 ** 70)),
-    ("block_m", dict(counts=[4], block_m=10 ** 30)),
-])
+@pytest.mark.parametrize(
+    "argument,kwargs",
+    [
+        ("counts[0]", dict(counts=[10**400])),
+        ("counts[1]", dict(counts=[1, 2**60])),
+        ("n", dict(counts=[4], n=10**400)),
+        ("k", dict(counts=[4], k=2**70)),
+        ("block_m", dict(counts=[4], block_m=10**30)),
+    ],
+)
 def test_huge_integers_are_typed_errors(argument, kwargs):
     args = {**H100, **kwargs}
     with pytest.raises(errors.ArgumentError) as info:
@@ -92,7 +107,7 @@ def test_huge_integers_are_typed_errors(argument, kwargs):
 
 
 def test_largest_accepted_integers_give_finite_estimates():
-    est = perf.estimate([2 ** 53, 2 ** 53], n=2 ** 53, k=2 ** 53, hw="nvidia-h100-sxm", dtype="bf16")
+    est = perf.estimate([2**53, 2**53], n=2**53, k=2**53, hw="nvidia-h100-sxm", dtype="bf16")
     assert math.isfinite(est.t_predicted) and math.isfinite(est.useful_flops)
 
 

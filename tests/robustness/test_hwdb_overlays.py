@@ -81,7 +81,7 @@ OVERLAYS = {
 @pytest.fixture(autouse=True)
 def _fresh_db(monkeypatch):
     hwdb.reload()
-    hwdb.get("cpu-generic")          # the built-in files are parsed before the clock starts
+    hwdb.get("cpu-generic")  # the built-in files are parsed before the clock starts
     yield
     monkeypatch.undo()
     hwdb.reload()
@@ -112,7 +112,7 @@ def test_an_overlay_that_is_not_text_is_refused(content, tmp_path, monkeypatch):
 
 def test_a_valid_overlay_with_scalar_aliases_still_loads(tmp_path, monkeypatch):
     entry = yaml.safe_load(_entry())
-    data = {"sources": {**entry.pop("sources", {}), "s": "ANCHOR"}, **entry}   # the anchor comes first
+    data = {"sources": {**entry.pop("sources", {}), "s": "ANCHOR"}, **entry}  # the anchor comes first
     data["memory"]["bandwidth"]["source"] = "ALIAS"
     text = yaml.safe_dump(data, sort_keys=False).replace("ANCHOR", "&s some source").replace("ALIAS", "*s")
     path = tmp_path / "ok.yaml"

@@ -57,8 +57,13 @@ MODES = [
 @pytest.mark.parametrize("backend,env", MODES)
 def test_first_use_from_eight_threads(backend, env):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MOE_HAL_") and k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", RACE, backend], env={**clean, **env},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", RACE, backend],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "raced 24 calls" in done.stdout
     if backend:

@@ -91,8 +91,14 @@ class AscendBackend(Backend):
         if device.type == "cpu":
             cfg = emulation.config()
             if not cfg.enabled:
-                return [Reason("device_type_unsupported", "Ascend backends run on NPUs; CPU tensors only in "
-                               f"emulation mode ({emulation.ENV_EMULATE}=1)", {"npu"}, "cpu")]
+                return [
+                    Reason(
+                        "device_type_unsupported",
+                        f"Ascend backends run on NPUs; CPU tensors only in emulation mode ({emulation.ENV_EMULATE}=1)",
+                        {"npu"},
+                        "cpu",
+                    )
+                ]
             prof = soc.profile(cfg.soc)
             return self._soc_reasons(prof.hw_id, prof.features, f"emulated SoC {cfg.soc}", prof.reason)
         if device.type != "npu":
@@ -102,18 +108,34 @@ class AscendBackend(Backend):
     def _soc_reasons(self, hw_id: str | None, features: frozenset[str], seen: str, why: str | None) -> list[Reason]:
         required = set(self.spec.requires)
         if hw_id is None:
-            return [Reason("soc_unsupported", "the hardware DB does not recognise this SoC, so its features "
-                           f"are unknown{': ' + why if why else ''}", required, seen)]
+            return [
+                Reason(
+                    "soc_unsupported",
+                    "the hardware DB does not recognise this SoC, so its features "
+                    f"are unknown{': ' + why if why else ''}",
+                    required,
+                    seen,
+                )
+            ]
         missing = self.spec.requires - features
         if missing:
-            return [Reason("soc_unsupported", f"{hw_id} (seen as {seen}) lacks the hardware-DB features "
-                           f"{sorted(missing)} this backend requires", required, sorted(features & self.spec.requires))]
+            return [
+                Reason(
+                    "soc_unsupported",
+                    f"{hw_id} (seen as {seen}) lacks the hardware-DB features {sorted(missing)} this backend requires",
+                    required,
+                    sorted(features & self.spec.requires),
+                )
+            ]
         return []
 
     def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
         if device.type == "cpu":
-            return Reason("emulator_only", "on the CPU this backend is the torch_npu emulator; it runs only when "
-                          f"named (backend={self.name!r} or MOE_HAL_BACKEND={self.name})")
+            return Reason(
+                "emulator_only",
+                "on the CPU this backend is the torch_npu emulator; it runs only when "
+                f"named (backend={self.name!r} or MOE_HAL_BACKEND={self.name})",
+            )
         return None
 
     def execution_mode(self, device: DeviceInfo) -> str:
@@ -126,9 +148,16 @@ class AscendBackend(Backend):
         else:
             # x is [rows, K]; the weight is always passed K-inner when N would be too large.
             limits = (("K", p.k),)
-        return [Reason("shape_constraint", f"npu_grouped_matmul needs {name} < {INNER_DIM_LIMIT} (the inner "
-                       "dimension of x and weight)", f"{name} < {INNER_DIM_LIMIT}", value)
-                for name, value in limits if value >= INNER_DIM_LIMIT]
+        return [
+            Reason(
+                "shape_constraint",
+                f"npu_grouped_matmul needs {name} < {INNER_DIM_LIMIT} (the inner dimension of x and weight)",
+                f"{name} < {INNER_DIM_LIMIT}",
+                value,
+            )
+            for name, value in limits
+            if value >= INNER_DIM_LIMIT
+        ]
 
     # -- the plan and its explanation ------------------------------------------------------------
     def plan(self, p: Problem) -> Plan:
@@ -136,32 +165,59 @@ class AscendBackend(Backend):
         if p.quantized:
             if self.native_fp8 and p.op != "k_grouped" and p.scale_blocks == GB_SCALE_BLOCKS:
                 return Plan("fp8_gb", torch.float8_e4m3fn)
-            why = ("this backend serves SoCs without fp8 hardware, Atlas A2/A3; on a 950 ascend_950 runs fp8 "
-                   "natively" if not self.native_fp8 else
-                   "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only")
-            decode = ("fp8 bytes decoded through a 256-entry table on a uint8 view (exact; no fp8 cast, which "
-                      "aclnnCast lacks on A2/A3)")
+            why = (
+                "this backend serves SoCs without fp8 hardware, Atlas A2/A3; on a 950 ascend_950 runs fp8 natively"
+                if not self.native_fp8
+                else "the 950 G-B mode covers M-grouped calls with 1x128 / 128x128 blocks only"
+            )
+            decode = (
+                "fp8 bytes decoded through a 256-entry table on a uint8 view (exact; no fp8 cast, which "
+                "aclnnCast lacks on A2/A3)"
+            )
             if p.op == "k_grouped":
-                return Plan("dequantize", torch.float32, (
-                    f"dequantizes both fp8 operands to fp32 on every call ({decode}) and multiplies in fp32 ({why})",))
+                return Plan(
+                    "dequantize",
+                    torch.float32,
+                    (f"dequantizes both fp8 operands to fp32 on every call ({decode}) and multiplies in fp32 ({why})",),
+                )
             if p.out_dtype == torch.bfloat16:
-                return Plan("dequantize", torch.bfloat16, (
-                    f"dequantizes fp8 to bf16 ({decode}) before a bf16 npu_grouped_matmul ({why}); weights once, "
-                    "held as bf16 (2 bytes per parameter): exact for ue8m0 scales, otherwise each weight rounded "
-                    "once to bf16 (relative error <= 2^-9, within the fp8_bf16 conformance class)",))
-            return Plan("dequantize", torch.float32, (
-                f"dequantizes fp8 to fp32 ({decode}) before an fp32 npu_grouped_matmul ({why}): an fp32 output "
-                "keeps the fp8_fp32 accuracy class; weights held as bf16 (2 bytes per parameter) when every "
-                "dequantized weight is exact in bf16 (always for ue8m0 scales) and widened to fp32 per call, "
-                "otherwise held as fp32 (4 bytes per parameter)",))
+                return Plan(
+                    "dequantize",
+                    torch.bfloat16,
+                    (
+                        f"dequantizes fp8 to bf16 ({decode}) before a bf16 npu_grouped_matmul ({why}); weights once, "
+                        "held as bf16 (2 bytes per parameter): exact for ue8m0 scales, otherwise each weight rounded "
+                        "once to bf16 (relative error <= 2^-9, within the fp8_bf16 conformance class)",
+                    ),
+                )
+            return Plan(
+                "dequantize",
+                torch.float32,
+                (
+                    f"dequantizes fp8 to fp32 ({decode}) before an fp32 npu_grouped_matmul ({why}): an fp32 output "
+                    "keeps the fp8_fp32 accuracy class; weights held as bf16 (2 bytes per parameter) when every "
+                    "dequantized weight is exact in bf16 (always for ue8m0 scales) and widened to fp32 per call, "
+                    "otherwise held as fp32 (4 bytes per parameter)",
+                ),
+            )
         if p.out_dtype != p.a.dtype:
-            return Plan("upcast_fp32", torch.float32, (
-                f"upcasts {p.in_dtype} operands to fp32 (npu_grouped_matmul writes the input dtype for "
-                "non-quantized operands); weights once, through the prepared-weight cache",))
+            return Plan(
+                "upcast_fp32",
+                torch.float32,
+                (
+                    f"upcasts {p.in_dtype} operands to fp32 (npu_grouped_matmul writes the input dtype for "
+                    "non-quantized operands); weights once, through the prepared-weight cache",
+                ),
+            )
         if _sums_c(p):
-            return Plan("upcast_fp32", torch.float32, (
-                f"upcasts K-grouped {p.in_dtype} operands to fp32 when c is given, so that c + a^T b is rounded "
-                "once (npu_grouped_matmul cannot accumulate into c)",))
+            return Plan(
+                "upcast_fp32",
+                torch.float32,
+                (
+                    f"upcasts K-grouped {p.in_dtype} operands to fp32 when c is given, so that c + a^T b is rounded "
+                    "once (npu_grouped_matmul cannot accumulate into c)",
+                ),
+            )
         return Plan("native", p.a.dtype)
 
     def describe_path(self, p: Problem) -> str:
@@ -169,27 +225,41 @@ class AscendBackend(Backend):
         parts = []
         if p.device.type == "cpu":
             parts.append(f"EMULATED (CPU emulator of torch_npu, SoC {emulation.config().soc}; not run on an NPU)")
-        mode = " in G-B mode (fp32 scales, per_token_scale [M, K/128], scale [G, K/128, N/128])" \
-            if plan.compute == "fp8_gb" else ""
+        mode = (
+            " in G-B mode (fp32 scales, per_token_scale [M, K/128], scale [G, K/128, N/128])"
+            if plan.compute == "fp8_gb"
+            else ""
+        )
         if p.op == "contiguous":
-            parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 over the "
-                         "aligned segment ends; rows of no group (padding, and the tail the op leaves unwritten) "
-                         "zeroed")
+            parts.append(
+                f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 over the "
+                "aligned segment ends; rows of no group (padding, and the tail the op leaves unwritten) "
+                "zeroed"
+            )
         elif p.op == "masked":
-            parts.append(f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 = "
-                         "cumsum(masked_m) over the valid rows packed on the device (no host sync); results "
-                         "written back with masked_scatter_, so rows >= masked_m[g] are never written")
+            parts.append(
+                f"torch_npu.npu_grouped_matmul{mode} group_type=0, split_item=3, group_list_type=0 = "
+                "cumsum(masked_m) over the valid rows packed on the device (no host sync); results "
+                "written back with masked_scatter_, so rows >= masked_m[g] are never written"
+            )
         else:
-            parts.append("torch_npu.npu_grouped_matmul group_type=2 (K axis), split_item=3, group_list_type=0 over "
-                         "the token-group ends (tokens of no group, if any, gathered out first), x = a.T as a "
-                         "transposed view; empty groups zeroed; c, when given, added in fp32 after the op")
+            parts.append(
+                "torch_npu.npu_grouped_matmul group_type=2 (K axis), split_item=3, group_list_type=0 over "
+                "the token-group ends (tokens of no group, if any, gathered out first), x = a.T as a "
+                "transposed view; empty groups zeroed; c, when given, added in fp32 after the op"
+            )
             return "; ".join(parts + list(plan.notes))
         parts.append(self._weight_text(p, plan))
         if plan.compute == "dequantize":
             params = p.num_groups * p.n * p.k
-            parts.append(f"weight memory: {params} fp8 parameters held as {_mib(params * 2)} MiB of bf16"
-                         + ("" if plan.op_dtype == torch.bfloat16 else
-                            f" (or {_mib(params * 4)} MiB of fp32 if some dequantized weight is not exact in bf16)"))
+            parts.append(
+                f"weight memory: {params} fp8 parameters held as {_mib(params * 2)} MiB of bf16"
+                + (
+                    ""
+                    if plan.op_dtype == torch.bfloat16
+                    else f" (or {_mib(params * 4)} MiB of fp32 if some dequantized weight is not exact in bf16)"
+                )
+            )
         return "; ".join(parts + list(plan.notes))
 
     def _weight_text(self, p: Problem, plan: Plan) -> str:
@@ -199,19 +269,20 @@ class AscendBackend(Backend):
             return "weights cast once to FRACTAL_NZ [G, K, N] (prepared; MOE_HAL_ASCEND_WEIGHT_FORMAT=nz)"
         if plan.compute != "native":
             return "weights converted once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view"
-        return {"k": "weights b[G, N, K] passed as their transposed view (no copy)",
-                "n": "weights passed as the [G, K, N] tensor b is a view of (no copy; copied once to K-inner "
-                     "if N >= 65536)",
-                "strided": "weights copied once to a contiguous [G, N, K] tensor (prepared), passed as its "
-                           "transposed view",
-                }.get(p.b_major, "weights passed as the op expects")
+        return {
+            "k": "weights b[G, N, K] passed as their transposed view (no copy)",
+            "n": "weights passed as the [G, K, N] tensor b is a view of (no copy; copied once to K-inner "
+            "if N >= 65536)",
+            "strided": "weights copied once to a contiguous [G, N, K] tensor (prepared), passed as its transposed view",
+        }.get(p.b_major, "weights passed as the op expects")
 
     # -- execution -------------------------------------------------------------------------------
     def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
         if p.device.type == "cpu" and not emulation.config().enabled:
             # Called directly (not through selection): never emulate without being asked to.
-            raise DeviceError("a", f"tensors on an NPU (CPU tensors only in emulation mode, "
-                              f"{emulation.ENV_EMULATE}=1)", p.device)
+            raise DeviceError(
+                "a", f"tensors on an NPU (CPU tensors only in emulation mode, {emulation.ENV_EMULATE}=1)", p.device
+            )
         plan = self.plan(p)
         for note in plan.notes:
             warn_once((self.name, note), f"moe_hal {self.name} backend {note}", stacklevel=4)
@@ -255,15 +326,21 @@ class AscendBackend(Backend):
         out.masked_scatter_(valid[..., None], y.to(out.dtype))
         return out
 
-    def _gmm_m(self, p: Problem, plan: Plan, ops: Any, x: torch.Tensor, per_token_scale: torch.Tensor | None,
-               group_list: torch.Tensor) -> torch.Tensor:
+    def _gmm_m(
+        self,
+        p: Problem,
+        plan: Plan,
+        ops: Any,
+        x: torch.Tensor,
+        per_token_scale: torch.Tensor | None,
+        group_list: torch.Tensor,
+    ) -> torch.Tensor:
         """One M-grouped ``npu_grouped_matmul`` over ``x [rows, K]``: ``y [rows, N]``, in the output
         dtype, or fp32 on the fp32 paths (rows outside the group list left as the op leaves them)."""
         weight, weight_scale = self._m_weight(p, plan, ops)
         kwargs: dict[str, Any] = dict(group_list=group_list, group_type=0, group_list_type=0, split_item=3)
         if plan.compute == "fp8_gb":
-            kwargs.update(scale=[weight_scale], per_token_scale=[_row_major(per_token_scale)],
-                          output_dtype=p.out_dtype)
+            kwargs.update(scale=[weight_scale], per_token_scale=[_row_major(per_token_scale)], output_dtype=p.out_dtype)
         return ops.npu_grouped_matmul([_row_major(x)], [weight], **kwargs)[0]
 
     def _k_grouped(self, p: Problem, plan: Plan, ops: Any, out: torch.Tensor | None) -> torch.Tensor:
@@ -299,8 +376,12 @@ class AscendBackend(Backend):
         if plan.compute == "fp8_gb":
             # The weight [G, K, N] row-major reads as "not transposed"; the G-B checker wants the same of
             # its scale, by strides (size-1 dims included), so both are laid out row-major exactly.
-            data = prepared_cache.get(self.name, b, "npu_fp8_weight_kn",
-                                      lambda q: _row_major(q.data.view(torch.uint8).transpose(1, 2)).view(q.data.dtype))
+            data = prepared_cache.get(
+                self.name,
+                b,
+                "npu_fp8_weight_kn",
+                lambda q: _row_major(q.data.view(torch.uint8).transpose(1, 2)).view(q.data.dtype),
+            )
             scale = prepared_cache.get(self.name, b, "npu_fp8_scale_kn", lambda q: _row_major(q.scale.transpose(1, 2)))
             return data, scale
         if plan.compute == "native":
@@ -311,6 +392,7 @@ class AscendBackend(Backend):
             name = dtypes.name_of(plan.op_dtype)
             w = prepared_cache.get(self.name, b, f"npu_weight_{name}", _converter(plan))
         if self._use_nz(p, plan):
+
             def to_nz(_: Any) -> torch.Tensor:
                 return ops.npu_format_cast(w.transpose(1, 2).contiguous(), ACL_FORMAT_FRACTAL_NZ)
 
@@ -318,9 +400,9 @@ class AscendBackend(Backend):
             return nz, None
         kn = w.transpose(1, 2)
         if w.is_contiguous():
-            return kn, None                       # the transposed view, K inner
+            return kn, None  # the transposed view, K inner
         if kn.is_contiguous() and p.n < INNER_DIM_LIMIT:
-            return kn, None                       # b is a view of a contiguous [G, K, N]: N inner
+            return kn, None  # b is a view of a contiguous [G, K, N]: N inner
         w = prepared_cache.get(self.name, b, "npu_weight_k_inner", lambda t: t.contiguous())
         return w.transpose(1, 2), None
 
@@ -332,8 +414,12 @@ class AscendBackend(Backend):
         bf16 = prepared_cache.get(self.name, b, "npu_weight_bf16", lambda q: decode_fp8(q, torch.bfloat16))
         if plan.op_dtype == torch.bfloat16:
             return bf16
-        exact = prepared_cache.get(self.name, b, "npu_weight_bf16_is_exact",
-                                   lambda q: bool(torch.equal(bf16.float(), decode_fp8(q, torch.float32))))
+        exact = prepared_cache.get(
+            self.name,
+            b,
+            "npu_weight_bf16_is_exact",
+            lambda q: bool(torch.equal(bf16.float(), decode_fp8(q, torch.float32))),
+        )
         if exact:
             return bf16.float()
         return prepared_cache.get(self.name, b, "npu_weight_fp32", lambda q: decode_fp8(q, torch.float32))
@@ -343,8 +429,13 @@ class AscendBackend(Backend):
             return False
         features = soc.emulated().features if p.device.type == "cpu" else _device_features(p.device)
         aligned = "ascend_a5" not in features or (p.k * 2 % 32 == 0 and p.n * 2 % 32 == 0)
-        return ("nz_format" in features and plan.op_dtype in (torch.bfloat16, torch.float16)
-                and p.k > 1 and p.n > 1 and aligned)
+        return (
+            "nz_format" in features
+            and plan.op_dtype in (torch.bfloat16, torch.float16)
+            and p.k > 1
+            and p.n > 1
+            and aligned
+        )
 
 
 class Ascend950Backend(AscendBackend):
@@ -442,5 +533,11 @@ def _cached(layout: Any, kind: str, device: torch.device, build: Callable[[], to
 
 
 def _aligned_ends(layout: Any, device: torch.device) -> torch.Tensor:
-    return _cached(layout, "aligned_ends_i64", device, lambda: torch.tensor(
-        [-(-end // layout.alignment) * layout.alignment for end in layout.ends], dtype=torch.int64))
+    return _cached(
+        layout,
+        "aligned_ends_i64",
+        device,
+        lambda: torch.tensor(
+            [-(-end // layout.alignment) * layout.alignment for end in layout.ends], dtype=torch.int64
+        ),
+    )

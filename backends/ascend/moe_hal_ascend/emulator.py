@@ -74,8 +74,10 @@ class AclnnError(RuntimeError):
         self.rule = rule
         self.code = code
         self.detail = detail
-        name = {ACLNN_ERR_PARAM_INVALID: "ACLNN_ERR_PARAM_INVALID",
-                ACLNN_ERR_PARAM_NULLPTR: "ACLNN_ERR_PARAM_NULLPTR"}.get(code, "ACLNN_ERR")
+        name = {
+            ACLNN_ERR_PARAM_INVALID: "ACLNN_ERR_PARAM_INVALID",
+            ACLNN_ERR_PARAM_NULLPTR: "ACLNN_ERR_PARAM_NULLPTR",
+        }.get(code, "ACLNN_ERR")
         super().__init__(f"call {api} failed, error code {code} ({name}): {detail} -- {cann_rules.source_of(rule)}")
 
 
@@ -127,10 +129,20 @@ class GmmCall:
         def specs(value):
             return None if value is None else tuple(TensorSpec.from_dict(s) for s in value)
 
-        return cls(d["soc"], specs(d["x"]), specs(d["weight"]), specs(d["scale"]), specs(d["per_token_scale"]),
-                   None if d["group_list"] is None else TensorSpec.from_dict(d["group_list"]), d["split_item"],
-                   d["group_type"], d["group_list_type"], d["act_type"],
-                   None if d["tuning_config"] is None else tuple(d["tuning_config"]), d["output_dtype"])
+        return cls(
+            d["soc"],
+            specs(d["x"]),
+            specs(d["weight"]),
+            specs(d["scale"]),
+            specs(d["per_token_scale"]),
+            None if d["group_list"] is None else TensorSpec.from_dict(d["group_list"]),
+            d["split_item"],
+            d["group_type"],
+            d["group_list_type"],
+            d["act_type"],
+            None if d["tuning_config"] is None else tuple(d["tuning_config"]),
+            d["output_dtype"],
+        )
 
 
 def is_transposed(t: TensorSpec) -> bool:
@@ -202,13 +214,21 @@ class _SocGuard(TorchDispatchMode):
         if not self.bypass:
             packet = func.overloadpacket
             if packet in _GATHERS and isinstance(args[0], torch.Tensor) and _is_fp8(args[0].dtype):
-                raise AclnnError("index_select_fp8", f"{packet.__name__} of a {args[0].dtype} tensor: aclnnIndexSelect "
-                                 "has no FLOAT8 dtype (gather a uint8 view instead)", api="aclnnIndexSelect")
+                raise AclnnError(
+                    "index_select_fp8",
+                    f"{packet.__name__} of a {args[0].dtype} tensor: aclnnIndexSelect "
+                    "has no FLOAT8 dtype (gather a uint8 view instead)",
+                    api="aclnnIndexSelect",
+                )
             if packet in _CASTS and not self.profile.native_fp8:
                 source, target = _cast_dtypes(packet, args, kwargs)
                 if source != target and (_is_fp8(source) or _is_fp8(target)):
-                    raise AclnnError("cast_fp8", f"cast {source} -> {target} on SoC {self.profile.label}, which has "
-                                     "no fp8 (aclnnCast lists FLOAT8 dtypes for the 950 only)", api="aclnnCast")
+                    raise AclnnError(
+                        "cast_fp8",
+                        f"cast {source} -> {target} on SoC {self.profile.label}, which has "
+                        "no fp8 (aclnnCast lists FLOAT8 dtypes for the 950 only)",
+                        api="aclnnCast",
+                    )
         return func(*args, **kwargs)
 
 
@@ -262,8 +282,7 @@ def npu_format_cast(self: torch.Tensor, acl_format: int) -> torch.Tensor:
     if acl_format not in (ACL_FORMAT_ND, ACL_FORMAT_FRACTAL_NZ):
         raise NotImplementedError(f"acl_format {acl_format} is not emulated (only ND=2 and FRACTAL_NZ=29)")
     if acl_format == ACL_FORMAT_FRACTAL_NZ and not _soc.emulated().nz_format:
-        raise AclnnError("nz_format", f"SoC {_soc.emulated().label} has no FRACTAL_NZ support",
-                         api="npu_format_cast")
+        raise AclnnError("nz_format", f"SoC {_soc.emulated().label} has no FRACTAL_NZ support", api="npu_format_cast")
     with _unguarded():
         out = self.clone(memory_format=torch.contiguous_format)
     setattr(out, _FORMAT_ATTR, acl_format)
@@ -283,18 +302,26 @@ def check_call(call: GmmCall, profile: _soc.SocProfile | None = None) -> str:
     if call.group_type not in (-1, 0, 2):
         raise AclnnError("group_type", f"group_type only supports -1, 0 and 2, got {call.group_type}")
     if call.act_type != 0:
-        raise AclnnError("act_type", f"act_type {call.act_type}: activations are fused only for int8 x and weight, "
-                         "which the emulator does not model")
+        raise AclnnError(
+            "act_type",
+            f"act_type {call.act_type}: activations are fused only for int8 x and weight, "
+            "which the emulator does not model",
+        )
     if call.tuning_config is not None and profile.arch35:
         raise AclnnError("tuning_config_950", f"tuning_config is not supported on SoC {profile.label}")
     if call.group_type == -1:
         return _check_no_split(call, profile)
     if call.group_list is None:
-        raise AclnnError("group_list_tensor", f"group_list is required when group_type is {call.group_type}",
-                         code=ACLNN_ERR_PARAM_NULLPTR)
+        raise AclnnError(
+            "group_list_tensor",
+            f"group_list is required when group_type is {call.group_type}",
+            code=ACLNN_ERR_PARAM_NULLPTR,
+        )
     if len(call.x) != 1 or len(call.weight) != 1:
-        raise NotImplementedError("the emulator models group_type 0 and 2 with a single x and a single weight; "
-                                  f"got {len(call.x)} x and {len(call.weight)} weight tensors")
+        raise NotImplementedError(
+            "the emulator models group_type 0 and 2 with a single x and a single weight; "
+            f"got {len(call.x)} x and {len(call.weight)} weight tensors"
+        )
     if call.group_type == 0:
         return _check_split_m(call, profile)
     return _check_split_k(call, profile)
@@ -307,15 +334,21 @@ def _check_split_m(call: GmmCall, profile: _soc.SocProfile) -> str:
     if call.split_item not in (2, 3):
         raise NotImplementedError("the emulator models group_type 0 with one 3-D weight only")
     if x.dim != 2 or w.dim != 3:
-        raise AclnnError("dims", f"group_type 0 needs x 2-D and the single weight 3-D, got x {list(x.shape)} and "
-                         f"weight {list(w.shape)}")
+        raise AclnnError(
+            "dims",
+            f"group_type 0 needs x 2-D and the single weight 3-D, got x {list(x.shape)} and weight {list(w.shape)}",
+        )
     if _special_transposed(x):
-        raise AclnnError("x_not_transposed", f"x (shape {list(x.shape)}, strides {list(x.stride)}) is transposed by "
-                         "CANN's stride rule; x must not be transposed for group_type 0")
+        raise AclnnError(
+            "x_not_transposed",
+            f"x (shape {list(x.shape)}, strides {list(x.stride)}) is transposed by "
+            "CANN's stride rule; x must not be transposed for group_type 0",
+        )
     transposed_w = is_transposed(w)
     if x.shape[1] != w.shape[1]:
-        raise AclnnError("k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, "
-                         f"weight {list(w.shape)}")
+        raise AclnnError(
+            "k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, weight {list(w.shape)}"
+        )
     _check_inner(x.shape[1], "x (K)")
     if not transposed_w:
         _check_inner(w.shape[2], "weight (N)")
@@ -329,17 +362,24 @@ def _check_split_k(call: GmmCall, profile: _soc.SocProfile) -> str:
     if call.split_item not in (2, 3):
         raise AclnnError("split_item_split_k", f"split_item {call.split_item} with group_type 2")
     if x.dim != 2 or w.dim != 2:
-        raise AclnnError("dims", f"group_type 2 needs 2-D x [M, K] and weight [K, N], got {list(x.shape)} "
-                         f"and {list(w.shape)}")
+        raise AclnnError(
+            "dims", f"group_type 2 needs 2-D x [M, K] and weight [K, N], got {list(x.shape)} and {list(w.shape)}"
+        )
     if not is_transposed(x):
-        raise AclnnError("split_k_transposes", f"x (shape {list(x.shape)}, strides {list(x.stride)}) must be "
-                         "transposed (a [M, K] view of a row-major [K, M] tensor) for group_type 2")
+        raise AclnnError(
+            "split_k_transposes",
+            f"x (shape {list(x.shape)}, strides {list(x.stride)}) must be "
+            "transposed (a [M, K] view of a row-major [K, M] tensor) for group_type 2",
+        )
     if _special_transposed(w):
-        raise AclnnError("split_k_transposes", f"weight (shape {list(w.shape)}, strides {list(w.stride)}) must not "
-                         "be transposed for group_type 2")
+        raise AclnnError(
+            "split_k_transposes",
+            f"weight (shape {list(w.shape)}, strides {list(w.stride)}) must not be transposed for group_type 2",
+        )
     if x.shape[1] != w.shape[0]:
-        raise AclnnError("k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, "
-                         f"weight {list(w.shape)}")
+        raise AclnnError(
+            "k_match", f"k dim value of x and weight is not matched: x {list(x.shape)}, weight {list(w.shape)}"
+        )
     _check_inner(x.shape[0], "x (M, transposed)")
     _check_inner(w.shape[1], "weight (N)")
     _check_group_list(call, groups=None)
@@ -355,8 +395,11 @@ def _check_no_split(call: GmmCall, profile: _soc.SocProfile) -> str:
     if call.group_list is not None:
         raise AclnnError("group_list_tensor", "group_list must be None when group_type is -1")
     if len(call.x) != len(call.weight) or len(call.weight) > MAX_GROUPS:
-        raise AclnnError("dims", f"group_type -1 needs as many x as weight tensors (at most {MAX_GROUPS}), got "
-                         f"{len(call.x)} and {len(call.weight)}")
+        raise AclnnError(
+            "dims",
+            f"group_type -1 needs as many x as weight tensors (at most {MAX_GROUPS}), got "
+            f"{len(call.x)} and {len(call.weight)}",
+        )
     if call.scale is not None or call.per_token_scale is not None:
         raise NotImplementedError("quantized group_type -1 is not emulated")
     out = None
@@ -386,8 +429,11 @@ def _check_group_list(call: GmmCall, groups: int | None) -> None:
         raise AclnnError("group_list_tensor", f"group_list dtype must be INT64, got {gl.dtype}")
     expected_dims = 2 if call.group_list_type == 2 else 1
     if gl.dim != expected_dims or (expected_dims == 2 and gl.shape[1] != 2):
-        raise AclnnError("group_list_tensor", f"group_list must be {'[E, 2]' if expected_dims == 2 else '1-D'} for "
-                         f"group_list_type {call.group_list_type}, got shape {list(gl.shape)}")
+        raise AclnnError(
+            "group_list_tensor",
+            f"group_list must be {'[E, 2]' if expected_dims == 2 else '1-D'} for "
+            f"group_list_type {call.group_list_type}, got shape {list(gl.shape)}",
+        )
     length = gl.shape[0]
     if length > MAX_GROUPS:
         raise AclnnError("group_list_tensor", f"group_list has {length} entries, more than {MAX_GROUPS}")
@@ -399,42 +445,56 @@ def _check_group_list_type(call: GmmCall, profile: _soc.SocProfile, quantized: b
     glt = call.group_list_type
     if glt in (0, 1):
         if glt == 1 and call.group_list.shape[0] == 1 and not profile.arch35:
-            raise AclnnError("group_list_len1_a2a3", "a one-entry counts list (group_list_type 1) on SoC "
-                             f"{profile.label}")
+            raise AclnnError(
+                "group_list_len1_a2a3", f"a one-entry counts list (group_list_type 1) on SoC {profile.label}"
+            )
         return
     if glt != 2:
         raise AclnnError("group_list_type", f"group_list_type must be 0, 1 or 2, got {glt}")
     if call.group_type != 0 or not quantized or not profile.arch35:
-        raise AclnnError("group_list_type", "group_list_type 2 needs group_type 0 and quantized x and weight "
-                         f"(int8 on A2/A3, full quantization on the 950); got group_type {call.group_type}, "
-                         f"x {call.x[0].dtype} on SoC {profile.label}")
+        raise AclnnError(
+            "group_list_type",
+            "group_list_type 2 needs group_type 0 and quantized x and weight "
+            f"(int8 on A2/A3, full quantization on the 950); got group_type {call.group_type}, "
+            f"x {call.x[0].dtype} on SoC {profile.label}",
+        )
 
 
-def _check_dtypes(call: GmmCall, profile: _soc.SocProfile, *, transposed_x: bool, transposed_w: bool,
-                  single: bool = True) -> str:
+def _check_dtypes(
+    call: GmmCall, profile: _soc.SocProfile, *, transposed_x: bool, transposed_w: bool, single: bool = True
+) -> str:
     x, w = call.x[0], call.weight[0]
     if x.dtype != w.dtype:
-        raise AclnnError("dtype_a2a3" if not profile.arch35 else "output_dtype_nonquant",
-                         f"x dtype {x.dtype} and weight dtype {w.dtype} must be the same for this scenario")
+        raise AclnnError(
+            "dtype_a2a3" if not profile.arch35 else "output_dtype_nonquant",
+            f"x dtype {x.dtype} and weight dtype {w.dtype} must be the same for this scenario",
+        )
     if x.dtype in _FLOATS:
         if call.scale is not None or call.per_token_scale is not None:
             raise AclnnError("output_dtype_nonquant", f"scale / per_token_scale must be None for {x.dtype} x")
         if call.output_dtype is not None and call.output_dtype != x.dtype:
-            raise AclnnError("output_dtype_nonquant", f"output_dtype must be None or {x.dtype} for non-quantized "
-                             f"{x.dtype} x, got {call.output_dtype}")
+            raise AclnnError(
+                "output_dtype_nonquant",
+                f"output_dtype must be None or {x.dtype} for non-quantized {x.dtype} x, got {call.output_dtype}",
+            )
         if x.dtype == "float32" and not profile.arch35 and (not single or w.npu_format != ACL_FORMAT_ND):
-            raise AclnnError("dtype_a2a3", "float32 x and weight need single x, weight and y tensors and ND weights "
-                             f"on SoC {profile.label}")
+            raise AclnnError(
+                "dtype_a2a3",
+                f"float32 x and weight need single x, weight and y tensors and ND weights on SoC {profile.label}",
+            )
         if w.npu_format == ACL_FORMAT_FRACTAL_NZ:
             _check_nz(w, profile, transposed_w)
         return x.dtype
     if x.dtype in _FP8:
         if not profile.native_fp8:
-            raise AclnnError("dtype_a2a3", f"x dtype {x.dtype.upper()} on SoC {profile.label}: the A2/A3 dtype "
-                             "table has no FLOAT8 operand")
+            raise AclnnError(
+                "dtype_a2a3",
+                f"x dtype {x.dtype.upper()} on SoC {profile.label}: the A2/A3 dtype table has no FLOAT8 operand",
+            )
         return _check_gb(call, transposed_x, transposed_w)
-    raise NotImplementedError(f"x dtype {x.dtype} is not emulated (the emulator models fp16, bf16, fp32 and fp8 "
-                              "e4m3 in G-B mode)")
+    raise NotImplementedError(
+        f"x dtype {x.dtype} is not emulated (the emulator models fp16, bf16, fp32 and fp8 e4m3 in G-B mode)"
+    )
 
 
 def _check_nz(w: TensorSpec, profile: _soc.SocProfile, transposed: bool) -> None:
@@ -443,14 +503,18 @@ def _check_nz(w: TensorSpec, profile: _soc.SocProfile, transposed: bool) -> None
     if transposed or w.dim != 3:
         raise AclnnError("nz_format", "a FRACTAL_NZ weight must be a 3-D [E, K, N] tensor, not a transposed view")
     if min(w.shape[-2:]) <= 1:
-        raise AclnnError("nz_k_n_one", f"FRACTAL_NZ weight with [K, N] = {list(w.shape[-2:])}",
-                         api="aclnnGroupedMatmulWeightNz")
+        raise AclnnError(
+            "nz_k_n_one", f"FRACTAL_NZ weight with [K, N] = {list(w.shape[-2:])}", api="aclnnGroupedMatmulWeightNz"
+        )
     if profile.arch35:
         itemsize = torch.empty((), dtype=getattr(torch, w.dtype)).element_size()
         k, n = w.shape[-2:]
         if (k * itemsize) % 32 or (n * itemsize) % 32:
-            raise AclnnError("nz_align_950", f"FRACTAL_NZ weight [K, N] = [{k}, {n}] of {w.dtype}: K and N must be "
-                             "32-byte aligned on the 950", api="aclnnGroupedMatmulWeightNz")
+            raise AclnnError(
+                "nz_align_950",
+                f"FRACTAL_NZ weight [K, N] = [{k}, {n}] of {w.dtype}: K and N must be 32-byte aligned on the 950",
+                api="aclnnGroupedMatmulWeightNz",
+            )
 
 
 def _check_gb(call: GmmCall, transposed_x: bool, transposed_w: bool) -> str:
@@ -460,8 +524,9 @@ def _check_gb(call: GmmCall, transposed_x: bool, transposed_w: bool) -> str:
     if call.scale is None or call.per_token_scale is None or len(call.scale) != 1 or len(call.per_token_scale) != 1:
         raise AclnnError("gb_scales", "fp8 x and weight need one scale and one per_token_scale tensor (G-B mode)")
     if call.output_dtype not in _FP8_OUT:
-        raise AclnnError("gb_scales", f"output_dtype must be bfloat16, float16 or float32 for fp8 x, "
-                         f"got {call.output_dtype}")
+        raise AclnnError(
+            "gb_scales", f"output_dtype must be bfloat16, float16 or float32 for fp8 x, got {call.output_dtype}"
+        )
     m, k = x.shape
     e, _, n = w.shape
     if k <= 0 or n <= 0:
@@ -471,17 +536,25 @@ def _check_gb(call: GmmCall, transposed_x: bool, transposed_w: bool) -> str:
     if s.dtype != "float32" or p.dtype != "float32":
         raise AclnnError("gb_scales", f"G-B scales must be float32, got scale {s.dtype} and per_token_scale {p.dtype}")
     if tuple(s.shape) != (e, kb, nb):
-        raise AclnnError("gb_scales", f"scale shape must be (g, ceil(K/128), ceil(N/128)) = {(e, kb, nb)}, "
-                         f"got {tuple(s.shape)}")
+        raise AclnnError(
+            "gb_scales", f"scale shape must be (g, ceil(K/128), ceil(N/128)) = {(e, kb, nb)}, got {tuple(s.shape)}"
+        )
     if tuple(p.shape) != (m, kb):
-        raise AclnnError("gb_scales", f"per_token_scale shape must be (M, ceil(K/128)) = {(m, kb)}, "
-                         f"got {tuple(p.shape)}")
+        raise AclnnError(
+            "gb_scales", f"per_token_scale shape must be (M, ceil(K/128)) = {(m, kb)}, got {tuple(p.shape)}"
+        )
     if is_transposed(s) != transposed_w and not _last_two_are_one(s):
-        raise AclnnError("gb_transpose", f"scale strides {list(s.stride)} read as transposed={is_transposed(s)}, "
-                         f"weight strides {list(w.stride)} as transposed={transposed_w}")
+        raise AclnnError(
+            "gb_transpose",
+            f"scale strides {list(s.stride)} read as transposed={is_transposed(s)}, "
+            f"weight strides {list(w.stride)} as transposed={transposed_w}",
+        )
     if is_transposed(p) != transposed_x and not _last_two_are_one(p):
-        raise AclnnError("gb_transpose", f"per_token_scale strides {list(p.stride)} read as "
-                         f"transposed={is_transposed(p)}, x as transposed={transposed_x}")
+        raise AclnnError(
+            "gb_transpose",
+            f"per_token_scale strides {list(p.stride)} read as "
+            f"transposed={is_transposed(p)}, x as transposed={transposed_x}",
+        )
     return call.output_dtype
 
 
@@ -525,36 +598,51 @@ def decode_group_list(values: list, group_list_type: int, num_experts: int, limi
 
 
 # -- the operator ----------------------------------------------------------------------------------
-def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor], *,
-                       bias: Sequence[torch.Tensor] | None = None,
-                       scale: Sequence[torch.Tensor] | None = None,
-                       offset: Sequence[torch.Tensor] | None = None,
-                       antiquant_scale: Sequence[torch.Tensor] | None = None,
-                       antiquant_offset: Sequence[torch.Tensor] | None = None,
-                       per_token_scale: Sequence[torch.Tensor] | None = None,
-                       group_list: torch.Tensor | None = None,
-                       activation_input: Sequence[torch.Tensor] | None = None,
-                       activation_quant_scale: Sequence[torch.Tensor] | None = None,
-                       activation_quant_offset: Sequence[torch.Tensor] | None = None,
-                       split_item: int | None = 0,
-                       group_type: int | None = None,
-                       group_list_type: int | None = 0,
-                       act_type: int | None = 0,
-                       tuning_config: Sequence[int] | None = None,
-                       output_dtype: torch.dtype | None = None,
-                       x_dtype: Any = None,
-                       weight_dtype: Any = None,
-                       scale_dtype: Any = None,
-                       per_token_scale_dtype: Any = None) -> list[torch.Tensor]:
+def npu_grouped_matmul(
+    x: Sequence[torch.Tensor],
+    weight: Sequence[torch.Tensor],
+    *,
+    bias: Sequence[torch.Tensor] | None = None,
+    scale: Sequence[torch.Tensor] | None = None,
+    offset: Sequence[torch.Tensor] | None = None,
+    antiquant_scale: Sequence[torch.Tensor] | None = None,
+    antiquant_offset: Sequence[torch.Tensor] | None = None,
+    per_token_scale: Sequence[torch.Tensor] | None = None,
+    group_list: torch.Tensor | None = None,
+    activation_input: Sequence[torch.Tensor] | None = None,
+    activation_quant_scale: Sequence[torch.Tensor] | None = None,
+    activation_quant_offset: Sequence[torch.Tensor] | None = None,
+    split_item: int | None = 0,
+    group_type: int | None = None,
+    group_list_type: int | None = 0,
+    act_type: int | None = 0,
+    tuning_config: Sequence[int] | None = None,
+    output_dtype: torch.dtype | None = None,
+    x_dtype: Any = None,
+    weight_dtype: Any = None,
+    scale_dtype: Any = None,
+    per_token_scale_dtype: Any = None,
+) -> list[torch.Tensor]:
     """Emulation of ``torch_npu.npu_grouped_matmul`` (Tensor ``group_list`` overload); returns a
     list of tensors like the real operator (one tensor for ``split_item`` 2/3)."""
-    _not_emulated(bias=bias, offset=offset, antiquant_scale=antiquant_scale, antiquant_offset=antiquant_offset,
-                  activation_input=activation_input, activation_quant_scale=activation_quant_scale,
-                  activation_quant_offset=activation_quant_offset, x_dtype=x_dtype, weight_dtype=weight_dtype,
-                  scale_dtype=scale_dtype, per_token_scale_dtype=per_token_scale_dtype)
+    _not_emulated(
+        bias=bias,
+        offset=offset,
+        antiquant_scale=antiquant_scale,
+        antiquant_offset=antiquant_offset,
+        activation_input=activation_input,
+        activation_quant_scale=activation_quant_scale,
+        activation_quant_offset=activation_quant_offset,
+        x_dtype=x_dtype,
+        weight_dtype=weight_dtype,
+        scale_dtype=scale_dtype,
+        per_token_scale_dtype=per_token_scale_dtype,
+    )
     if isinstance(group_list, (list, tuple)):
-        raise NotImplementedError("the emulator implements the Tensor group_list overload; "
-                                  "npu_grouped_matmul.List (a Python-list group_list) is not emulated")
+        raise NotImplementedError(
+            "the emulator implements the Tensor group_list overload; "
+            "npu_grouped_matmul.List (a Python-list group_list) is not emulated"
+        )
     profile = _soc.emulated()
     xs, ws = _tensors(x, "x"), _tensors(weight, "weight")
     scales = None if scale is None else _tensors(scale, "scale")
@@ -562,15 +650,19 @@ def npu_grouped_matmul(x: Sequence[torch.Tensor], weight: Sequence[torch.Tensor]
     if group_list is not None:
         _check_cpu(group_list, "group_list")
     call = GmmCall(
-        soc=profile.soc, x=tuple(map(TensorSpec.of, xs)), weight=tuple(map(TensorSpec.of, ws)),
+        soc=profile.soc,
+        x=tuple(map(TensorSpec.of, xs)),
+        weight=tuple(map(TensorSpec.of, ws)),
         scale=None if scales is None else tuple(map(TensorSpec.of, scales)),
         per_token_scale=None if pts is None else tuple(map(TensorSpec.of, pts)),
         group_list=None if group_list is None else TensorSpec.of(group_list),
-        split_item=0 if split_item is None else int(split_item), group_type=group_type,
+        split_item=0 if split_item is None else int(split_item),
+        group_type=group_type,
         group_list_type=0 if group_list_type is None else int(group_list_type),
         act_type=0 if act_type is None else int(act_type),
         tuning_config=None if tuning_config is None else tuple(int(v) for v in tuning_config),
-        output_dtype=None if output_dtype is None else str(output_dtype).removeprefix("torch."))
+        output_dtype=None if output_dtype is None else str(output_dtype).removeprefix("torch."),
+    )
     try:
         out_name = check_call(call, profile)
     except AclnnError as exc:
@@ -617,22 +709,23 @@ def _independent(xs, ws, out_dtype) -> list[torch.Tensor]:
 
 
 # -- arithmetic --------------------------------------------------------------------------------------
-def _product(xr: torch.Tensor, w: torch.Tensor, scales, pts, expert: int, rows: slice,
-             out_dtype: torch.dtype) -> torch.Tensor:
+def _product(
+    xr: torch.Tensor, w: torch.Tensor, scales, pts, expert: int, rows: slice, out_dtype: torch.dtype
+) -> torch.Tensor:
     """One group: ``xr [m, K] @ w [K, N]`` with fp32 accumulation, rounded once to ``out_dtype``."""
     if scales is None:
         return (xr.float() @ w.float()).to(out_dtype)
-    xs = pts[0][rows].float()                  # [m, ceil(K/128)]
-    ws = scales[0][expert].float()             # [ceil(K/128), ceil(N/128)]
+    xs = pts[0][rows].float()  # [m, ceil(K/128)]
+    ws = scales[0][expert].float()  # [ceil(K/128), ceil(N/128)]
     m, k = xr.shape
     n = w.shape[1]
     kb = xs.shape[1]
     pad = kb * GB_BLOCK - k
     xf = torch.nn.functional.pad(xr.float(), (0, pad)).view(m, kb, GB_BLOCK)
     wf = torch.nn.functional.pad(w.float(), (0, 0, 0, pad)).view(kb, GB_BLOCK, n)
-    partial = torch.einsum("mjk,jkn->jmn", xf, wf)                         # fp32 per K block
-    ws_n = ws.repeat_interleave(GB_BLOCK, dim=1)[:, :n]                     # [kb, N]
-    acc = (partial * xs.t()[:, :, None] * ws_n[:, None, :]).sum(0)          # fp32 accumulation
+    partial = torch.einsum("mjk,jkn->jmn", xf, wf)  # fp32 per K block
+    ws_n = ws.repeat_interleave(GB_BLOCK, dim=1)[:, :n]  # [kb, N]
+    acc = (partial * xs.t()[:, :, None] * ws_n[:, None, :]).sum(0)  # fp32 accumulation
     return acc.to(out_dtype)
 
 
@@ -643,8 +736,9 @@ def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 def _tensors(value, name: str) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"npu_grouped_matmul(): argument '{name}' must be a list of tensors, "
-                        f"not {type(value).__name__}")
+        raise TypeError(
+            f"npu_grouped_matmul(): argument '{name}' must be a list of tensors, not {type(value).__name__}"
+        )
     if not value:
         raise AclnnError("dims", f"{name} must not be an empty tensor list")
     for i, t in enumerate(value):

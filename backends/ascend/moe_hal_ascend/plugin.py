@@ -30,18 +30,40 @@ _ANY_B_ORDER = frozenset({"k", "n", "strided"})
 MAX_GROUPS = 1024
 _FP8_FORMATS = frozenset({"fp32", "ue8m0"})
 
-FLOAT_SIGNATURE = Signature(ops=_ALL_OPS, dtypes={"fp32", "bf16", "fp16"}, out_dtypes={"fp32", "bf16", "fp16"},
-                            b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+FLOAT_SIGNATURE = Signature(
+    ops=_ALL_OPS,
+    dtypes={"fp32", "bf16", "fp16"},
+    out_dtypes={"fp32", "bf16", "fp16"},
+    b_majors=_ANY_B_ORDER,
+    max_groups=MAX_GROUPS,
+)
 #: fp8 dequantized before the op: any blocks, every operation.
-FP8_DEQUANTIZED = Signature(ops=_ALL_OPS, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
-                            scale_formats=_FP8_FORMATS, b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+FP8_DEQUANTIZED = Signature(
+    ops=_ALL_OPS,
+    dtypes={"fp8_e4m3"},
+    out_dtypes={"bf16", "fp32"},
+    scale_formats=_FP8_FORMATS,
+    b_majors=_ANY_B_ORDER,
+    max_groups=MAX_GROUPS,
+)
 #: fp8 in the 950's G-B mode (gsM = 1, gsN = gsK = 128, fp32 scales): M-grouped only.
-FP8_NATIVE_950 = Signature(ops={"contiguous", "masked"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
-                           scale_formats=_FP8_FORMATS, scale_blocks={((1, 128), (128, 128))},
-                           b_majors=_ANY_B_ORDER, max_groups=MAX_GROUPS)
+FP8_NATIVE_950 = Signature(
+    ops={"contiguous", "masked"},
+    dtypes={"fp8_e4m3"},
+    out_dtypes={"bf16", "fp32"},
+    scale_formats=_FP8_FORMATS,
+    scale_blocks={((1, 128), (128, 128))},
+    b_majors=_ANY_B_ORDER,
+    max_groups=MAX_GROUPS,
+)
 #: K-grouped fp8 on the 950: the G-B scale layout along K is undocumented, so it is dequantized.
-FP8_K_DEQUANTIZED_950 = Signature(ops={"k_grouped"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
-                                  scale_formats=_FP8_FORMATS, max_groups=MAX_GROUPS)
+FP8_K_DEQUANTIZED_950 = Signature(
+    ops={"k_grouped"},
+    dtypes={"fp8_e4m3"},
+    out_dtypes={"bf16", "fp32"},
+    scale_formats=_FP8_FORMATS,
+    max_groups=MAX_GROUPS,
+)
 
 _BASE_FEATURES = frozenset({"npu_grouped_matmul", "cube_unit", "bf16"})
 
@@ -65,8 +87,10 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         impl="moe_hal_ascend.backend:AscendBackend",
         signatures=(FLOAT_SIGNATURE, FP8_DEQUANTIZED),
         requires=_BASE_FEATURES,
-        description=_description("torch_npu.npu_grouped_matmul on Atlas A2/A3 (910B/910C): contiguous, masked, "
-                                 "K-grouped; fp32/bf16/fp16, fp8 dequantized"),
+        description=_description(
+            "torch_npu.npu_grouped_matmul on Atlas A2/A3 (910B/910C): contiguous, masked, "
+            "K-grouped; fp32/bf16/fp16, fp8 dequantized"
+        ),
     )
     a5 = BackendSpec(
         name="ascend_950",
@@ -77,8 +101,10 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         impl="moe_hal_ascend.backend:Ascend950Backend",
         signatures=(FLOAT_SIGNATURE, FP8_NATIVE_950, FP8_K_DEQUANTIZED_950),
         requires=_BASE_FEATURES | {"fp8"},
-        description=_description("torch_npu.npu_grouped_matmul on Ascend 950: contiguous, masked, K-grouped; "
-                                 "fp32/bf16/fp16, fp8 block-scaled natively (G-B mode) for M-grouped calls"),
+        description=_description(
+            "torch_npu.npu_grouped_matmul on Ascend 950: contiguous, masked, K-grouped; "
+            "fp32/bf16/fp16, fp8 block-scaled natively (G-B mode) for M-grouped calls"
+        ),
     )
     return a2_a3, a5
 
@@ -100,8 +126,11 @@ def moe_hal_probe_device(device_type, index):
 
 @hookimpl
 def moe_hal_environment(env_var, package, fact) -> None:
-    env_var("MOE_HAL_ASCEND_EMULATE", "1 or a SoC name (e.g. Ascend950PR_9579): run the Ascend backends on the "
-                                      "CPU emulator of torch_npu (only when named)")
+    env_var(
+        "MOE_HAL_ASCEND_EMULATE",
+        "1 or a SoC name (e.g. Ascend950PR_9579): run the Ascend backends on the "
+        "CPU emulator of torch_npu (only when named)",
+    )
     env_var("MOE_HAL_ASCEND_SOC", "SoC the Ascend emulator pretends to be")
     env_var("MOE_HAL_ASCEND_WEIGHT_FORMAT", "nd (default) or nz: cast bf16/fp16 weights to FRACTAL_NZ once")
     env_var("ASCEND_RT_VISIBLE_DEVICES", "the NPUs this process sees")

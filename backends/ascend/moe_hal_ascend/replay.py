@@ -42,7 +42,7 @@ def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
 
     tiers = list(tiers)
     cases = suite.load()
-    selected = session.select_cases(cases, tiers)           # stored tiers plus the generated sweep
+    selected = session.select_cases(cases, tiers)  # stored tiers plus the generated sweep
     report: dict = {"tiers": tiers, "emulated": True, "runs": [], "calls": []}
     try:
         for soc_name in socs:
@@ -50,15 +50,21 @@ def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
             selection.clear_cache()
             for backend in backends_for(soc_name):
                 target = runner.Target.resolve(backend)
-                entry = {"soc": soc_name, "backend": backend, "available": target.available,
-                         "reasons": [str(r) for r in getattr(target, "reasons", [])], "statuses": {}, "failures": []}
+                entry = {
+                    "soc": soc_name,
+                    "backend": backend,
+                    "available": target.available,
+                    "reasons": [str(r) for r in getattr(target, "reasons", [])],
+                    "statuses": {},
+                    "failures": [],
+                }
                 report["runs"].append(entry)
                 if not target.available:
                     continue
                 statuses: collections.Counter = collections.Counter()
                 conformance = runner.Runner(target, cases)
                 with emulator.recording() as calls, warnings.catch_warnings():
-                    warnings.simplefilter("ignore")          # the announced dequantize / upcast paths
+                    warnings.simplefilter("ignore")  # the announced dequantize / upcast paths
                     for case, path in conformance.items(selected):
                         result = conformance.run_case(case, path)
                         statuses[result.status] += 1
@@ -95,8 +101,10 @@ def check(report: dict) -> list[str]:
 
 def summary(report: dict) -> dict:
     """Per SoC and backend: calls recorded and the rule-table rules they were checked against."""
-    return {"rules": sorted(cann_rules.RULES), "runs": [
-        {k: r.get(k) for k in ("soc", "backend", "available", "statuses", "calls")} for r in report["runs"]]}
+    return {
+        "rules": sorted(cann_rules.RULES),
+        "runs": [{k: r.get(k) for k in ("soc", "backend", "available", "statuses", "calls")} for r in report["runs"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             report = json.load(fh)
     problems = check(report)
     print(json.dumps(summary(report), indent=1))
-    print(f"{len(report['calls'])} recorded npu_grouped_matmul calls replayed against {len(cann_rules.RULES)} rules "
-          f"(EMULATED: nothing here ran on an NPU); {len(problems)} problem(s)")
+    print(
+        f"{len(report['calls'])} recorded npu_grouped_matmul calls replayed against {len(cann_rules.RULES)} rules "
+        f"(EMULATED: nothing here ran on an NPU); {len(problems)} problem(s)"
+    )
     for problem in problems:
         print("  " + problem, file=sys.stderr)
     return 1 if problems else 0

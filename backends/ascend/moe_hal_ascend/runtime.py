@@ -38,7 +38,9 @@ from moe_hal.backend import Reason
 #: Shared libraries of the CANN toolkit whose absence means "CANN is not installed / not sourced".
 _CANN_LIBRARY = re.compile(
     r"lib(hccl|ascendcl|acl_[a-z_]+|ge_runner|graph|runtime|opapi|nnopbase|msprof\w*|tsdclient|"
-    r"c_sec|ascend_hal|platform|register|error_manager|ascend_protobuf)\.so", re.IGNORECASE)
+    r"c_sec|ascend_hal|platform|register|error_manager|ascend_protobuf)\.so",
+    re.IGNORECASE,
+)
 _CANN_HINTS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "set_env.sh", "ascend-toolkit")
 
 _lock = threading.Lock()
@@ -65,14 +67,22 @@ def classify_import_error(exc: BaseException) -> Reason:
     """The :class:`~moe_hal.Reason` for a failed ``import torch_npu``."""
     text = _chain(exc)
     if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] == "torch_npu":
-        return Reason("torch_npu_missing", "torch_npu is not installed; install it with "
-                      "`pip install moe-hal-ascend[npu]` or the wheel matching your torch and CANN",
-                      "an importable torch_npu", text)
+        return Reason(
+            "torch_npu_missing",
+            "torch_npu is not installed; install it with "
+            "`pip install moe-hal-ascend[npu]` or the wheel matching your torch and CANN",
+            "an importable torch_npu",
+            text,
+        )
     if _CANN_LIBRARY.search(text) or any(h in text for h in _CANN_HINTS):
-        return Reason("cann_missing", "torch_npu is installed but the CANN toolkit is not found "
-                      "(install CANN and `source <ascend-toolkit>/set_env.sh`; on machines without "
-                      "CANN set TORCH_DEVICE_BACKEND_AUTOLOAD=0 so that `import torch` keeps working)",
-                      "CANN shared libraries (libhccl.so, libascendcl.so) on the loader path", text)
+        return Reason(
+            "cann_missing",
+            "torch_npu is installed but the CANN toolkit is not found "
+            "(install CANN and `source <ascend-toolkit>/set_env.sh`; on machines without "
+            "CANN set TORCH_DEVICE_BACKEND_AUTOLOAD=0 so that `import torch` keeps working)",
+            "CANN shared libraries (libhccl.so, libascendcl.so) on the loader path",
+            text,
+        )
     return Reason("torch_npu_broken", "importing torch_npu failed", "an importable torch_npu", text)
 
 
@@ -106,9 +116,15 @@ def installed() -> list[Reason]:
     except (ImportError, ValueError):
         spec = None
     if spec is None:
-        return [Reason("torch_npu_missing", "torch_npu is not installed; install it with "
-                       "`pip install moe-hal-ascend[npu]` or the wheel matching your torch and CANN",
-                       "an importable torch_npu", "no torch_npu module on sys.path")]
+        return [
+            Reason(
+                "torch_npu_missing",
+                "torch_npu is not installed; install it with "
+                "`pip install moe-hal-ascend[npu]` or the wheel matching your torch and CANN",
+                "an importable torch_npu",
+                "no torch_npu module on sys.path",
+            )
+        ]
     return []
 
 
@@ -118,18 +134,29 @@ def availability() -> list[Reason]:
     if module is None:
         return [err]
     if not callable(getattr(module, "npu_grouped_matmul", None)):
-        return [Reason("npu_op_missing", "this torch_npu has no npu_grouped_matmul",
-                       "torch_npu with npu_grouped_matmul (2.1 or newer)", getattr(module, "__version__", "?"))]
+        return [
+            Reason(
+                "npu_op_missing",
+                "this torch_npu has no npu_grouped_matmul",
+                "torch_npu with npu_grouped_matmul (2.1 or newer)",
+                getattr(module, "__version__", "?"),
+            )
+        ]
     try:
         import torch
 
         count = int(torch.npu.device_count()) if torch.npu.is_available() else 0
     except Exception as exc:  # noqa: BLE001 - a broken driver raises from inside the probe
-        return [Reason("npu_device_missing", "torch_npu cannot query NPU devices", "at least one NPU",
-                       _chain(exc))]
+        return [Reason("npu_device_missing", "torch_npu cannot query NPU devices", "at least one NPU", _chain(exc))]
     if count == 0:
-        return [Reason("npu_device_missing", "torch_npu imports but sees no NPU (driver, container "
-                       "device mapping or ASCEND_RT_VISIBLE_DEVICES)", "at least one NPU", 0)]
+        return [
+            Reason(
+                "npu_device_missing",
+                "torch_npu imports but sees no NPU (driver, container device mapping or ASCEND_RT_VISIBLE_DEVICES)",
+                "at least one NPU",
+                0,
+            )
+        ]
     return []
 
 

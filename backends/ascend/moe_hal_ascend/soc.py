@@ -24,10 +24,20 @@ from . import emulation
 #: ``Ascend910B4_1``; the name string compiled into libtorch_npu.so is ``Ascend910B4-1``. Every 950
 #: SKU is 260. The emulator passes the version with the name, as a real device would.
 SOC_VERSIONS: dict[str, int] = {
-    "Ascend910B1": 220, "Ascend910B2": 221, "Ascend910B2C": 222, "Ascend910B3": 223, "Ascend910B4": 224,
-    "Ascend910B4-1": 225, "Ascend910B4_1": 225,
-    "Ascend910_9391": 250, "Ascend910_9392": 251, "Ascend910_9381": 252, "Ascend910_9382": 253,
-    "Ascend910_9372": 254, "Ascend910_9362": 255, "Ascend910_9363": 256,
+    "Ascend910B1": 220,
+    "Ascend910B2": 221,
+    "Ascend910B2C": 222,
+    "Ascend910B3": 223,
+    "Ascend910B4": 224,
+    "Ascend910B4-1": 225,
+    "Ascend910B4_1": 225,
+    "Ascend910_9391": 250,
+    "Ascend910_9392": 251,
+    "Ascend910_9381": 252,
+    "Ascend910_9382": 253,
+    "Ascend910_9372": 254,
+    "Ascend910_9362": 255,
+    "Ascend910_9363": 256,
 }
 _ARCH35 = re.compile(r"Ascend950(PR|DT)_\w+")
 

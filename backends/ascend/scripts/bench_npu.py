@@ -59,23 +59,31 @@ class Case:
         self.name, self.op, groups, n, k, tokens, alignment = spec
         # A Zipf-like router: a few hot experts, some nearly empty.
         self.counts = counts = workloads.synthetic_counts("zipf:1.2", tokens, groups, 1, seed=seed)
-        self.info = {"case": self.name, "op": self.op, "G": groups, "N": n, "K": k, "tokens": tokens,
-                     "alignment": alignment, "counts": counts}
+        self.info = {
+            "case": self.name,
+            "op": self.op,
+            "G": groups,
+            "N": n,
+            "K": k,
+            "tokens": tokens,
+            "alignment": alignment,
+            "counts": counts,
+        }
         randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731 - a one-line closure over this case
         if self.op == "contiguous":
             self.layout = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
-            self.a, self.b = randn(self.layout.num_rows, k), randn(groups, n, k) / k ** 0.5
+            self.a, self.b = randn(self.layout.num_rows, k), randn(groups, n, k) / k**0.5
             self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
             ends = [-(-e // alignment) * alignment for e in self.layout.ends]
             self.group_list = torch.tensor(ends, dtype=torch.int64, device=device)
         elif self.op == "masked":
             max_m = max(counts) or 1
             self.layout = moe_hal.MaskedLayout(torch.tensor(counts, dtype=torch.int32, device=device), max_m)
-            self.a, self.b = randn(groups, max_m, k), randn(groups, n, k) / k ** 0.5
+            self.a, self.b = randn(groups, max_m, k), randn(groups, n, k) / k**0.5
             self.group_list = None
         else:
             self.layout = moe_hal.KGroupedLayout.from_counts(counts, alignment=alignment)
-            self.a, self.b = randn(self.layout.num_rows, k), randn(self.layout.num_rows, n) / tokens ** 0.5
+            self.a, self.b = randn(self.layout.num_rows, k), randn(self.layout.num_rows, n) / tokens**0.5
             self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
             self.group_list = torch.tensor(self.layout.ends, dtype=torch.int64, device=device)
 
@@ -100,7 +108,7 @@ class Case:
         if self.op == "masked":
             out = torch.zeros(*self.a.shape[:2], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
             for g, part in zip([g for g, c in enumerate(self.counts) if c], parts):
-                out[g, :part.shape[0]] = part
+                out[g, : part.shape[0]] = part
             return out
         out = torch.zeros(len(self.counts), self.a.shape[1], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
         for (g, _, _), part in zip(self.segments, parts):
@@ -112,10 +120,17 @@ class Case:
         if self.group_list is None:
             return None
         if self.op == "contiguous":
-            return ops.npu_grouped_matmul([self.a], [self.b.transpose(1, 2)], group_list=self.group_list,
-                                          group_type=0, group_list_type=0, split_item=3)[0]
-        return ops.npu_grouped_matmul([self.a.t()], [self.b], group_list=self.group_list, group_type=2,
-                                      group_list_type=0, split_item=3)[0]
+            return ops.npu_grouped_matmul(
+                [self.a],
+                [self.b.transpose(1, 2)],
+                group_list=self.group_list,
+                group_type=0,
+                group_list_type=0,
+                split_item=3,
+            )[0]
+        return ops.npu_grouped_matmul(
+            [self.a.t()], [self.b], group_list=self.group_list, group_type=2, group_list_type=0, split_item=3
+        )[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         device, specs = torch.device("cpu"), DRY_RUN_CASES
         args.repeats, args.warmup = 2, 1
-        backend = args.backend or "ascend"          # on the CPU the Ascend backends run only when named
+        backend = args.backend or "ascend"  # on the CPU the Ascend backends run only when named
     else:
-        runtime.torch_npu()                          # raises with the reason when torch_npu is unusable
+        runtime.torch_npu()  # raises with the reason when torch_npu is unusable
         device, specs = torch.device("npu:0"), CASES
         backend = args.backend
     ops = runtime.ops_for(device)
@@ -177,13 +192,22 @@ def main(argv: list[str] | None = None) -> int:
             entry.update(ok=False, error=f"{type(exc).__name__}: {exc}")
         results.append(entry)
 
-    report = {"tool": "backends/ascend/scripts/bench_npu.py", "mode": "emulated" if args.dry_run else "native",
-              "note": ("dry run on the CPU emulator of torch_npu: the times mean nothing" if args.dry_run
-                       else "measured on an Ascend NPU"),
-              "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "host": platform.node(),
-              "versions": sysinfo.versions(),
-              "env": {k: v for k, v in os.environ.items() if k.startswith(("MOE_HAL_", "ASCEND_"))},
-              "results": results}
+    report = {
+        "tool": "backends/ascend/scripts/bench_npu.py",
+        "mode": "emulated" if args.dry_run else "native",
+        "note": (
+            "dry run on the CPU emulator of torch_npu: the times mean nothing"
+            if args.dry_run
+            else "measured on an Ascend NPU"
+        ),
+        "dtype": args.dtype,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "host": platform.node(),
+        "versions": sysinfo.versions(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("MOE_HAL_", "ASCEND_"))},
+        "results": results,
+    }
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     failed = [r["case"] for r in results if not r.get("ok")]

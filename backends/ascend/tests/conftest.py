@@ -12,7 +12,7 @@ import os
 os.environ["MOE_HAL_ASCEND_EMULATE"] = "1"
 os.environ.pop("MOE_HAL_ASCEND_SOC", None)
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-os.environ["MOE_HAL_PLUGINS"] = "ascend"          # this plugin and the built-ins, nothing else installed
+os.environ["MOE_HAL_PLUGINS"] = "ascend"  # this plugin and the built-ins, nothing else installed
 for _name in ("MOE_HAL_BACKEND", "MOE_HAL_DISABLE_BACKENDS", "MOE_HAL_ASCEND_WEIGHT_FORMAT"):
     os.environ.pop(_name, None)
 
@@ -41,5 +41,5 @@ def emulate():
 @pytest.fixture
 def gen(request):
     """A generator seeded from the test's name: fresh data per test, reproducible on failure."""
-    seed = sum(map(ord, request.node.nodeid)) * 7919 % (2 ** 31)
+    seed = sum(map(ord, request.node.nodeid)) * 7919 % (2**31)
     return torch.Generator().manual_seed(seed)

@@ -30,6 +30,7 @@ def test_gradients_through_ascend_match_float64_reference(dtype, gen):
     ]
     tol = {"rtol": 3e-2, "atol": 0.2} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
     for a, b, layout in cases:
+
         def run(a, b, be, layout=layout):
             return moe_hal.grouped_gemm(a, b, layout, backend=be)
 

@@ -33,7 +33,7 @@ FAKES = {
     "cann_missing_oserror": f"raise OSError({LIBHCCL!r})",
     "cann_missing_importerror": "raise ImportError('libascendcl.so: cannot open shared object file')",
     "torch_npu_broken": "raise RuntimeError('Two accelerators cannot be used at the same time in PyTorch: "
-                        "npu and cuda')",
+    "npu and cuda')",
     "npu_op_missing": "__version__ = '2.0.0'",
     "npu_device_missing": """
         import torch, types
@@ -81,7 +81,7 @@ def _backend(cls=AscendBackend):
 
 def test_torch_npu_missing(monkeypatch):
     disable_emulation()
-    monkeypatch.setitem(sys.modules, "torch_npu", None)          # import torch_npu -> ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu -> ModuleNotFoundError
     runtime.forget()
     try:
         assert [r.code for r in _backend().is_available()] == ["torch_npu_missing"]
@@ -92,7 +92,7 @@ def test_torch_npu_missing(monkeypatch):
 @pytest.mark.parametrize("fake", sorted(FAKES))
 def test_each_failure_has_its_own_reason(fake_torch_npu, fake):
     fake_torch_npu(FAKES[fake])
-    assert _backend().is_available() == []            # installed: the import waits for an npu device
+    assert _backend().is_available() == []  # installed: the import waits for an npu device
     reasons = _backend().check_device(DeviceInfo("npu", 0, None, frozenset(), "npu:0"))
     expected = "cann_missing" if fake.startswith("cann_missing") else fake
     assert [r.code for r in reasons] == [expected]
@@ -101,12 +101,15 @@ def test_each_failure_has_its_own_reason(fake_torch_npu, fake):
         assert "TORCH_DEVICE_BACKEND_AUTOLOAD=0" in reasons[0].message
 
 
-@pytest.mark.parametrize("soc_name, ascend, ascend_950", [
-    (SOC_910B, [], ["soc_unsupported"]),
-    (SOC_950, [], []),
-    ("Ascend310P3", ["soc_unsupported"], ["soc_unsupported"]),
-    ("Ascend910ProB", ["soc_unsupported"], ["soc_unsupported"]),
-])
+@pytest.mark.parametrize(
+    "soc_name, ascend, ascend_950",
+    [
+        (SOC_910B, [], ["soc_unsupported"]),
+        (SOC_950, [], []),
+        ("Ascend310P3", ["soc_unsupported"], ["soc_unsupported"]),
+        ("Ascend910ProB", ["soc_unsupported"], ["soc_unsupported"]),
+    ],
+)
 def test_soc_is_judged_by_hardware_db_features(fake_torch_npu, soc_name, ascend, ascend_950):
     fake_torch_npu(_device_fake(soc_name))
     assert _backend().is_available() == []
@@ -133,7 +136,7 @@ def test_emulated_soc_is_judged_the_same_way(emulate):
 def test_distribution_never_pulls_torch_npu():
     requires = metadata.requires("moe-hal-ascend") or []
     torch_npu = [r for r in requires if r.lower().replace("-", "_").startswith("torch_npu")]
-    assert torch_npu and all("extra == \"npu\"" in r for r in torch_npu)
+    assert torch_npu and all('extra == "npu"' in r for r in torch_npu)
     dist = metadata.distribution("moe-hal-ascend")
     groups = {ep.group for ep in dist.entry_points}
     assert groups == {"moe_hal.backends"}, "the plugin must never take part in torch's device autoload"

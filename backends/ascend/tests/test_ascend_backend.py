@@ -62,7 +62,7 @@ def gmm_calls(monkeypatch):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_contiguous_matches_reference(gen, gmm_calls, counts, alignment, tail, dtype):
     a, b, lay = _contiguous(gen, counts, alignment, tail, k=72, n=40, dtype=dtype)
-    a[lay.m_indices() < 0] = float("nan")        # padding rows hold garbage; the output must not
+    a[lay.m_indices() < 0] = float("nan")  # padding rows hold garbage; the output must not
     y = moe_hal.grouped_gemm(a, b, lay, backend="ascend")
     assert_close(y, reference(a, b, lay))
     assert bool((y[lay.m_indices() < 0] == 0).all())
@@ -73,9 +73,9 @@ def test_contiguous_matches_reference(gen, gmm_calls, counts, alignment, tail, d
 def test_the_tail_the_op_leaves_unwritten_is_zeroed(gen, monkeypatch):
     # The emulator poisons rows the op does not write; without the backend's fix-up they stay NaN.
     a, b, lay = _contiguous(gen, [5, 3], 4, 9, k=16, n=8, dtype=torch.bfloat16)
-    ends = torch.tensor([8, 11])                                    # aligned segment ends
+    ends = torch.tensor([8, 11])  # aligned segment ends
     raw = emulator.npu_grouped_matmul([a], [b.transpose(1, 2)], group_list=ends, group_type=0, split_item=3)[0]
-    assert torch.isnan(raw[12:]).all()                              # the tail, as the op leaves it
+    assert torch.isnan(raw[12:]).all()  # the tail, as the op leaves it
     y = moe_hal.grouped_gemm(a, b, lay, backend="ascend")
     assert bool((y[11:] == 0).all()) and not torch.isnan(y).any()
 
@@ -154,7 +154,7 @@ def test_masked_never_reads_host_values(gen, monkeypatch):
 
     real = emulator.npu_grouped_matmul
 
-    def kernel(x, weight, group_list, **kwargs):       # the NPU kernel reads group_list on the device
+    def kernel(x, weight, group_list, **kwargs):  # the NPU kernel reads group_list on the device
         return real(x, weight, group_list=group_list.as_subclass(torch.Tensor), **kwargs)
 
     monkeypatch.setattr(emulator, "npu_grouped_matmul", kernel)
@@ -249,11 +249,11 @@ def test_fp8_on_910_is_a_declared_dequantize_path(gen, emulate, monkeypatch, soc
     assert seen == [torch.bfloat16 if op != "k_grouped" and out_dtype == torch.bfloat16 else torch.float32]
     expected = reference(qa, qb, lay, out_dtype=out_dtype)
     if ue8m0 or out_dtype == torch.float32 or op == "k_grouped":
-        assert_close(y, expected)                   # exact operands: one rounding of the output
+        assert_close(y, expected)  # exact operands: one rounding of the output
     else:
         # bf16-rounded operands: within the suite's fp8_bf16 class (rtol 1.6e-2 plus 4 sqrt(K) 2^-14 sum|ab|)
         abs_product = reference(qa.dequantize().abs(), qb.dequantize().abs(), lay, out_dtype=torch.float32)
-        bound = 1.6e-2 * expected.double().abs() + 4 * qa.data.shape[-1] ** 0.5 * 2 ** -14 * abs_product.double()
+        bound = 1.6e-2 * expected.double().abs() + 4 * qa.data.shape[-1] ** 0.5 * 2**-14 * abs_product.double()
         assert bool(((y.double() - expected.double()).abs() <= bound + 1e-5).all())
     with pytest.raises(BackendUnavailableError, match="soc_unsupported"):
         moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
@@ -267,7 +267,7 @@ def test_fp8_on_910_never_casts_or_gathers_fp8_on_the_device(gen, emulate, op):
     qa, qb, lay = _fp8_operands(gen, op)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PathWarning)
-        moe_hal.grouped_gemm(qa, qb, lay, backend="ascend")          # selection and preparation first
+        moe_hal.grouped_gemm(qa, qb, lay, backend="ascend")  # selection and preparation first
         prepared_cache.clear()
         with _Fp8DeviceOps() as spy:
             y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend")
@@ -297,7 +297,7 @@ def test_fp8_is_native_on_950(gen, emulate, gmm_calls, op, ue8m0):
     sel = moe_hal.select(qa, qb, lay, backend="ascend_950")
     assert "G-B mode" in sel.explain() and "dequantizes" not in sel.explain()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", PathWarning)      # the native path announces nothing
+        warnings.simplefilter("error", PathWarning)  # the native path announces nothing
         y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
     expected = reference(qa, qb, lay)
     assert calc_like_native(y, expected)
@@ -342,7 +342,7 @@ def test_emulation_off_rejects_cpu_tensors(gen):
         moe_hal.select(a, b, lay, backend="ascend")
     codes = {r.code for r in info.value.reasons}
     assert codes & {"torch_npu_missing", "cann_missing", "torch_npu_broken", "npu_device_missing"}
-    with pytest.raises(DeviceError, match="emulation mode"):          # called directly, bypassing selection
+    with pytest.raises(DeviceError, match="emulation mode"):  # called directly, bypassing selection
         moe_hal.get_backend("ascend").run(moe_hal.Problem.build(a, b, lay), None)
 
 
@@ -371,7 +371,7 @@ def calc_like_native(y: torch.Tensor, expected: torch.Tensor) -> bool:
     """A native fp8 path rounds once to bf16 after fp32 accumulation: within 1 bf16 ulp, plus
     the fp32 accumulation error of a few K blocks."""
     err = (y.double() - expected.double()).abs()
-    return bool((err <= 2 ** -8 * expected.double().abs() + 1e-3 * expected.double().abs().max()).all())
+    return bool((err <= 2**-8 * expected.double().abs() + 1e-3 * expected.double().abs().max()).all())
 
 
 def _operands(gen, op, dtype):
@@ -386,7 +386,7 @@ def _operands(gen, op, dtype):
 
 
 def _fp8_operands(gen, op, ue8m0=False):
-    k, n = 320, 136                                                 # partial 128-blocks along K and N
+    k, n = 320, 136  # partial 128-blocks along K and N
     if op == "k_grouped":
         lay = moe_hal.KGroupedLayout.from_counts([130, 0, 60], alignment=128)
         x = quantize_fp8(torch.randn(lay.num_rows, 24, generator=gen), block=(128, 1), ue8m0=ue8m0)
@@ -408,8 +408,12 @@ def test_calls_with_nothing_to_multiply(gen):
     mlay = moe_hal.MaskedLayout(torch.tensor([2, 0], dtype=torch.int32), 3)
     out = torch.full((2, 3, 4), 3.0).half()
     moe_hal.grouped_gemm(torch.zeros(2, 3, 0).half(), torch.zeros(2, 4, 0).half(), mlay, out=out, backend="ascend")
-    assert_close(out, reference(torch.zeros(2, 3, 0).half(), torch.zeros(2, 4, 0).half(), mlay,
-                                out=torch.full((2, 3, 4), 3.0).half()))
+    assert_close(
+        out,
+        reference(
+            torch.zeros(2, 3, 0).half(), torch.zeros(2, 4, 0).half(), mlay, out=torch.full((2, 3, 4), 3.0).half()
+        ),
+    )
     klay = moe_hal.KGroupedLayout.from_counts([0, 0], alignment=1)
     c = torch.randn(2, 4, 6, generator=gen)
     y = moe_hal.grouped_gemm(torch.zeros(0, 4), torch.zeros(0, 6), klay, c=c, backend="ascend")
@@ -421,7 +425,7 @@ def test_k_grouped_column_major_a_with_one_token_or_one_row(gen, t, m):
     # Issue 15: a column-major a [T, M] with T = 1 or M = 1 is "contiguous" to torch, so it reached
     # the op with strides CANN reads as not transposed (an untyped AclnnError). It is normalised now.
     lay = moe_hal.KGroupedLayout.from_counts([t, 0], alignment=1)
-    a = torch.randn(m, t, generator=gen).bfloat16().t()               # column-major [T, M]
+    a = torch.randn(m, t, generator=gen).bfloat16().t()  # column-major [T, M]
     b = torch.randn(t, 3, generator=gen).bfloat16()
     assert a.is_contiguous() or t > 1 and m > 1
     y = moe_hal.grouped_gemm(a, b, lay, backend="ascend")
@@ -447,13 +451,14 @@ def test_950_g_b_scales_keep_the_weights_transposition(gen, emulate, monkeypatch
     prepared_cache.clear()
     y = moe_hal.grouped_gemm(qa, qb, lay, backend="ascend_950")
     assert calc_like_native(y, reference(qa, qb, lay))
-    (weight, scale, per_token, x), = seen
+    ((weight, scale, per_token, x),) = seen
+
     # CANN's IsTransposeLastTwoDims, written out here (ops-transformer aclnn_grouped_matmul_util.cpp)
     def transposed(t):
         shape, stride = t.shape, t.stride()
         if stride[-2] != 1 or stride[-1] != shape[-2]:
             return False
-        return all(stride[d] == math.prod(shape[d + 1:]) for d in range(t.dim() - 2))
+        return all(stride[d] == math.prod(shape[d + 1 :]) for d in range(t.dim() - 2))
 
     assert transposed(scale) == transposed(weight) or tuple(scale.shape[-2:]) == (1, 1)
     assert transposed(per_token) == transposed(x) or tuple(per_token.shape[-2:]) == (1, 1)

@@ -14,9 +14,10 @@ from ascend_helpers import SOC_910B, SOC_910C, SOC_950
 from moe_hal.conformance import runner, suite
 
 
-@pytest.mark.filterwarnings("ignore::moe_hal.errors.PathWarning")   # the announced upcast / dequantize paths
-@pytest.mark.parametrize("soc, backend", [(SOC_910B, "ascend"), (SOC_910C, "ascend"), (SOC_950, "ascend_950"),
-                                          (SOC_950, "ascend")])
+@pytest.mark.filterwarnings("ignore::moe_hal.errors.PathWarning")  # the announced upcast / dequantize paths
+@pytest.mark.parametrize(
+    "soc, backend", [(SOC_910B, "ascend"), (SOC_910C, "ascend"), (SOC_950, "ascend_950"), (SOC_950, "ascend")]
+)
 def test_full_tier_passes_emulated(emulate, soc, backend):
     emulate(soc)
     target = runner.Target.resolve(backend)

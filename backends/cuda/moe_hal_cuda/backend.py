@@ -45,11 +45,11 @@ from . import device as cuda_device  # noqa: E402 - after the environment set-up
 INTERPRETED_NOTE = "INTERPRETED (Triton interpreter on CPU)"
 KERNEL_NOTES = {
     "contiguous": "triton contiguous kernel (tiles found on the device from psum; no host sync once the layout "
-                  "is uploaded; CUDA-graph capture replays the captured routing)",
+    "is uploaded; CUDA-graph capture replays the captured routing)",
     "masked": "triton masked kernel (persistent over the tiles masked_m has, read on the device; no host sync; "
-              "CUDA-graph capture replays with new masked_m values)",
+    "CUDA-graph capture replays with new masked_m values)",
     "k_grouped": "triton K-grouped kernel (group bounds on the device; no host sync once the layout is uploaded; "
-                 "CUDA-graph capture replays the captured routing)",
+    "CUDA-graph capture replays the captured routing)",
 }
 _DEFAULT_HEIGHT = {"contiguous": 128, "masked": 64, "k_grouped": 128}
 _PLANS_MAX = 1024
@@ -131,29 +131,47 @@ class CudaBackend(Backend):
         if self.interpreter_mode():
             if device.type in ("cpu", "cuda"):
                 return []
-            return [Reason("device_type_unsupported", "the Triton interpreter runs on CPU (or CUDA) tensors",
-                           {"cpu", "cuda"}, device.type)]
+            return [
+                Reason(
+                    "device_type_unsupported",
+                    "the Triton interpreter runs on CPU (or CUDA) tensors",
+                    {"cpu", "cuda"},
+                    device.type,
+                )
+            ]
         return super().check_device(device)
 
     def auto_select_reason(self, device: DeviceInfo) -> Reason | None:
         if self.interpreter_mode():
-            return Reason("interpreter_only", f"runs under the Triton interpreter (MOE_HAL_CUDA_INTERPRET=1), "
-                          f"so it is used only when named (backend={self.name!r})")
+            return Reason(
+                "interpreter_only",
+                f"runs under the Triton interpreter (MOE_HAL_CUDA_INTERPRET=1), "
+                f"so it is used only when named (backend={self.name!r})",
+            )
         return None
 
     def unsupported(self, problem: Problem) -> list[Reason]:
         if problem.quantized and problem.op == "k_grouped" and not self.MN_MAJOR_FP8:
-            return [Reason("layout_unsupported", "fp8 K-grouped operands are MN-major (tokens are the reduction "
-                           "axis); this architecture's fp8 MMA (wgmma) reads only K-major operands from shared "
-                           "memory, so they would go through registers every step (not pipelined)",
-                           "bf16/fp16 operands, or another backend", "fp8 K-grouped")]
+            return [
+                Reason(
+                    "layout_unsupported",
+                    "fp8 K-grouped operands are MN-major (tokens are the reduction "
+                    "axis); this architecture's fp8 MMA (wgmma) reads only K-major operands from shared "
+                    "memory, so they would go through registers every step (not pipelined)",
+                    "bf16/fp16 operands, or another backend",
+                    "fp8 K-grouped",
+                )
+            ]
         if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
             from moe_hal.selection import device_info
 
             features = device_info(problem.device).features
             if "fp8" not in features:
-                return [Reason("hw_feature_missing", "fp8 operands need the hardware-DB feature 'fp8'",
-                               {"fp8"}, set(features))]
+                return [
+                    Reason(
+                        "hw_feature_missing", "fp8 operands need the hardware-DB feature 'fp8'", {"fp8"}, set(features)
+                    )
+                ]
         return []
 
     # -- planning ----------------------------------------------------------------------------------
@@ -162,9 +180,20 @@ class CudaBackend(Backend):
         if p.op == "masked":
             key = (p.signature, p.layout.max_m, p.layout.expected_m)
         else:  # not p.signature: it holds K-grouped calls' token count, new every step
-            key = (p.op, p.in_dtype, p.out_dtype_name, p.scale_format, p.scale_blocks, p.n,
-                   p.m if p.op == "k_grouped" else p.k, p.layout.alignment, p.b_major, p.device, p.c is not None,
-                   histogram_bucket(p.layout))
+            key = (
+                p.op,
+                p.in_dtype,
+                p.out_dtype_name,
+                p.scale_format,
+                p.scale_blocks,
+                p.n,
+                p.m if p.op == "k_grouped" else p.k,
+                p.layout.alignment,
+                p.b_major,
+                p.device,
+                p.c is not None,
+                histogram_bucket(p.layout),
+            )
         hit = self._plans.get(key)
         if hit is None:
             if len(self._plans) >= _PLANS_MAX:
@@ -184,8 +213,10 @@ class CudaBackend(Backend):
             return "triton", "peer libraries need a GPU"
         pref = configs.path_table().get((self.ARCH, p.op, p.in_dtype))
         if pref is None:
-            return "triton", ("peer choice unmeasured: no committed GPU measurement compares torch grouped_mm or "
-                              "DeepGEMM with this kernel for this case")
+            return "triton", (
+                "peer choice unmeasured: no committed GPU measurement compares torch grouped_mm or "
+                "DeepGEMM with this kernel for this case"
+            )
         blocked = peers.blocker(pref.path, p)
         if blocked:
             return "triton", f"{pref.path} was measured {pref.speedup:.2f}x faster here, but {blocked}"
@@ -297,16 +328,20 @@ class CudaBackend(Backend):
             return w.contiguous()
 
         data = prepared_cache.get(self.name, weight, "k_major", build)
-        return QuantizedTensor(data, weight.scale, weight.block, weight.scale_format) \
-            if isinstance(weight, QuantizedTensor) else data
+        return (
+            QuantizedTensor(data, weight.scale, weight.block, weight.scale_format)
+            if isinstance(weight, QuantizedTensor)
+            else data
+        )
 
     def prepared_weight_scales(self, q: QuantizedTensor) -> scales.Physical:
         """Weight scales in this architecture's physical format, converted once per weight
         (:data:`moe_hal.prepared.prepared_cache`; an in-place change of the weight rebuilds them)."""
         from moe_hal.prepared import prepared_cache
 
-        tensor = prepared_cache.get(self.name, q, f"{self.ARCH}_weight_scales",
-                                    lambda w: scales.weight(w, self.ARCH).tensor)
+        tensor = prepared_cache.get(
+            self.name, q, f"{self.ARCH}_weight_scales", lambda w: scales.weight(w, self.ARCH).tensor
+        )
         rows = q.block[0] if self.ARCH == "sm90" else 1
         return scales.Physical(tensor, scales.kind_for(self.ARCH), rows)
 

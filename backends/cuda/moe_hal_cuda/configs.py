@@ -53,8 +53,7 @@ class KernelConfig:
         return (self.block_m, self.block_n)
 
     def label(self) -> str:
-        return (f"BM={self.block_m} BN={self.block_n} BK={self.block_k} "
-                f"warps={self.num_warps} stages={self.num_stages}")
+        return f"BM={self.block_m} BN={self.block_n} BK={self.block_k} warps={self.num_warps} stages={self.num_stages}"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -69,17 +68,40 @@ def _table() -> dict[tuple[str, str, int], KernelConfig]:
     # block-scaled MMA keeps the accumulator in TMEM; SM100's TMEM-to-register epilogue of an fp32
     # output needs 8 warps (or a narrower tile) to stay within 255 registers per thread.
     rows = {
-        ("sm90", "16bit"): {16: (64, 128, 4, 4), 32: (64, 64, 4, 4), 64: (128, 64, 4, 4),
-                            128: (256, 64, 8, 3), 256: (128, 64, 8, 3)},
-        ("sm90", "fp8"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
-                          128: (64, 128, 4, 4), 256: (64, 128, 8, 3)},
-        ("sm100", "16bit"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 64, 8, 4),
-                             128: (128, 64, 8, 4), 256: (64, 64, 8, 3)},
-        ("sm100", "fp8"): {16: (64, 128, 4, 4), 32: (64, 128, 4, 4), 64: (128, 128, 4, 4),
-                           128: (128, 128, 8, 4), 256: (128, 128, 8, 3)},
+        ("sm90", "16bit"): {
+            16: (64, 128, 4, 4),
+            32: (64, 64, 4, 4),
+            64: (128, 64, 4, 4),
+            128: (256, 64, 8, 3),
+            256: (128, 64, 8, 3),
+        },
+        ("sm90", "fp8"): {
+            16: (64, 128, 4, 4),
+            32: (64, 128, 4, 4),
+            64: (128, 128, 4, 4),
+            128: (64, 128, 4, 4),
+            256: (64, 128, 8, 3),
+        },
+        ("sm100", "16bit"): {
+            16: (64, 128, 4, 4),
+            32: (64, 128, 4, 4),
+            64: (128, 64, 8, 4),
+            128: (128, 64, 8, 4),
+            256: (64, 64, 8, 3),
+        },
+        ("sm100", "fp8"): {
+            16: (64, 128, 4, 4),
+            32: (64, 128, 4, 4),
+            64: (128, 128, 4, 4),
+            128: (128, 128, 8, 4),
+            256: (128, 128, 8, 3),
+        },
     }
-    return {(arch, cls, bm): KernelConfig(bm, bn, bk, warps, stages)
-            for (arch, cls), entries in rows.items() for bm, (bn, bk, warps, stages) in entries.items()}
+    return {
+        (arch, cls, bm): KernelConfig(bm, bn, bk, warps, stages)
+        for (arch, cls), entries in rows.items()
+        for bm, (bn, bk, warps, stages) in entries.items()
+    }
 
 
 TABLE: dict[tuple[str, str, int], KernelConfig] = _table()

@@ -46,10 +46,17 @@ class DeviceFacts:
         return f"sm_{major}{minor}"
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "name": self.name, "compute_capability": list(self.compute_capability),
-                "arch": self.arch, "sm_count": self.sm_count, "l2_bytes": self.l2_bytes,
-                "smem_optin_bytes": self.smem_optin_bytes, "driver_version": self.driver_version,
-                "source": self.source}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "compute_capability": list(self.compute_capability),
+            "arch": self.arch,
+            "sm_count": self.sm_count,
+            "l2_bytes": self.l2_bytes,
+            "smem_optin_bytes": self.smem_optin_bytes,
+            "driver_version": self.driver_version,
+            "source": self.source,
+        }
 
 
 def _driver_module():
@@ -73,13 +80,16 @@ def _from_cuda_python(driver, index: int) -> DeviceFacts | Reason:
         call(driver.cuInit, 0)
         version = int(call(driver.cuDriverGetVersion))
     except Exception as exc:  # noqa: BLE001 - DynamicLibNotFoundError, CUresult errors, ...
-        return Reason("cuda_driver_missing", f"the CUDA driver could not be initialised through cuda-python: "
-                      f"{type(exc).__name__}: {exc}", "an NVIDIA driver", "none usable")
+        return Reason(
+            "cuda_driver_missing",
+            f"the CUDA driver could not be initialised through cuda-python: {type(exc).__name__}: {exc}",
+            "an NVIDIA driver",
+            "none usable",
+        )
     try:
         count = int(call(driver.cuDeviceGetCount))
         if index >= count:
-            return Reason("cuda_device_missing", "the CUDA driver reports no such device",
-                          f"index < {count}", index)
+            return Reason("cuda_device_missing", "the CUDA driver reports no such device", f"index < {count}", index)
         dev = call(driver.cuDeviceGet, index)
         name = call(driver.cuDeviceGetName, 256, dev).split(b"\0", 1)[0].decode(errors="replace")
         attr = driver.CUdevice_attribute
@@ -88,16 +98,25 @@ def _from_cuda_python(driver, index: int) -> DeviceFacts | Reason:
             return int(call(driver.cuDeviceGetAttribute, a, dev))
 
         return DeviceFacts(
-            index=index, name=name,
-            compute_capability=(get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-                                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)),
+            index=index,
+            name=name,
+            compute_capability=(
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            ),
             sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
             l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
             smem_optin_bytes=get(attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-            driver_version=version, source="cuda-python")
+            driver_version=version,
+            source="cuda-python",
+        )
     except Exception as exc:  # noqa: BLE001 - every driver failure becomes a reason (module docstring)
-        return Reason("cuda_device_missing", f"reading device {index} through cuda-python failed: "
-                      f"{type(exc).__name__}: {exc}", "a readable CUDA device", index)
+        return Reason(
+            "cuda_device_missing",
+            f"reading device {index} through cuda-python failed: {type(exc).__name__}: {exc}",
+            "a readable CUDA device",
+            index,
+        )
 
 
 def _from_torch(index: int) -> DeviceFacts | Reason:
@@ -105,22 +124,41 @@ def _from_torch(index: int) -> DeviceFacts | Reason:
         import torch
 
         if not torch.backends.cuda.is_built():
-            return Reason("torch_cuda_missing", "cuda-python is not installed and this torch has no CUDA support",
-                          "cuda-python, or a torch built with CUDA", f"torch {torch.__version__}")
+            return Reason(
+                "torch_cuda_missing",
+                "cuda-python is not installed and this torch has no CUDA support",
+                "cuda-python, or a torch built with CUDA",
+                f"torch {torch.__version__}",
+            )
         if not torch.cuda.is_available():
-            return Reason("cuda_driver_missing", "torch.cuda reports no usable CUDA driver or device",
-                          "an NVIDIA driver and device", "none")
+            return Reason(
+                "cuda_driver_missing",
+                "torch.cuda reports no usable CUDA driver or device",
+                "an NVIDIA driver and device",
+                "none",
+            )
         count = torch.cuda.device_count()
         if index >= count:
             return Reason("cuda_device_missing", "torch.cuda reports no such device", f"index < {count}", index)
         p = torch.cuda.get_device_properties(index)
         smem = getattr(p, "shared_memory_per_block_optin", None)
-        return DeviceFacts(index=index, name=p.name, compute_capability=(p.major, p.minor),
-                           sm_count=p.multi_processor_count, l2_bytes=int(p.L2_cache_size),
-                           smem_optin_bytes=int(smem) if smem else None, driver_version=None, source="torch")
+        return DeviceFacts(
+            index=index,
+            name=p.name,
+            compute_capability=(p.major, p.minor),
+            sm_count=p.multi_processor_count,
+            l2_bytes=int(p.L2_cache_size),
+            smem_optin_bytes=int(smem) if smem else None,
+            driver_version=None,
+            source="torch",
+        )
     except Exception as exc:  # noqa: BLE001 - every torch.cuda failure becomes a reason
-        return Reason("cuda_driver_missing", f"torch.cuda failed: {type(exc).__name__}: {exc}",
-                      "an NVIDIA driver and device", "none usable")
+        return Reason(
+            "cuda_driver_missing",
+            f"torch.cuda failed: {type(exc).__name__}: {exc}",
+            "an NVIDIA driver and device",
+            "none usable",
+        )
 
 
 @functools.lru_cache(maxsize=None)

@@ -87,9 +87,25 @@ def _ue8m0_bytes(ptr, idx, kb, stride_idx, stride_k, mask, BLOCK_K: tl.constexpr
 
 
 @triton.jit
-def _accumulate(acc, a, b, k0, sa_ptr, sa_idx, sa_stride_idx, sa_stride_k, sa_mask,
-                sb_ptr, sb_idx, sb_stride_idx, sb_stride_k, sb_mask,
-                SCALES: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRET: tl.constexpr):
+def _accumulate(
+    acc,
+    a,
+    b,
+    k0,
+    sa_ptr,
+    sa_idx,
+    sa_stride_idx,
+    sa_stride_k,
+    sa_mask,
+    sb_ptr,
+    sb_idx,
+    sb_stride_idx,
+    sb_stride_k,
+    sb_mask,
+    SCALES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
     """``acc += a @ b`` for one K step ``a[BM, BK] @ b[BK, BN]``, scaled per 128-wide K-block."""
     if SCALES == 2:
         kb = k0 // 128
@@ -112,13 +128,37 @@ def _accumulate(acc, a, b, k0, sa_ptr, sa_idx, sa_stride_idx, sa_stride_k, sa_ma
 
 @triton.jit(do_not_specialize=["num_groups", "alignment", "num_rows", "sb_rows"])
 def contiguous_kernel(
-    a_ptr, b_ptr, out_ptr, sa_ptr, sb_ptr, psum_ptr,
-    num_groups, alignment, num_rows, N, K,
-    stride_am, stride_ak, stride_bg, stride_bn, stride_bk, stride_om, stride_on,
-    stride_sa_m, stride_sa_k, stride_sb_g, stride_sb_n, stride_sb_k,
-    sb_rows, SCALES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    GROUP_CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    sa_ptr,
+    sb_ptr,
+    psum_ptr,
+    num_groups,
+    alignment,
+    num_rows,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bn,
+    stride_bk,
+    stride_om,
+    stride_on,
+    stride_sa_m,
+    stride_sa_k,
+    stride_sb_g,
+    stride_sb_n,
+    stride_sb_k,
+    sb_rows,
+    SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    GROUP_CHUNK: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """M-grouped contiguous: ``out[r] = a[r] @ b[group(r)].T``; rows of no group get zeros.
 
@@ -170,12 +210,35 @@ def contiguous_kernel(
         k0 = step * BLOCK_K
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
-        a = tl.load(a_ptr + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
-                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
-                    mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-        acc = _accumulate(acc, a, b, k0, sa_ptr, rows64, stride_sa_m, stride_sa_k, row_ok,
-                          sb_base, sb_idx, stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET)
+        a = tl.load(
+            a_ptr + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
+            mask=col_ok[None, :] & k_ok[:, None],
+            other=0.0,
+        )
+        acc = _accumulate(
+            acc,
+            a,
+            b,
+            k0,
+            sa_ptr,
+            rows64,
+            stride_sa_m,
+            stride_sa_k,
+            row_ok,
+            sb_base,
+            sb_idx,
+            stride_sb_n,
+            stride_sb_k,
+            col_ok,
+            SCALES,
+            BLOCK_K,
+            INTERPRET,
+        )
     acc = tl.where(row_ok[:, None], acc, 0.0)
     out = out_ptr + rows64[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_in_span[:, None] & col_ok[None, :])
@@ -183,13 +246,38 @@ def contiguous_kernel(
 
 @triton.jit(do_not_specialize=["num_groups", "max_m", "sb_rows"])
 def masked_kernel(
-    a_ptr, b_ptr, out_ptr, sa_ptr, sb_ptr, masked_m_ptr,
-    num_groups, max_m, N, K,
-    stride_ag, stride_am, stride_ak, stride_bg, stride_bn, stride_bk, stride_og, stride_om, stride_on,
-    stride_sa_g, stride_sa_m, stride_sa_k, stride_sb_g, stride_sb_n, stride_sb_k,
-    sb_rows, SCALES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_CHUNK: tl.constexpr, INTERPRET: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    out_ptr,
+    sa_ptr,
+    sb_ptr,
+    masked_m_ptr,
+    num_groups,
+    max_m,
+    N,
+    K,
+    stride_ag,
+    stride_am,
+    stride_ak,
+    stride_bg,
+    stride_bn,
+    stride_bk,
+    stride_og,
+    stride_om,
+    stride_on,
+    stride_sa_g,
+    stride_sa_m,
+    stride_sa_k,
+    stride_sb_g,
+    stride_sb_n,
+    stride_sb_k,
+    sb_rows,
+    SCALES: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_CHUNK: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):
     """M-grouped masked: ``out[g, r] = a[g, r] @ b[g].T`` for ``r < masked_m[g]`` (clamped to
     ``[0, max_m]``); other rows are never stored to.
@@ -238,25 +326,71 @@ def masked_kernel(
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
-            a = tl.load(a_base + rows[:, None] * stride_am + ks[None, :] * stride_ak,
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
-                        mask=col_ok[None, :] & k_ok[:, None], other=0.0)
-            acc = _accumulate(acc, a, b, k0, sa_base, rows, stride_sa_m, stride_sa_k, row_ok,
-                              sb_base, sb_idx, stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET)
+            a = tl.load(
+                a_base + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            acc = _accumulate(
+                acc,
+                a,
+                b,
+                k0,
+                sa_base,
+                rows,
+                stride_sa_m,
+                stride_sa_k,
+                row_ok,
+                sb_base,
+                sb_idx,
+                stride_sb_n,
+                stride_sb_k,
+                col_ok,
+                SCALES,
+                BLOCK_K,
+                INTERPRET,
+            )
         out = out_ptr + g64 * stride_og + rows[:, None] * stride_om + cols[None, :] * stride_on
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["has_c"])
 def k_grouped_kernel(
-    a_ptr, b_ptr, c_ptr, out_ptr, sa_ptr, sb_ptr, bounds_ptr,
-    M, N,
-    stride_at, stride_am, stride_bt, stride_bn,
-    stride_cg, stride_cm, stride_cn, stride_og, stride_om, stride_on,
-    stride_sa_m, stride_sa_k, stride_sb_n, stride_sb_k, stride_bounds, has_c,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    out_ptr,
+    sa_ptr,
+    sb_ptr,
+    bounds_ptr,
+    M,
+    N,
+    stride_at,
+    stride_am,
+    stride_bt,
+    stride_bn,
+    stride_cg,
+    stride_cm,
+    stride_cn,
+    stride_og,
+    stride_om,
+    stride_on,
+    stride_sa_m,
+    stride_sa_k,
+    stride_sb_n,
+    stride_sb_k,
+    stride_bounds,
+    has_c,
     SCALES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """K-grouped: ``out[g] = (c[g] if has_c else 0) + a[s_g:e_g].T @ b[s_g:e_g]`` (``has_c`` is a
@@ -283,8 +417,11 @@ def k_grouped_kernel(
     end = tl.load(bounds_ptr + stride_bounds + g)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if has_c != 0:
-        c = tl.load(c_ptr + g64 * stride_cg + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
-                    mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        c = tl.load(
+            c_ptr + g64 * stride_cg + rows[:, None] * stride_cm + cols[None, :] * stride_cn,
+            mask=row_ok[:, None] & col_ok[None, :],
+            other=0.0,
+        )
         acc += c.to(tl.float32)
     first = start
     if SCALES != 0:
@@ -293,11 +430,34 @@ def k_grouped_kernel(
         ts = t0 + tl.arange(0, BLOCK_K)
         t_ok = (ts >= start) & (ts < end)
         ts64 = ts.to(tl.int64)
-        a = tl.load(a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
-                    mask=t_ok[:, None] & row_ok[None, :], other=0.0)
-        b = tl.load(b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
-                    mask=t_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = _accumulate(acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok,
-                          sb_ptr, cols, stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET)
+        a = tl.load(
+            a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
+            mask=t_ok[:, None] & row_ok[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
+            mask=t_ok[:, None] & col_ok[None, :],
+            other=0.0,
+        )
+        acc = _accumulate(
+            acc,
+            tl.trans(a),
+            b,
+            t0,
+            sa_ptr,
+            rows,
+            stride_sa_m,
+            stride_sa_k,
+            row_ok,
+            sb_ptr,
+            cols,
+            stride_sb_n,
+            stride_sb_k,
+            col_ok,
+            SCALES,
+            BLOCK_K,
+            INTERPRET,
+        )
     out = out_ptr + g64 * stride_og + rows[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

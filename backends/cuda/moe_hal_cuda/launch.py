@@ -49,8 +49,10 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
     if hit is not None:
         return hit
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
-                           "make one call with this layout before capturing (its group bounds are uploaded then)")
+        raise RuntimeError(
+            "a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
+            "make one call with this layout before capturing (its group bounds are uploaded then)"
+        )
     rows = layout.ends if kind == "psum" else (layout.starts + layout.ends)
     host = torch.frombuffer(array.array("i", rows), dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
     if kind == "bounds":
@@ -87,12 +89,26 @@ def _check_config(config: KernelConfig, scaled: bool) -> None:
 
 
 def _launch_kwargs(config: KernelConfig) -> dict:
-    return dict(BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                INTERPRET=kernels.INTERPRET, num_warps=config.num_warps, num_stages=config.num_stages)
+    return dict(
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        INTERPRET=kernels.INTERPRET,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
 
 
-def contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, config: KernelConfig, *,
-               sa: Physical | None = None, sb: Physical | None = None) -> torch.Tensor:
+def contiguous(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    layout,
+    config: KernelConfig,
+    *,
+    sa: Physical | None = None,
+    sb: Physical | None = None,
+) -> torch.Tensor:
     """``out[r] = a[r] @ b[group(r)].T`` for ``a[num_rows, K]``, ``b[G, N, K]``, ``out[num_rows, N]``;
     rows of no group are written as zeros."""
     _check_config(config, sa is not None)
@@ -105,19 +121,49 @@ def contiguous(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, conf
     psum = layout_tensor(layout, "psum", a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    row_tiles = _cdiv(num_rows, config.block_m) + groups   # upper bound; the kernel finds the real ones
+    row_tiles = _cdiv(num_rows, config.block_m) + groups  # upper bound; the kernel finds the real ones
     grid = (row_tiles * _cdiv(n, config.block_n),)
     kernels.contiguous_kernel[grid](
-        a, b, out, sa_t, sb_t, psum, groups, layout.alignment, num_rows, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1),
-        *sa_strides, *sb_strides, sb_rows,
-        SCALES=kind, GROUP_M=config.group_m, GROUP_CHUNK=kernels.GROUP_CHUNK,
-        **_launch_kwargs(config))
+        a,
+        b,
+        out,
+        sa_t,
+        sb_t,
+        psum,
+        groups,
+        layout.alignment,
+        num_rows,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        out.stride(0),
+        out.stride(1),
+        *sa_strides,
+        *sb_strides,
+        sb_rows,
+        SCALES=kind,
+        GROUP_M=config.group_m,
+        GROUP_CHUNK=kernels.GROUP_CHUNK,
+        **_launch_kwargs(config),
+    )
     return out
 
 
-def masked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, masked_m: torch.Tensor, config: KernelConfig, *,
-           sa: Physical | None = None, sb: Physical | None = None, programs: int | None = None) -> torch.Tensor:
+def masked(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    masked_m: torch.Tensor,
+    config: KernelConfig,
+    *,
+    sa: Physical | None = None,
+    sb: Physical | None = None,
+    programs: int | None = None,
+) -> torch.Tensor:
     """``out[g, r] = a[g, r] @ b[g].T`` for ``r < masked_m[g]`` (read on the device); other rows of
     ``out`` are never written. ``a[G, max_m, K]``, ``b[G, N, K]``, ``out[G, max_m, N]``.
     ``programs``: size of the persistent grid (default :func:`resident_programs`)."""
@@ -132,15 +178,46 @@ def masked(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, masked_m: torch.
     most = g * _cdiv(max_m, config.block_m) * _cdiv(n, config.block_n)
     grid = (min(most, programs or resident_programs(a.device)),)
     kernels.masked_kernel[grid](
-        a, b, out, sa_t, sb_t, masked_m, g, max_m, n, k,
-        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), *sa_strides, *sb_strides, sb_rows,
-        SCALES=kind, GROUP_CHUNK=kernels.GROUP_CHUNK, **_launch_kwargs(config))
+        a,
+        b,
+        out,
+        sa_t,
+        sb_t,
+        masked_m,
+        g,
+        max_m,
+        n,
+        k,
+        a.stride(0),
+        a.stride(1),
+        a.stride(2),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        *sa_strides,
+        *sb_strides,
+        sb_rows,
+        SCALES=kind,
+        GROUP_CHUNK=kernels.GROUP_CHUNK,
+        **_launch_kwargs(config),
+    )
     return out
 
 
-def k_grouped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, config: KernelConfig, *,
-              c: torch.Tensor | None = None, sa: Physical | None = None, sb: Physical | None = None) -> torch.Tensor:
+def k_grouped(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    layout,
+    config: KernelConfig,
+    *,
+    c: torch.Tensor | None = None,
+    sa: Physical | None = None,
+    sb: Physical | None = None,
+) -> torch.Tensor:
     """``out[g] = (c[g] or 0) + a[rows_g].T @ b[rows_g]`` for ``a[T, M]``, ``b[T, N]``, ``out[G, M, N]``;
     ``out`` may be ``c`` itself."""
     _check_config(config, sa is not None)
@@ -154,9 +231,31 @@ def k_grouped(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layout, confi
     c_t = c if c is not None else out
     grid = (groups * _cdiv(m, config.block_m) * _cdiv(n, config.block_n),)
     kernels.k_grouped_kernel[grid](
-        a, b, c_t, out, sa_t, sb_t, bounds, m, n,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-        c_t.stride(0), c_t.stride(1), c_t.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        *sa_strides, *sb_strides, bounds.stride(0), int(c is not None),
-        SCALES=kind, GROUP_M=config.group_m, **_launch_kwargs(config))
+        a,
+        b,
+        c_t,
+        out,
+        sa_t,
+        sb_t,
+        bounds,
+        m,
+        n,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c_t.stride(0),
+        c_t.stride(1),
+        c_t.stride(2),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        *sa_strides,
+        *sb_strides,
+        bounds.stride(0),
+        int(c is not None),
+        SCALES=kind,
+        GROUP_M=config.group_m,
+        **_launch_kwargs(config),
+    )
     return out

@@ -53,8 +53,10 @@ def interpreter_broken() -> str | None:
     except Exception as exc:  # noqa: BLE001 - any import failure means the interpreter is unusable
         return f"triton's interpreter cannot be imported: {type(exc).__name__}: {exc}"
     if not isinstance(tl.zeros, InterpretedFunction):
-        return ("triton was imported before TRITON_INTERPRET=1 was set, so triton.language's helpers are not "
-                "interpreted; set MOE_HAL_CUDA_INTERPRET=1 before anything imports triton")
+        return (
+            "triton was imported before TRITON_INTERPRET=1 was set, so triton.language's helpers are not "
+            "interpreted; set MOE_HAL_CUDA_INTERPRET=1 before anything imports triton"
+        )
     return None
 
 
@@ -66,6 +68,6 @@ def exclusive_in_interpreter() -> contextlib.AbstractContextManager:
     because the Triton interpreter runs a launch by patching ``triton.language`` module globals and
     a global grid index (triton 3.9 ``runtime/interpreter.py``), so two threads launching at once
     corrupt each other (``InterpreterError``) — first use included. Natively it holds nothing."""
-    kernels = sys.modules.get("moe_hal_cuda.kernels")   # once imported, its mode is fixed (and cheap to read)
+    kernels = sys.modules.get("moe_hal_cuda.kernels")  # once imported, its mode is fixed (and cheap to read)
     interpreted = kernels.INTERPRET if kernels is not None else configure_triton()
     return _interpreter_lock if interpreted else contextlib.nullcontext()

@@ -29,8 +29,9 @@ _M_GROUPED = frozenset({"contiguous", "masked"})
 _ANY_B_ORDER = frozenset({"k", "n", "strided"})
 
 #: bf16 / fp16 operands; the output is the operand dtype or fp32 (Problem enforces the pairing).
-FLOAT_SIGNATURE = Signature(ops=_ALL_OPS, dtypes={"bf16", "fp16"}, out_dtypes={"bf16", "fp16", "fp32"},
-                            b_majors=_ANY_B_ORDER)
+FLOAT_SIGNATURE = Signature(
+    ops=_ALL_OPS, dtypes={"bf16", "fp16"}, out_dtypes={"bf16", "fp16", "fp32"}, b_majors=_ANY_B_ORDER
+)
 #: DeepGEMM's M-grouped recipe: activations 1x128 per token, weights 128x128 (or per-row 1x128).
 FP8_M_BLOCKS = frozenset({((1, 128), (128, 128)), ((1, 128), (1, 128))})
 #: K-grouped recipe: both operands blocked 128 tokens x 1 column along the reduction axis T.
@@ -38,10 +39,23 @@ FP8_K_BLOCKS = frozenset({((128, 1), (128, 1))})
 
 
 def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
-    return (Signature(ops=_M_GROUPED, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
-                      scale_formats=scale_formats, scale_blocks=FP8_M_BLOCKS, b_majors=_ANY_B_ORDER),
-            Signature(ops={"k_grouped"}, dtypes={"fp8_e4m3"}, out_dtypes={"bf16", "fp32"},
-                      scale_formats=scale_formats, scale_blocks=FP8_K_BLOCKS))
+    return (
+        Signature(
+            ops=_M_GROUPED,
+            dtypes={"fp8_e4m3"},
+            out_dtypes={"bf16", "fp32"},
+            scale_formats=scale_formats,
+            scale_blocks=FP8_M_BLOCKS,
+            b_majors=_ANY_B_ORDER,
+        ),
+        Signature(
+            ops={"k_grouped"},
+            dtypes={"fp8_e4m3"},
+            out_dtypes={"bf16", "fp32"},
+            scale_formats=scale_formats,
+            scale_blocks=FP8_K_BLOCKS,
+        ),
+    )
 
 
 def _perf_model(arch: str) -> PerfModel:
@@ -56,9 +70,9 @@ def _perf_model(arch: str) -> PerfModel:
 GRAPH_CAPTURE = {
     "masked": "capturable; replays read the new masked_m values (no host sync)",
     "contiguous": "capturable once the layout object has been used outside capture (its group ends are "
-                  "uploaded then); a replay repeats the captured routing",
+    "uploaded then); a replay repeats the captured routing",
     "k_grouped": "capturable once the layout object has been used outside capture; a replay repeats the "
-                 "captured routing",
+    "captured routing",
 }
 
 
@@ -83,8 +97,10 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         graph_capturable=True,
         perf_model=_perf_model("sm90"),
         extra={"graph_capture": GRAPH_CAPTURE},
-        description=_description("Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
-                                 "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"),
+        description=_description(
+            "Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
+            "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"
+        ),
     )
     sm100 = BackendSpec(
         name="cuda_sm100",
@@ -99,8 +115,10 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         graph_capturable=True,
         perf_model=_perf_model("sm100"),
         extra={"graph_capture": GRAPH_CAPTURE},
-        description=_description("Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
-                                 "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"),
+        description=_description(
+            "Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
+            "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"
+        ),
     )
     return sm90, sm100
 

@@ -108,20 +108,32 @@ def calls():
                         a = _operand((ROWS, K), dtype, a_block, ue8m0)
                         b = _operand((GROUPS, N, K), dtype, b_block, ue8m0, b_major)
                         lay = moe_hal.ContiguousLayout.from_counts([200, 100], alignment=128, num_rows=ROWS)
-                        yield arch, backend, f"contiguous {dtype}->{out} b:{b_major} {_blocks(a_block, b_block)}", \
-                            Problem.build(a, b, lay, out_dtype=_OUT_DTYPES[out])
+                        yield (
+                            arch,
+                            backend,
+                            f"contiguous {dtype}->{out} b:{b_major} {_blocks(a_block, b_block)}",
+                            Problem.build(a, b, lay, out_dtype=_OUT_DTYPES[out]),
+                        )
                         a3 = _operand((GROUPS, MAX_M, K), dtype, a_block, ue8m0)
                         ml = moe_hal.MaskedLayout(torch.tensor([100, 3], dtype=torch.int32), MAX_M)
-                        yield arch, backend, f"masked {dtype}->{out} b:{b_major} {_blocks(a_block, b_block)}", \
-                            Problem.build(a3, b, ml, out_dtype=_OUT_DTYPES[out])
+                        yield (
+                            arch,
+                            backend,
+                            f"masked {dtype}->{out} b:{b_major} {_blocks(a_block, b_block)}",
+                            Problem.build(a3, b, ml, out_dtype=_OUT_DTYPES[out]),
+                        )
                 k_block = (128, 1) if dtype == "fp8_e4m3" else None
                 for with_c in (False, True):
                     x = _operand((TOKENS, M_KGROUPED), dtype, k_block, ue8m0)
                     dy = _operand((TOKENS, N), dtype, k_block, ue8m0)
                     kl = moe_hal.KGroupedLayout.from_counts([300, 212])
                     c = torch.zeros(GROUPS, M_KGROUPED, N, dtype=_OUT_DTYPES[out]) if with_c else None
-                    yield arch, backend, f"k_grouped {dtype}->{out}{' +c' if with_c else ''}", \
-                        Problem.build(x, dy, kl, c=c, out_dtype=_OUT_DTYPES[out])
+                    yield (
+                        arch,
+                        backend,
+                        f"k_grouped {dtype}->{out}{' +c' if with_c else ''}",
+                        Problem.build(x, dy, kl, c=c, out_dtype=_OUT_DTYPES[out]),
+                    )
 
 
 def _blocks(a_block, b_block) -> str:
@@ -146,6 +158,7 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.sink.append((self.name, args, kwargs))
+
         return launch
 
 
@@ -200,8 +213,10 @@ _PTXAS = {
     "spill_load_bytes": re.compile(r"(\d+) bytes spill loads"),
 }
 _MMA = re.compile(r"\b(wgmma\.mma_async[\w.:]*|tcgen05\.mma[\w.:]*|mma\.sync[\w.:]*)")
-_TTGIR_LOAD = re.compile(r"^\s*%([A-Za-z]+)\w* = (tt\.load|ttg\.async_copy_global_to_local|"
-                         r"ttng\.async_tma_copy_global_to_local|tt\.descriptor_load)\b")
+_TTGIR_LOAD = re.compile(
+    r"^\s*%([A-Za-z]+)\w* = (tt\.load|ttg\.async_copy_global_to_local|"
+    r"ttng\.async_tma_copy_global_to_local|tt\.descriptor_load)\b"
+)
 
 
 def operand_feeds(ttgir: str) -> dict[str, list[str]]:
@@ -231,8 +246,11 @@ def compile_variant(task: dict) -> dict:
     row = {"ok": False}
     try:
         with contextlib.redirect_stdout(log):
-            compiled = triton_compile(ASTSource(fn, task["signature"], task["constexprs"], task["attrs"]),
-                                      target=GPUTarget("cuda", task["capability"], 32), options=task["options"])
+            compiled = triton_compile(
+                ASTSource(fn, task["signature"], task["constexprs"], task["attrs"]),
+                target=GPUTarget("cuda", task["capability"], 32),
+                options=task["options"],
+            )
     except Exception as exc:  # noqa: BLE001 - a compile failure is a result to report
         row["error"] = f"{type(exc).__name__}: {str(exc)[:2000]}"
         row["compile_s"] = round(time.perf_counter() - start, 2)
@@ -265,7 +283,9 @@ def failures_of(variant: dict) -> list[str]:
     if not variant["ptxas_log_seen"]:
         out.append("no ptxas report (registers/spills unknown)")
     if variant["spill_store_bytes"] or variant["spill_load_bytes"]:
-        out.append(f"spills {variant['spill_store_bytes']} B stored / {variant['spill_load_bytes']} B loaded per thread")
+        out.append(
+            f"spills {variant['spill_store_bytes']} B stored / {variant['spill_load_bytes']} B loaded per thread"
+        )
     if variant["shared_bytes"] > SHARED_LIMIT:
         out.append(f"shared memory {variant['shared_bytes']} B > {SHARED_LIMIT} B")
     if variant["config"]["block_m"] >= PIPELINED_FROM_ROWS:
@@ -273,8 +293,12 @@ def failures_of(variant: dict) -> list[str]:
         if not any(m.startswith(needed) for m in variant["mma"]):
             out.append(f"no {needed} (got {variant['mma'] or 'no MMA'})")
         fp8 = any(" fp8_e4m3->" in f" {call}" for call in variant["calls"])
-        if variant["capability"] == 100 and fp8 and variant["config"]["block_m"] >= 128 \
-                and not any("block_scale" in m for m in variant["mma"]):
+        if (
+            variant["capability"] == 100
+            and fp8
+            and variant["config"]["block_m"] >= 128
+            and not any("block_scale" in m for m in variant["mma"])
+        ):
             out.append(f"fp8 tile without the block-scaled MMA (got {variant['mma']})")
         for operand, ops in variant["operand_loads"].items():
             if not ops or "tt.load" in ops:
@@ -293,15 +317,32 @@ def distinct_variants(launches, kernels_by_name) -> list[dict]:
     for arch, label, config, name, args, kwargs in launches:
         capability = TARGETS[arch]
         signature, constexprs, attrs, options = bind(kernels_by_name[name], capability, args, kwargs)
-        key = repr((name, capability, sorted(signature.items()), sorted(constexprs.items()),
-                    sorted(attrs.items()), sorted((k, repr(v)) for k, v in options.items())))
+        key = repr(
+            (
+                name,
+                capability,
+                sorted(signature.items()),
+                sorted(constexprs.items()),
+                sorted(attrs.items()),
+                sorted((k, repr(v)) for k, v in options.items()),
+            )
+        )
         entry = variants.get(key)
         if entry is None:
             entry = variants[key] = {
-                "kernel": name, "capability": capability, "target": _target_name(capability),
-                "config": config.as_dict(), "calls": [],
-                "task": {"kernel": name, "capability": capability, "signature": signature,
-                         "constexprs": constexprs, "attrs": attrs, "options": options},
+                "kernel": name,
+                "capability": capability,
+                "target": _target_name(capability),
+                "config": config.as_dict(),
+                "calls": [],
+                "task": {
+                    "kernel": name,
+                    "capability": capability,
+                    "signature": signature,
+                    "constexprs": constexprs,
+                    "attrs": attrs,
+                    "options": options,
+                },
             }
         if label not in entry["calls"]:
             entry["calls"].append(label)
@@ -316,9 +357,17 @@ def _cache_key(variant: dict, fn) -> str:
     import triton
 
     task = variant["task"]
-    text = repr((triton.__version__, fn.cache_key, task["capability"], sorted(task["signature"].items()),
-                 sorted(task["constexprs"].items()), sorted(task["attrs"].items()),
-                 sorted((k, repr(v)) for k, v in task["options"].items())))
+    text = repr(
+        (
+            triton.__version__,
+            fn.cache_key,
+            task["capability"],
+            sorted(task["signature"].items()),
+            sorted(task["constexprs"].items()),
+            sorted(task["attrs"].items()),
+            sorted((k, repr(v)) for k, v in task["options"].items()),
+        )
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -349,8 +398,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="where to write the table")
     parser.add_argument("--docs", type=Path, help="rewrite the generated table in this markdown file")
-    parser.add_argument("--check-docs", type=Path, help="fail when this markdown file's table differs from the "
-                        "generated one (CI: the document cannot go stale)")
+    parser.add_argument(
+        "--check-docs",
+        type=Path,
+        help="fail when this markdown file's table differs from the generated one (CI: the document cannot go stale)",
+    )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel compiler processes")
     parser.add_argument("--no-cache", action="store_true", help="compile every variant, ignoring cached results")
     opts = parser.parse_args(argv)
@@ -370,11 +422,18 @@ def main(argv: list[str] | None = None) -> int:
     variants.sort(key=lambda v: (v["kernel"], v["capability"], v["config"]["block_m"], v["calls"][0]))
     report = {
         "what": "every Triton kernel variant the cuda_sm90/cuda_sm100 backends launch, compiled ahead of time "
-                "(no GPU) with Triton's compiler and the ptxas in its wheel; nothing here ran on a GPU",
+        "(no GPU) with Triton's compiler and the ptxas in its wheel; nothing here ran on a GPU",
         "triton": triton.__version__,
         "torch": torch.__version__,
-        "stand_in_shapes": {"groups": GROUPS, "N": N, "K": K, "contiguous_rows": ROWS, "masked_max_m": MAX_M,
-                            "k_grouped_tokens": TOKENS, "k_grouped_M": M_KGROUPED},
+        "stand_in_shapes": {
+            "groups": GROUPS,
+            "N": N,
+            "K": K,
+            "contiguous_rows": ROWS,
+            "masked_max_m": MAX_M,
+            "k_grouped_tokens": TOKENS,
+            "k_grouped_M": M_KGROUPED,
+        },
         "limits": {"shared_bytes": SHARED_LIMIT, "pipelined_from_rows": PIPELINED_FROM_ROWS},
         "launches_recorded": len(launches),
         "variants_compiled": len(variants),
@@ -390,14 +449,18 @@ def main(argv: list[str] | None = None) -> int:
         write_docs(opts.docs, report)
     stale = opts.check_docs is not None and docs_table(opts.check_docs) != markdown_table(report)
     if stale:
-        print(f"FAIL {opts.check_docs}: its compile table differs from this run's; regenerate it with "
-              f"--docs {opts.check_docs}")
+        print(
+            f"FAIL {opts.check_docs}: its compile table differs from this run's; regenerate it with "
+            f"--docs {opts.check_docs}"
+        )
     for v in variants:
         for why in v["failures"]:
             print(f"FAIL {v['kernel']} {v['target']} {_config_label(v['config'])} ({v['calls'][0]}): {why}")
-    print(f"compile_check: {len(variants)} distinct variants ({compiled_now} compiled now, the rest cached) from "
-          f"{len(launches)} launches, {failed} failing, "
-          f"{report['elapsed_s']} s; wrote {opts.json}")
+    print(
+        f"compile_check: {len(variants)} distinct variants ({compiled_now} compiled now, the rest cached) from "
+        f"{len(launches)} launches, {failed} failing, "
+        f"{report['elapsed_s']} s; wrote {opts.json}"
+    )
     return 1 if failed or stale else 0
 
 
@@ -409,9 +472,11 @@ def _config_label(c: dict) -> str:
 def _dtypes(calls: list[str]) -> str:
     """``dtype->out`` and, where it matters, the memory order of ``b`` of the calls (``b:strided``
     calls run on a K-major copy, so they share the ``b:k`` variant)."""
+
     def short(call: str) -> str:
         words = call.split()
         return " ".join([words[1]] + [w for w in words[2:] if w.startswith("b:")])
+
     return ", ".join(sorted({short(c) for c in calls}))
 
 
@@ -422,6 +487,7 @@ def _feeds(v: dict) -> str:
         if ops == ["ttg.async_copy_global_to_local"]:
             return "cp.async"
         return "registers" if "tt.load" in ops else "?"
+
     return f"a {word(v['operand_loads']['a'])}, b {word(v['operand_loads']['b'])}"
 
 
@@ -437,15 +503,24 @@ def markdown_table(report: dict) -> str:
     ]
     for v in report["variants"]:
         if not v["ok"]:
-            lines.append(f"| {v['kernel']} | {v['target']} | {_config_label(v['config'])} | {_dtypes(v['calls'])} "
-                         f"| compile failed | | | | | |")
+            lines.append(
+                f"| {v['kernel']} | {v['target']} | {_config_label(v['config'])} | {_dtypes(v['calls'])} "
+                f"| compile failed | | | | | |"
+            )
             continue
         spills = v["spill_store_bytes"] + v["spill_load_bytes"]
-        mma = ", ".join(m.replace("wgmma.mma_async.", "wgmma ").replace("tcgen05.mma.cta_group::1.", "tcgen05 ")
-                        for m in v["mma"]) or "none (CUDA cores)"
-        lines.append(f"| {v['kernel'].removesuffix('_kernel')} | {v['target']} | {_config_label(v['config'])} "
-                     f"| {_dtypes(v['calls'])} | {v['registers']} | {spills} | {v['shared_bytes'] / 1024:.1f} "
-                     f"| {v['tmem_columns']} | {mma} | {_feeds(v)} |")
+        mma = (
+            ", ".join(
+                m.replace("wgmma.mma_async.", "wgmma ").replace("tcgen05.mma.cta_group::1.", "tcgen05 ")
+                for m in v["mma"]
+            )
+            or "none (CUDA cores)"
+        )
+        lines.append(
+            f"| {v['kernel'].removesuffix('_kernel')} | {v['target']} | {_config_label(v['config'])} "
+            f"| {_dtypes(v['calls'])} | {v['registers']} | {spills} | {v['shared_bytes'] / 1024:.1f} "
+            f"| {v['tmem_columns']} | {mma} | {_feeds(v)} |"
+        )
     return "\n".join(lines)
 
 

@@ -130,8 +130,11 @@ class Check:
 def _versions() -> dict[str, Any]:
     import importlib.metadata as metadata
 
-    out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "torch.version.cuda": str(torch.version.cuda)}
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch.version.cuda": str(torch.version.cuda),
+    }
     for dist in ("triton", "moe-hal", "moe-hal-cuda", "cuda-bindings", "cuda-python", "deep_gemm"):
         try:
             out[dist] = metadata.version(dist)
@@ -152,8 +155,12 @@ def _device_record(check: Check) -> dict[str, Any]:
         try:
             import subprocess
 
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             record["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
         except Exception as exc:  # noqa: BLE001 - informational only
             record["nvidia_smi"] = f"unavailable: {exc}"
@@ -233,9 +240,14 @@ def _compare(out: torch.Tensor, ref: torch.Tensor, threshold: float) -> dict[str
     finite = bool(torch.isfinite(out.float()).all())
     diff = calc_diff(out, ref) if finite else float("nan")
     err = (out.double() - ref.double()).abs()
-    return {"calc_diff": diff, "threshold": threshold, "max_abs_err": float(err.max()) if err.numel() else 0.0,
-            "max_abs_ref": float(ref.abs().max()) if ref.numel() else 0.0, "finite": finite,
-            "passed": finite and diff < threshold}
+    return {
+        "calc_diff": diff,
+        "threshold": threshold,
+        "max_abs_err": float(err.max()) if err.numel() else 0.0,
+        "max_abs_ref": float(ref.abs().max()) if ref.numel() else 0.0,
+        "finite": finite,
+        "passed": finite and diff < threshold,
+    }
 
 
 def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]], section: str = "correctness") -> None:
@@ -246,14 +258,21 @@ def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]], section: 
     try:
         row = {"name": name, **fn()}
     except Exception as exc:  # noqa: BLE001 - a failing case is a result, not a crash
-        row = {"name": name, "passed": False, "error": f"{type(exc).__name__}: {exc}",
-               "traceback": traceback.format_exc(limit=6)}
+        row = {
+            "name": name,
+            "passed": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(limit=6),
+        }
     row["seconds"] = round(time.monotonic() - t0, 2)
     row["section"] = section
     check.report["correctness"].append(row)
     check.flush()
-    print(f"  {'ok  ' if row.get('passed') else 'FAIL'} {name} ({row['seconds']} s)"
-          + ("" if row.get("passed") else f": {row.get('error') or row}"), flush=True)
+    print(
+        f"  {'ok  ' if row.get('passed') else 'FAIL'} {name} ({row['seconds']} s)"
+        + ("" if row.get("passed") else f": {row.get('error') or row}"),
+        flush=True,
+    )
 
 
 def correctness(check: Check) -> None:
@@ -264,9 +283,8 @@ def correctness(check: Check) -> None:
     rows = 96 if s else 4096
     experts = 5 if s else 16
     counts = workloads.synthetic_counts("zipf:1.2", rows, experts, seed=1)
-    counts[1] = 0                                   # an empty group, whatever the draw
-    contiguous_cases = [("dsv3", counts, 8 if s else 128, big_n, big_k),
-                        ("edges", [0, 37, 0, 5], 1, 24, 40)]
+    counts[1] = 0  # an empty group, whatever the draw
+    contiguous_cases = [("dsv3", counts, 8 if s else 128, big_n, big_k), ("edges", [0, 37, 0, 5], 1, 24, 40)]
 
     def contiguous(backend, dtype, counts, alignment, n, k, fp8_format=None):
         def run():
@@ -281,11 +299,18 @@ def correctness(check: Check) -> None:
                 threshold = 1e-3
             out_dtype = torch.bfloat16 if fp8_format else dtype
             poisoned = torch.full((lay.num_rows, n), float("nan"), dtype=out_dtype, device=check.device)
-            if backend == "sm100-format":     # the SM100 kernels on this GPU, through the launcher
+            if backend == "sm100-format":  # the SM100 kernels on this GPU, through the launcher
                 be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
-                out = launch.contiguous(a.data, b.data, poisoned, lay, cfg, sa=scales.activation(a, "sm100"),
-                                        sb=be.prepared_weight_scales(b))
+                out = launch.contiguous(
+                    a.data,
+                    b.data,
+                    poisoned,
+                    lay,
+                    cfg,
+                    sa=scales.activation(a, "sm100"),
+                    sb=be.prepared_weight_scales(b),
+                )
             else:
                 out = gemm(a, b, lay, out=poisoned, backend=backend)
             ref = gemm(a, b, lay, backend="reference", out_dtype=torch.float32)
@@ -294,11 +319,17 @@ def correctness(check: Check) -> None:
             row["gap_rows_zero"] = bool((out[gaps] == 0).all()) if gaps.numel() else True
             row["passed"] = row["passed"] and row["gap_rows_zero"]
             row["shape"] = {"G": len(counts), "rows": lay.num_rows, "N": n, "K": k, "alignment": alignment}
-            if fp8_format is not None:         # quantization error, for information only
-                exact = gemm(a.dequantize(torch.bfloat16), b.dequantize(torch.bfloat16), lay,
-                                             backend="reference", out_dtype=torch.float32)
+            if fp8_format is not None:  # quantization error, for information only
+                exact = gemm(
+                    a.dequantize(torch.bfloat16),
+                    b.dequantize(torch.bfloat16),
+                    lay,
+                    backend="reference",
+                    out_dtype=torch.float32,
+                )
                 row["calc_diff_vs_dequantized_bf16"] = calc_diff(out, exact)
             return row
+
         return run
 
     for label, cnt, alignment, n, k in contiguous_cases:
@@ -306,9 +337,16 @@ def correctness(check: Check) -> None:
             name = f"contiguous/{label}/{str(dtype).removeprefix('torch.')}"
             _record(check, name, contiguous("cuda_sm90", dtype, cnt, alignment, n, k))
         kf = 200 if label == "edges" else k
-        _record(check, f"contiguous/{label}/fp8-sm90-fp32-scales", contiguous("cuda_sm90", None, cnt, alignment, n, kf, "fp32"))
-        _record(check, f"contiguous/{label}/fp8-sm100-ue8m0-scales",
-                contiguous("sm100-format", None, cnt, alignment, n, kf, "ue8m0"))
+        _record(
+            check,
+            f"contiguous/{label}/fp8-sm90-fp32-scales",
+            contiguous("cuda_sm90", None, cnt, alignment, n, kf, "fp32"),
+        )
+        _record(
+            check,
+            f"contiguous/{label}/fp8-sm100-ue8m0-scales",
+            contiguous("sm100-format", None, cnt, alignment, n, kf, "ue8m0"),
+        )
 
     g, max_m = (4, 24) if s else (16, 256)
     masked_m_host = torch.randint(0, max_m + 1, (g,), generator=check.gen, dtype=torch.int32)
@@ -331,8 +369,15 @@ def correctness(check: Check) -> None:
             if backend == "sm100-format":
                 be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
-                launch.masked(a.data, b.data, out, masked_m, cfg, sa=scales.activation(a, "sm100"),
-                              sb=be.prepared_weight_scales(b))
+                launch.masked(
+                    a.data,
+                    b.data,
+                    out,
+                    masked_m,
+                    cfg,
+                    sa=scales.activation(a, "sm100"),
+                    sb=be.prepared_weight_scales(b),
+                )
             else:
                 gemm(a, b, lay, out=out, backend=backend)
             ref = torch.full((g, max_m, big_n), sentinel, dtype=torch.float32, device=check.device)
@@ -344,6 +389,7 @@ def correctness(check: Check) -> None:
             row["passed"] = row["passed"] and row["sentinel_rows_untouched"]
             row["shape"] = {"G": g, "max_m": max_m, "N": big_n, "K": big_k, "masked_m": masked_m_host.tolist()}
             return row
+
         return run
 
     for dtype in (torch.bfloat16, torch.float16):
@@ -370,22 +416,32 @@ def correctness(check: Check) -> None:
                 be = backend_object("cuda_sm100")
                 cfg = be.plan(moe_hal.Problem.build(x, dy, lay, c=c, out_dtype=torch.float32)).config
                 out = torch.full((len(kcounts), km, kn), float("nan"), device=check.device)
-                launch.k_grouped(x.data, dy.data, out, lay, cfg, c=c, sa=scales.activation(x, "sm100"),
-                                 sb=scales.activation(dy, "sm100"))
+                launch.k_grouped(
+                    x.data,
+                    dy.data,
+                    out,
+                    lay,
+                    cfg,
+                    c=c,
+                    sa=scales.activation(x, "sm100"),
+                    sb=scales.activation(dy, "sm100"),
+                )
             else:
                 out = gemm(x, dy, lay, c=c, out_dtype=torch.float32, backend=backend)
             row = _compare(out, ref, 1e-3 if fp8_format else 1e-5)
             row["shape"] = {"G": len(kcounts), "M": km, "N": kn, "counts": kcounts, "with_c": with_c}
             return row
+
         return run
 
     for with_c in (False, True):
         tag = "with-c" if with_c else "no-c"
         for dtype in (torch.bfloat16, torch.float16):
-            _record(check, f"k_grouped/{tag}/{str(dtype).removeprefix('torch.')}", k_grouped("cuda_sm90", dtype, with_c))
+            _record(
+                check, f"k_grouped/{tag}/{str(dtype).removeprefix('torch.')}", k_grouped("cuda_sm90", dtype, with_c)
+            )
         _record(check, f"k_grouped/{tag}/fp8-sm90-refused", lambda: _kgrouped_fp8_refused(check))
         _record(check, f"k_grouped/{tag}/fp8-sm100-ue8m0-scales", k_grouped("sm100-format", None, with_c, "ue8m0"))
-
 
 
 def _kgrouped_fp8_refused(check: Check) -> dict[str, Any]:
@@ -436,10 +492,10 @@ def _no_host_sync(check: Check) -> dict[str, Any]:
         gemm(a_rows, b, clay, backend="cuda_sm90")
         qa = moe_hal.QuantizedTensor(fp8_a.data, fp8_a.scale, fp8_a.block, fp8_a.scale_format)
         gemm(qa, fp8_b, clay, backend="cuda_sm90")
-        gemm(xs[:klay.num_rows], dys[:klay.num_rows], klay, backend="cuda_sm90", out_dtype=torch.float32)
+        gemm(xs[: klay.num_rows], dys[: klay.num_rows], klay, backend="cuda_sm90", out_dtype=torch.float32)
         gemm(masked_a, b, mlay, backend="cuda_sm90")
 
-    calls(0)                                  # warm: compile, weights prepared, plans made
+    calls(0)  # warm: compile, weights prepared, plans made
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -448,8 +504,11 @@ def _no_host_sync(check: Check) -> dict[str, Any]:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return {"passed": True, "detail": "5 steps x (contiguous bf16, contiguous fp8, K-grouped bf16, masked) with a "
-                                      "new routing each step ran under torch.cuda.set_sync_debug_mode('error')"}
+    return {
+        "passed": True,
+        "detail": "5 steps x (contiguous bf16, contiguous fp8, K-grouped bf16, masked) with a "
+        "new routing each step ran under torch.cuda.set_sync_debug_mode('error')",
+    }
 
 
 def _graph_replay_contiguous(check: Check) -> dict[str, Any]:
@@ -489,8 +548,7 @@ def _graph_replay(check: Check) -> dict[str, Any]:
         graph.replay()
         torch.cuda.synchronize()
         ref = torch.full((g, max_m, n), sentinel, dtype=torch.float32, device=check.device)
-        gemm(a, b, moe_hal.MaskedLayout(masked_m.clone(), max_m), out=ref, backend="reference",
-                             out_dtype=torch.float32)
+        gemm(a, b, moe_hal.MaskedLayout(masked_m.clone(), max_m), out=ref, backend="reference", out_dtype=torch.float32)
         row = _compare(out, ref, 1e-5)
         beyond = (torch.arange(max_m, device=check.device)[None, :, None] >= masked_m[:, None, None]).expand_as(out)
         row["sentinel_rows_untouched"] = bool((out[beyond] == sentinel).all())
@@ -504,8 +562,13 @@ def _selection(check: Check) -> dict[str, Any]:
     a, b = check.randn(lay.num_rows, 1024), check.randn(3, 512, 1024)
     sel = moe_hal.select(a, b, lay)
     sm100 = next(c for c in sel.candidates if c.name == "cuda_sm100")
-    return {"passed": sel.name == "cuda_sm90" and sel.mode == "native", "selected": sel.name, "mode": sel.mode,
-            "cuda_sm100_reasons": [r.as_dict() for r in sm100.reasons], "explain": sel.explain()}
+    return {
+        "passed": sel.name == "cuda_sm90" and sel.mode == "native",
+        "selected": sel.name,
+        "mode": sel.mode,
+        "cuda_sm100_reasons": [r.as_dict() for r in sm100.reasons],
+        "explain": sel.explain(),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,9 +593,14 @@ def _estimate(check: Check, counts, n, k, dtype, tile) -> dict[str, float]:
     if check.hw is None:
         return {}
     est = perf.estimate(counts, n, k, check.hw, dtype, tile[0], tile[1])
-    return {"ideal_ms": est.t_roofline * 1e3, "occupancy_adjusted_roofline_ms": est.t_padded * 1e3,
-            "predicted_ms": est.t_predicted * 1e3, "occupancy_m": est.occupancy_m, "waves": est.waves,
-            "bound": est.bound}
+    return {
+        "ideal_ms": est.t_roofline * 1e3,
+        "occupancy_adjusted_roofline_ms": est.t_padded * 1e3,
+        "predicted_ms": est.t_predicted * 1e3,
+        "occupancy_m": est.occupancy_m,
+        "waves": est.waves,
+        "bound": est.bound,
+    }
 
 
 def contiguous_timings(check: Check) -> None:
@@ -554,20 +622,31 @@ def contiguous_timings(check: Check) -> None:
             copies = copies_for(check, bytes_per_set)
             sets = [(check.randn(lay.num_rows, k, scale=0.1), check.randn(G, n, k, scale=0.1)) for _ in range(copies)]
             out = torch.empty(lay.num_rows, n, dtype=torch.bfloat16, device=check.device)
-            row: dict[str, Any] = {"case": name, "counts": counts, "rows": lay.num_rows, "valid_rows": sum(counts),
-                                   "N": n, "K": k, "G": G, "alignment": alignment, "paths": {}}
+            row: dict[str, Any] = {
+                "case": name,
+                "counts": counts,
+                "rows": lay.num_rows,
+                "valid_rows": sum(counts),
+                "N": n,
+                "K": k,
+                "G": G,
+                "alignment": alignment,
+                "paths": {},
+            }
             try:
                 problem = moe_hal.Problem.build(sets[0][0], sets[0][1], lay)
                 plan = be.plan(problem)
                 row["advisor_tile"] = list(plan.config.tile)
                 row["path"] = be.describe_path(problem)
-                row["paths"]["ours_bf16"] = time_calls(check, [
-                    (lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets])
+                row["paths"]["ours_bf16"] = time_calls(
+                    check, [(lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets]
+                )
                 ours = gemm(sets[0][0], sets[0][1], lay, backend="cuda_sm90")
                 if check.cuda:
                     ends = lay.aligned_ends_on(check.device)
-                    row["paths"]["torch_grouped_mm"] = time_calls(check, [
-                        (lambda a=a, b=b: grouped_mm(a, b.transpose(1, 2), offs=ends)) for a, b in sets])
+                    row["paths"]["torch_grouped_mm"] = time_calls(
+                        check, [(lambda a=a, b=b: grouped_mm(a, b.transpose(1, 2), offs=ends)) for a, b in sets]
+                    )
                     peer = grouped_mm(sets[0][0], sets[0][1].transpose(1, 2), offs=ends)
                     valid = lay.valid_rows_on(check.device)
                     row["calc_diff_vs_torch_grouped_mm"] = calc_diff(ours[valid], peer[valid])
@@ -576,20 +655,27 @@ def contiguous_timings(check: Check) -> None:
                 def loop(a, b):
                     for g, s, e in segs:
                         torch.mm(a[s:e], b[g].t(), out=out[s:e])
+
                 row["paths"]["per_expert_loop"] = time_calls(check, [(lambda a=a, b=b: loop(a, b)) for a, b in sets])
                 fp8_sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
                 fp8_plan = be.plan(moe_hal.Problem.build(fp8_sets[0][0], fp8_sets[0][1], lay))
                 row["fp8_advisor_tile"] = list(fp8_plan.config.tile)
-                row["paths"]["ours_fp8"] = time_calls(check, [
-                    (lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in fp8_sets])
+                row["paths"]["ours_fp8"] = time_calls(
+                    check, [(lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in fp8_sets]
+                )
                 fp8_out = gemm(fp8_sets[0][0], fp8_sets[0][1], lay, backend="cuda_sm90")
                 from moe_hal_cuda import peers
+
                 fp8_problem = moe_hal.Problem.build(fp8_sets[0][0], fp8_sets[0][1], lay, out=out)
                 blocked = peers.blocker("deep_gemm", fp8_problem)
                 if blocked is None:
-                    row["paths"]["deep_gemm_fp8"] = time_calls(check, [
-                        (lambda a=a, b=b: peers.run("deep_gemm", moe_hal.Problem.build(a, b, lay, out=out), out))
-                        for a, b in fp8_sets])
+                    row["paths"]["deep_gemm_fp8"] = time_calls(
+                        check,
+                        [
+                            (lambda a=a, b=b: peers.run("deep_gemm", moe_hal.Problem.build(a, b, lay, out=out), out))
+                            for a, b in fp8_sets
+                        ],
+                    )
                 else:
                     row["deep_gemm_fp8"] = f"not timed: {blocked}"
                 valid = lay.valid_rows_on(check.device)
@@ -602,18 +688,32 @@ def contiguous_timings(check: Check) -> None:
                     if check.left() < 10:
                         check.skip("tile_sweep", f"{name}/BM{cfg.block_m}", "time budget")
                         break
-                    sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(check, [
-                        (lambda a=a, b=b, cfg=cfg: launch.contiguous(a, b, out, lay, cfg)) for a, b in sets])
+                    sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(
+                        check, [(lambda a=a, b=b, cfg=cfg: launch.contiguous(a, b, out, lay, cfg)) for a, b in sets]
+                    )
                 row["tile_sweep"] = sweep
                 fp8_sweep = {}
                 for cfg in configs.candidates("sm90", "fp8_e4m3", "contiguous"):
                     if check.left() < 10:
                         check.skip("tile_sweep", f"{name}/fp8/BM{cfg.block_m}", "time budget")
                         break
-                    fp8_sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(check, [
-                        (lambda a=a, b=b, cfg=cfg: launch.contiguous(
-                            a.data, b.data, out, lay, cfg, sa=scales.activation(a, "sm90"),
-                            sb=be.prepared_weight_scales(b))) for a, b in fp8_sets])
+                    fp8_sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(
+                        check,
+                        [
+                            (
+                                lambda a=a, b=b, cfg=cfg: launch.contiguous(
+                                    a.data,
+                                    b.data,
+                                    out,
+                                    lay,
+                                    cfg,
+                                    sa=scales.activation(a, "sm90"),
+                                    sb=be.prepared_weight_scales(b),
+                                )
+                            )
+                            for a, b in fp8_sets
+                        ],
+                    )
                 row["fp8_tile_sweep"] = fp8_sweep
             except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
                 row["error"] = f"{type(exc).__name__}: {exc}"
@@ -628,7 +728,9 @@ def contiguous_timings(check: Check) -> None:
 
 def _print_timing(row: dict[str, Any]) -> None:
     paths = " ".join(f"{k}={v['median_ms']:.3f}ms" for k, v in row.get("paths", {}).items())
-    print(f"  {row['case']}: tile {row.get('advisor_tile', row.get('tile'))} {paths} {row.get('error', '')}", flush=True)
+    print(
+        f"  {row['case']}: tile {row.get('advisor_tile', row.get('tile'))} {paths} {row.get('error', '')}", flush=True
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,7 +738,7 @@ def _print_timing(row: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 def k_grouped_timings(check: Check) -> None:
     grouped_mm = _grouped_mm()
-    shapes = ((24, 40),) if check.smoke else ((7168, 2048), (2048, 7168))   # (M, N) of dW = x.T @ dy
+    shapes = ((24, 40),) if check.smoke else ((7168, 2048), (2048, 7168))  # (M, N) of dW = x.T @ dy
     tokens = 64 if check.smoke else 8192
     for m, n in shapes:
         name = f"k_grouped/seed-{tokens}/M{m}-N{n}"
@@ -658,14 +760,17 @@ def k_grouped_timings(check: Check) -> None:
             def loop():
                 for g, st, e in segs:
                     torch.mm(x[st:e].t(), dy[st:e], out=out[g])
+
             row["paths"]["per_expert_loop"] = time_calls(check, [loop])
             qx, qdy = quantize_fp8(x.float(), (128, 1), ue8m0=True), quantize_fp8(dy.float(), (128, 1), ue8m0=True)
             launched = backend_object("cuda_sm100")
             from moe_hal_cuda import launch, scales
+
             cfg = launched.plan(moe_hal.Problem.build(qx, qdy, lay, out_dtype=torch.bfloat16)).config
             sx, sdy = scales.activation(qx, "sm100"), scales.activation(qdy, "sm100")
-            row["paths"]["ours_fp8_sm100_format"] = time_calls(check, [
-                lambda: launch.k_grouped(qx.data, qdy.data, out, lay, cfg, sa=sx, sb=sdy)])
+            row["paths"]["ours_fp8_sm100_format"] = time_calls(
+                check, [lambda: launch.k_grouped(qx.data, qdy.data, out, lay, cfg, sa=sx, sb=sdy)]
+            )
         except Exception as exc:  # noqa: BLE001 - a failing check is recorded and the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
             row["traceback"] = traceback.format_exc(limit=6)
@@ -688,11 +793,20 @@ def decode_timings(check: Check) -> None:
             check.skip("decode", name, "time budget")
             continue
         max_m = max(8, 2 * expected)
-        row: dict[str, Any] = {"case": name, "G": g, "expected_m": expected, "max_m": max_m, "N": n, "K": k,
-                               "dtype": dt, "paths": {}}
+        row: dict[str, Any] = {
+            "case": name,
+            "G": g,
+            "expected_m": expected,
+            "max_m": max_m,
+            "N": n,
+            "K": k,
+            "dtype": dt,
+            "paths": {},
+        }
         try:
-            masked_m = torch.randint(max(1, expected // 2), min(max_m, 2 * expected) + 1, (g,), generator=check.gen,
-                                     dtype=torch.int32)
+            masked_m = torch.randint(
+                max(1, expected // 2), min(max_m, 2 * expected) + 1, (g,), generator=check.gen, dtype=torch.int32
+            )
             row["masked_m"] = masked_m.tolist()
             masked_dev = masked_m.to(check.device)
             lay = moe_hal.MaskedLayout(masked_dev, max_m, expected_m=expected, check=False)
@@ -716,6 +830,7 @@ def decode_timings(check: Check) -> None:
                 def loop(a, b):
                     for g_, m_ in active:
                         torch.mm(a[g_, :m_], b[g_].t(), out=out[g_, :m_])
+
                 row["paths"]["per_expert_loop"] = time_calls(check, [(lambda a=a, b=b: loop(a, b)) for a, b in sets])
             if check.cuda:
                 graphs = []
@@ -732,8 +847,17 @@ def decode_timings(check: Check) -> None:
                 e_b = perf.operand_bytes("fp8" if dt == "fp8" else "bf16")[1]
                 row["weight_bandwidth_floor_ms"] = active * n * k * e_b / check.hw.mem_bandwidth * 1e3
                 row["bandwidth_used_bytes_per_s"] = check.hw.mem_bandwidth
-                est = perf.estimate(masked_m.tolist(), n, k, check.hw, "fp8" if dt == "fp8" else "bf16",
-                                    row["tile"][0], row["tile"][1], op="masked", max_m=max_m)
+                est = perf.estimate(
+                    masked_m.tolist(),
+                    n,
+                    k,
+                    check.hw,
+                    "fp8" if dt == "fp8" else "bf16",
+                    row["tile"][0],
+                    row["tile"][1],
+                    op="masked",
+                    max_m=max_m,
+                )
                 row["model"] = {"ideal_ms": est.t_roofline * 1e3, "predicted_ms": est.t_predicted * 1e3}
         except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -785,9 +909,12 @@ def targets(check: Check) -> None:
         values = per[key]
         summary: dict[str, Any] = {"target": goal, "ratio_meaning": meaning, "per_case": values}
         if values:
-            summary.update(min=min(values.values()), median=statistics.median(values.values()),
-                           met_in_every_case=min(values.values()) >= goal,
-                           met_by_median=statistics.median(values.values()) >= goal)
+            summary.update(
+                min=min(values.values()),
+                median=statistics.median(values.values()),
+                met_in_every_case=min(values.values()) >= goal,
+                met_by_median=statistics.median(values.values()) >= goal,
+            )
         else:
             summary["note"] = "not measured in this run"
         out[key] = summary
@@ -802,10 +929,19 @@ def path_table_suggestion(check: Check) -> None:
     ratios = list(check.report["targets"].get("bf16_contiguous_vs_torch_grouped_mm", {}).get("per_case", {}).values())
     entries = []
     if ratios and statistics.median(ratios) < 1.0:
-        entries.append({"arch": "sm90", "op": "contiguous", "dtype": "bf16", "path": "torch",
-                        "speedup": round(1 / statistics.median(ratios), 3)})
-    check.report["path_table_suggestion"] = {"source": "backends/cuda/scripts/gpu_check.py on " + check.report["device"].get("name", "?"),
-                                             "entries": entries}
+        entries.append(
+            {
+                "arch": "sm90",
+                "op": "contiguous",
+                "dtype": "bf16",
+                "path": "torch",
+                "speedup": round(1 / statistics.median(ratios), 3),
+            }
+        )
+    check.report["path_table_suggestion"] = {
+        "source": "backends/cuda/scripts/gpu_check.py on " + check.report["device"].get("name", "?"),
+        "entries": entries,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -817,7 +953,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls per timing (default 3; 1 in smoke)")
     p.add_argument("--reps", type=int, default=None, help="timed calls per timing (default 10; 2 in smoke)")
     p.add_argument("--l2-factor", type=float, default=3.0, help="bytes between two uses of one input set, in L2 sizes")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,decode")
+    p.add_argument(
+        "--skip", default="", help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,decode"
+    )
     return p.parse_args(argv)
 
 
@@ -829,38 +967,73 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_check: no CUDA device; use --cpu-smoke for the interpreter run", file=sys.stderr)
         return 2
     device = torch.device("cpu") if smoke else torch.device("cuda", torch.cuda.current_device())
-    l2 = 60 * 2 ** 20 if smoke else torch.cuda.get_device_properties(device).L2_cache_size
-    check = Check(device=device, smoke=smoke, deadline=started + args.budget, l2_bytes=l2,
-                  warmup=args.warmup if args.warmup is not None else (1 if smoke else 3),
-                  reps=args.reps if args.reps is not None else (2 if smoke else 10), l2_factor=args.l2_factor)
+    l2 = 60 * 2**20 if smoke else torch.cuda.get_device_properties(device).L2_cache_size
+    check = Check(
+        device=device,
+        smoke=smoke,
+        deadline=started + args.budget,
+        l2_bytes=l2,
+        warmup=args.warmup if args.warmup is not None else (1 if smoke else 3),
+        reps=args.reps if args.reps is not None else (2 if smoke else 10),
+        l2_factor=args.l2_factor,
+    )
     check.gen = torch.Generator().manual_seed(0)
     check.out_path = args.out
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    check.report = {"schema": SCHEMA, "mode": "cpu-smoke (Triton interpreter)" if smoke else "gpu",
-                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "versions": _versions(), "device": {}, "settings": {
-                        "budget_s": args.budget, "warmup": check.warmup, "reps": check.reps,
-                        "l2_factor": args.l2_factor, "l2_bytes": l2, "timer": "cuda events" if check.cuda else "perf_counter"},
-                    "complete": False, "correctness": [], "timings": [], "k_grouped": [], "decode": [], "skipped": [],
-                    "targets": {}}
-    check.flush()                             # a JSON exists before anything can fail
-    try:                                      # the hardware DB needs jsonschema; the kernel checks do not
+    check.report = {
+        "schema": SCHEMA,
+        "mode": "cpu-smoke (Triton interpreter)" if smoke else "gpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "versions": _versions(),
+        "device": {},
+        "settings": {
+            "budget_s": args.budget,
+            "warmup": check.warmup,
+            "reps": check.reps,
+            "l2_factor": args.l2_factor,
+            "l2_bytes": l2,
+            "timer": "cuda events" if check.cuda else "perf_counter",
+        },
+        "complete": False,
+        "correctness": [],
+        "timings": [],
+        "k_grouped": [],
+        "decode": [],
+        "skipped": [],
+        "targets": {},
+    }
+    check.flush()  # a JSON exists before anything can fail
+    try:  # the hardware DB needs jsonschema; the kernel checks do not
         check.report["device"] = _device_record(check)
         _model_hardware(check)
     except Exception as exc:  # noqa: BLE001 - a failing check is recorded and the run goes on
-        check.report["device"] = {"torch_device": str(device), "hardware_db_error": f"{type(exc).__name__}: {exc}",
-                                  "name": torch.cuda.get_device_name(device) if check.cuda else platform.machine()}
+        check.report["device"] = {
+            "torch_device": str(device),
+            "hardware_db_error": f"{type(exc).__name__}: {exc}",
+            "name": torch.cuda.get_device_name(device) if check.cuda else platform.machine(),
+        }
         check.hw, check.hw_note = None, f"hardware DB unavailable: {type(exc).__name__}: {exc}"
     check.flush()
-    check.report["model_hardware"] = {"note": check.hw_note, "num_cores": getattr(check.hw, "num_cores", None),
-                                      "peak_flops": dict(getattr(check.hw, "peak_flops", {}) or {}),
-                                      "mem_bandwidth": getattr(check.hw, "mem_bandwidth", None)}
-    print(f"gpu_check: {check.report['mode']} on {check.report['device'].get('name')} "
-          f"({check.report['device'].get('hw_id')}), budget {args.budget:.0f} s", flush=True)
+    check.report["model_hardware"] = {
+        "note": check.hw_note,
+        "num_cores": getattr(check.hw, "num_cores", None),
+        "peak_flops": dict(getattr(check.hw, "peak_flops", {}) or {}),
+        "mem_bandwidth": getattr(check.hw, "mem_bandwidth", None),
+    }
+    print(
+        f"gpu_check: {check.report['mode']} on {check.report['device'].get('name')} "
+        f"({check.report['device'].get('hw_id')}), budget {args.budget:.0f} s",
+        flush=True,
+    )
     # Each section may use its share of what is left when it starts, so that a slow one (Triton
     # compiles every kernel variant on first use) cannot starve the others.
-    sections = [("gpu_only", gpu_only, 0.15), ("correctness", correctness, 0.4), ("timings", contiguous_timings, 0.5),
-                ("k_grouped", k_grouped_timings, 0.4), ("decode", decode_timings, 1.0)]
+    sections = [
+        ("gpu_only", gpu_only, 0.15),
+        ("correctness", correctness, 0.4),
+        ("timings", contiguous_timings, 0.5),
+        ("k_grouped", k_grouped_timings, 0.4),
+        ("decode", decode_timings, 1.0),
+    ]
     for name, fn, share in sections:
         if name in skip:
             check.skip(name, "*", "--skip")
@@ -870,15 +1043,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             fn(check)
         except Exception as exc:  # noqa: BLE001 - keep the other sections and the report
-            check.report.setdefault("errors", []).append({"section": name, "error": f"{type(exc).__name__}: {exc}",
-                                                          "traceback": traceback.format_exc()})
+            check.report.setdefault("errors", []).append(
+                {"section": name, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            )
             print(f"  section {name} failed: {exc}", flush=True)
-        check.flush()                         # the JSON after every section
+        check.flush()  # the JSON after every section
     targets(check)
     path_table_suggestion(check)
     failed = [r["name"] for r in check.report["correctness"] if not r.get("passed")]
-    check.report["summary"] = {"correctness_checks": len(check.report["correctness"]), "correctness_failed": failed,
-                               "elapsed_s": round(time.monotonic() - started, 1)}
+    check.report["summary"] = {
+        "correctness_checks": len(check.report["correctness"]),
+        "correctness_failed": failed,
+        "elapsed_s": round(time.monotonic() - started, 1),
+    }
     check.report["complete"] = True
     check.flush()
     print("[targets]")
@@ -887,8 +1064,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {key}: min {t['min']:.3f} median {t['median']:.3f} (target >= {t['target']})")
         elif isinstance(t, dict):
             print(f"  {key}: {t.get('note')}")
-    print(f"gpu_check: {len(failed)} correctness failures of {len(check.report['correctness'])}; "
-          f"wrote {args.out} in {check.report['summary']['elapsed_s']} s", flush=True)
+    print(
+        f"gpu_check: {len(failed)} correctness failures of {len(check.report['correctness'])}; "
+        f"wrote {args.out} in {check.report['summary']['elapsed_s']} s",
+        flush=True,
+    )
     return 1 if failed or check.report.get("errors") else 0
 
 

@@ -7,8 +7,8 @@ import torch
 
 import moe_hal
 
-ULP = {torch.bfloat16: 2.0 ** -7, torch.float16: 2.0 ** -10, torch.float32: 2.0 ** -23}
-FP32_EPS = 2.0 ** -23
+ULP = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-10, torch.float32: 2.0**-23}
+FP32_EPS = 2.0**-23
 
 
 def randn(gen, *shape, dtype=torch.float32):

@@ -29,6 +29,7 @@ def test_gradients_through_cuda_kernels_match_float64_reference(backend, gen):
         (torch.randn(klay.num_rows, 32, generator=gen), torch.randn(klay.num_rows, 64, generator=gen), klay),
     ]
     for a, b, layout in cases:
+
         def run(a, b, be, layout=layout):
             return moe_hal.grouped_gemm(a, b, layout, backend=be)
 

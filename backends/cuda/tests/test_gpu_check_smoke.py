@@ -16,8 +16,13 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
 def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
     out = tmp_path / "gpu_check.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-W", "ignore", str(SCRIPT), "--cpu-smoke", "--out", str(out)],
-                            env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["schema"] == "moe_hal_cuda.gpu_check/1" and report["complete"] is True
@@ -30,18 +35,22 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
     assert all(row["passed"] for row in report["correctness"]), [r for r in report["correctness"] if not r["passed"]]
     assert report["timings"] and "ours_bf16" in report["timings"][0]["paths"]
     skipped = {entry["section"] for entry in report["skipped"]}
-    for sweep in ("tile_sweep", "fp8_tile_sweep"):   # filled, or skipped for time on a loaded machine
+    for sweep in ("tile_sweep", "fp8_tile_sweep"):  # filled, or skipped for time on a loaded machine
         assert report["timings"][0][sweep] or "tile_sweep" in skipped, sweep
     assert report["decode"] or "decode" in skipped
     assert (report["k_grouped"] and "ours_bf16" in report["k_grouped"][0]["paths"]) or "k_grouped" in skipped
-    assert report["skipped"][0]["section"] == "gpu_only"            # GPU-only checks come first
-    assert set(report["targets"]) >= {"bf16_contiguous_vs_torch_grouped_mm", "fp8_vs_our_bf16_at_large_m",
-                                      "masked_decode_vs_weight_bandwidth_floor", "advisor_vs_best_fixed_tile",
-                                      "bf16_contiguous_vs_occupancy_adjusted_roofline",
-                                      "k_grouped_bf16_vs_torch_grouped_mm_2d2d"}
+    assert report["skipped"][0]["section"] == "gpu_only"  # GPU-only checks come first
+    assert set(report["targets"]) >= {
+        "bf16_contiguous_vs_torch_grouped_mm",
+        "fp8_vs_our_bf16_at_large_m",
+        "masked_decode_vs_weight_bandwidth_floor",
+        "advisor_vs_best_fixed_tile",
+        "bf16_contiguous_vs_occupancy_adjusted_roofline",
+        "k_grouped_bf16_vs_torch_grouped_mm_2d2d",
+    }
 
 
 def test_gpu_check_sh_passes_the_check_status_on():
     """gpu_check.sh exits with gpu_check.py's status (non-zero when a check fails)."""
     text = (SCRIPT.parent / "gpu_check.sh").read_text()
-    assert 'CHECK_STATUS=${PIPESTATUS[0]}' in text and text.rstrip().endswith('exit "$CHECK_STATUS"')
+    assert "CHECK_STATUS=${PIPESTATUS[0]}" in text and text.rstrip().endswith('exit "$CHECK_STATUS"')

@@ -59,8 +59,9 @@ def test_contiguous_fp32_out_and_transposed_b(gen, backend):
     k, n = 72, 40
     a = randn(gen, lay.num_rows, k, dtype=torch.bfloat16)
     b = randn(gen, 3, k, n, dtype=torch.bfloat16).transpose(1, 2)
-    out = moe_hal.grouped_gemm(a, b, lay, out=_poisoned((lay.num_rows, n), torch.float32),
-                               out_dtype=torch.float32, backend=backend)
+    out = moe_hal.grouped_gemm(
+        a, b, lay, out=_poisoned((lay.num_rows, n), torch.float32), out_dtype=torch.float32, backend=backend
+    )
     assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
 
 
@@ -68,7 +69,7 @@ def test_contiguous_fp32_out_and_transposed_b(gen, backend):
 @pytest.mark.parametrize("b_block", [(128, 128), (1, 128)])
 def test_contiguous_fp8(gen, backend, b_block):
     lay = moe_hal.ContiguousLayout.from_counts([0, 21, 3, 0, 50], alignment=8)
-    k, n = 600, 24                          # five K-blocks: two packed words, a partial last block
+    k, n = 600, 24  # five K-blocks: two packed words, a partial last block
     ue8m0 = backend == "cuda_sm100"
     qa = quantize_fp8(randn(gen, lay.num_rows, k), (1, 128), ue8m0=ue8m0)
     qb = quantize_fp8(randn(gen, 5, n, k), b_block, ue8m0=ue8m0)
@@ -111,7 +112,7 @@ def test_contiguous_fp8_sm90_takes_fp32_scales(gen):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_masked_float(gen, backend, dtype):
-    g, max_m, k, n = 4, 37, 40, 24          # max_m not a multiple of any tile height
+    g, max_m, k, n = 4, 37, 40, 24  # max_m not a multiple of any tile height
     masked_m = torch.tensor([0, 37, 5, 16], dtype=torch.int32)
     lay = moe_hal.MaskedLayout(masked_m, max_m)
     a, b = randn(gen, g, max_m, k, dtype=dtype), randn(gen, g, n, k, dtype=dtype)
@@ -254,12 +255,16 @@ def test_masked_m_strided_view(gen, backend):
     a, b = randn(gen, 4, 4, 32, dtype=torch.bfloat16), randn(gen, 4, 16, 32, dtype=torch.bfloat16)
     out = moe_hal.grouped_gemm(a, b, lay, out=torch.full((4, 4, 16), 5.0, dtype=torch.bfloat16), backend=backend)
     ref = reference(a, b, lay, out_dtype=torch.float32)
-    assert_matches(out[:, :2], ref[:, :2], reference(a.float().abs(), b.float().abs(), lay)[:, :2], 32,
-                   BF16_THRESHOLD)
+    assert_matches(out[:, :2], ref[:, :2], reference(a.float().abs(), b.float().abs(), lay)[:, :2], 32, BF16_THRESHOLD)
     assert bool((out[:, 2:] == 5.0).all()), "rows past masked_m = 2 were written"
-    every_other = masked_m.new_tensor([2, 9, 2, 9, 2, 9, 2, 9])[::2]          # a stride-2 view
-    out2 = moe_hal.grouped_gemm(a, b, moe_hal.MaskedLayout(every_other, 4, check=False),
-                                out=torch.full((4, 4, 16), 5.0, dtype=torch.bfloat16), backend=backend)
+    every_other = masked_m.new_tensor([2, 9, 2, 9, 2, 9, 2, 9])[::2]  # a stride-2 view
+    out2 = moe_hal.grouped_gemm(
+        a,
+        b,
+        moe_hal.MaskedLayout(every_other, 4, check=False),
+        out=torch.full((4, 4, 16), 5.0, dtype=torch.bfloat16),
+        backend=backend,
+    )
     assert torch.equal(out2, out)
 
 
@@ -288,28 +293,32 @@ def test_fp8_many_tiles_all_layouts(gen, arch):
     qx = quantize_fp8(randn(gen, kl.num_rows, 24), (128, 1), ue8m0=ue8m0)
     qdy = quantize_fp8(randn(gen, kl.num_rows, n), (128, 1), ue8m0=ue8m0)
     outk = _poisoned((3, 24, n), torch.float32)
-    launch.k_grouped(qx.data, qdy.data, outk, kl, SMALL, sa=scales.activation(qx, arch), sb=scales.activation(qdy, arch))
-    assert_matches(outk, reference(qx, qdy, kl, out_dtype=torch.float32), magnitude(qx, qdy, kl),
-                   kl.num_rows, FP8_THRESHOLD)
+    launch.k_grouped(
+        qx.data, qdy.data, outk, kl, SMALL, sa=scales.activation(qx, arch), sb=scales.activation(qdy, arch)
+    )
+    assert_matches(
+        outk, reference(qx, qdy, kl, out_dtype=torch.float32), magnitude(qx, qdy, kl), kl.num_rows, FP8_THRESHOLD
+    )
 
 
 def test_sm100_kernel_decodes_packed_bytes(gen):
     """Raising one exponent byte of the packed A scales by one doubles exactly the products of
     that row and K-block: the kernel reads the int32 UE8M0 words, not fp32 values."""
     lay = moe_hal.ContiguousLayout.from_counts([4], alignment=1)
-    k, n = 512, 16                                       # four K-blocks: all bytes of one word
+    k, n = 512, 16  # four K-blocks: all bytes of one word
     qa = quantize_fp8(randn(gen, 4, k), (1, 128), ue8m0=True)
     qb = quantize_fp8(randn(gen, 1, n, k), (128, 128), ue8m0=True)
     sa, sb = scales.activation(qa, "sm100"), scales.weight(qb, "sm100")
     base = launch.contiguous(qa.data, qb.data, torch.empty(4, n), lay, SMALL, sa=sa, sb=sb)
     row, block = 2, 3
     bumped = sa.tensor.clone()
-    bumped[row, 0] += 1 << (8 * block)                   # byte 3 of word 0 of row 2
-    out = launch.contiguous(qa.data, qb.data, torch.empty(4, n), lay, SMALL,
-                            sa=scales.Physical(bumped, sa.kind, 1), sb=sb)
-    a_block = qa.dequantize()[row, 128 * block:128 * (block + 1)].double()
-    w_block = qb.dequantize()[0, :, 128 * block:128 * (block + 1)].double()
-    expected_change = a_block @ w_block.T                # that block's contribution, counted twice
+    bumped[row, 0] += 1 << (8 * block)  # byte 3 of word 0 of row 2
+    out = launch.contiguous(
+        qa.data, qb.data, torch.empty(4, n), lay, SMALL, sa=scales.Physical(bumped, sa.kind, 1), sb=sb
+    )
+    a_block = qa.dequantize()[row, 128 * block : 128 * (block + 1)].double()
+    w_block = qb.dequantize()[0, :, 128 * block : 128 * (block + 1)].double()
+    expected_change = a_block @ w_block.T  # that block's contribution, counted twice
     assert torch.allclose((out[row] - base[row]).double(), expected_change, rtol=1e-5, atol=1e-4)
     others = [r for r in range(4) if r != row]
     assert torch.equal(out[others], base[others])

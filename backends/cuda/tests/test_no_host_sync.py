@@ -25,8 +25,17 @@ from moe_hal_cuda import backend as cuda_backend
 from moe_hal_cuda import configs, kernels, launch, plugin
 
 _READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__len__"}
-_VALUE_SHAPED = {"nonzero", "nonzero_static", "argwhere", "masked_select", "unique", "unique_consecutive",
-                 "bincount", "histc", "where"}
+_VALUE_SHAPED = {
+    "nonzero",
+    "nonzero_static",
+    "argwhere",
+    "masked_select",
+    "unique",
+    "unique_consecutive",
+    "bincount",
+    "histc",
+    "where",
+}
 
 
 class HostSyncError(AssertionError):
@@ -45,8 +54,12 @@ class NoHostSync(TorchFunctionMode):
         if on_device and name in _VALUE_SHAPED and not (name == "where" and len(args) + len(kwargs) > 1):
             raise HostSyncError(f"{resolve_name(func)} has a value-dependent shape (a device sync)")
         repeats = kwargs.get("repeats", args[1] if len(args) > 1 else None)
-        if on_device and name == "repeat_interleave" and isinstance(repeats, torch.Tensor) \
-                and "output_size" not in kwargs:
+        if (
+            on_device
+            and name == "repeat_interleave"
+            and isinstance(repeats, torch.Tensor)
+            and "output_size" not in kwargs
+        ):
             raise HostSyncError("repeat_interleave with tensor repeats and no output_size syncs")
         result = func(*args, **kwargs)
         if name in ("to", "copy_", "cuda") and not kwargs.get("non_blocking") and _crosses(args, result):
@@ -108,8 +121,20 @@ def _on_the_device(p: Problem, layout=None) -> Problem:
     """``p`` with its operands (and ``layout``, if given) on the meta device. ``Problem.build``
     refuses meta tensors (they cannot be multiplied), so the validated CPU problem is rebuilt
     field by field: the backend then sees what a GPU call would show it."""
-    return Problem(p.op, _on_device(p.a), _on_device(p.b), layout or p.layout, p.c, p.out_dtype,
-                   torch.device("meta"), p.num_groups, p.m, p.n, p.k, p.b_major)
+    return Problem(
+        p.op,
+        _on_device(p.a),
+        _on_device(p.b),
+        layout or p.layout,
+        p.c,
+        p.out_dtype,
+        torch.device("meta"),
+        p.num_groups,
+        p.m,
+        p.n,
+        p.k,
+        p.b_major,
+    )
 
 
 def _fresh_call(be, op, gen, step, quantized, weight):
@@ -123,8 +148,12 @@ def _fresh_call(be, op, gen, step, quantized, weight):
         return Problem.build(_operand(gen, lay.num_rows, 256, block=(1, 128), **kw), weight, lay)
     if op == "k_grouped":
         lay = moe_hal.KGroupedLayout.from_counts(counts)
-        return Problem.build(_operand(gen, lay.num_rows, 32, block=(128, 1), **kw),
-                             _operand(gen, lay.num_rows, 64, block=(128, 1), **kw), lay, out_dtype=torch.float32)
+        return Problem.build(
+            _operand(gen, lay.num_rows, 32, block=(128, 1), **kw),
+            _operand(gen, lay.num_rows, 64, block=(128, 1), **kw),
+            lay,
+            out_dtype=torch.float32,
+        )
     masked_m = torch.tensor(counts, dtype=torch.int32)
     lay = moe_hal.MaskedLayout(masked_m, max(counts), check=False)
     p = Problem.build(_operand(gen, 8, max(counts), 256, block=(1, 128), **kw), weight, lay)
@@ -136,18 +165,25 @@ def _device_call(be, op, gen, step, quantized, weight):
     return _on_the_device(*call) if isinstance(call, tuple) else _on_the_device(call)
 
 
-CASES = [("sm90", "contiguous", False), ("sm90", "contiguous", True), ("sm90", "masked", False),
-         ("sm90", "masked", True), ("sm90", "k_grouped", False), ("sm100", "contiguous", True),
-         ("sm100", "masked", True), ("sm100", "k_grouped", True)]
+CASES = [
+    ("sm90", "contiguous", False),
+    ("sm90", "contiguous", True),
+    ("sm90", "masked", False),
+    ("sm90", "masked", True),
+    ("sm90", "k_grouped", False),
+    ("sm100", "contiguous", True),
+    ("sm100", "masked", True),
+    ("sm100", "k_grouped", True),
+]
 
 
 @pytest.mark.parametrize("arch,op,quantized", CASES)
 def test_fresh_layout_launch_path_makes_no_host_sync(stubbed, monkeypatch, arch, op, quantized):
-    monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")      # the native path: plan with the advisor, no interpreter
+    monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")  # the native path: plan with the advisor, no interpreter
     be = _backend(arch)
     gen = torch.Generator().manual_seed(7)
     weight = _operand(gen, 8, 64, 256, block=(128, 128), quantized=quantized, ue8m0=arch == "sm100")
-    be.run(_device_call(be, op, gen, 0, quantized, weight), None)   # weights prepared once, as in a model
+    be.run(_device_call(be, op, gen, 0, quantized, weight), None)  # weights prepared once, as in a model
     for step in range(1, 5):
         p = _device_call(be, op, gen, step, quantized, weight)
         out = p.new_out()
@@ -168,7 +204,7 @@ def test_detector_catches_a_host_read(stubbed, monkeypatch):
 
     def reading(layout, kind, device):
         t = real(layout, kind, device)
-        int(t[0])                                   # what the old host-built schedule amounted to
+        int(t[0])  # what the old host-built schedule amounted to
         return t
 
     monkeypatch.setattr(launch, "layout_tensor", reading)
@@ -181,7 +217,7 @@ def test_detector_catches_a_blocking_upload():
         torch.zeros(3).to("meta")
     with NoHostSync():
         torch.zeros(3).to("meta", non_blocking=True)
-        torch.zeros(3).tolist()                     # host tensors stay readable
+        torch.zeros(3).tolist()  # host tensors stay readable
 
 
 def test_plan_is_shared_by_a_histogram_bucket(monkeypatch):

@@ -31,8 +31,9 @@ def _run_python(code: str, interpret: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("MOE_HAL_CUDA_INTERPRET", "TRITON_INTERPRET")}
     if interpret:
         env["MOE_HAL_CUDA_INTERPRET"] = "1"
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 # -- discovery and declarations -------------------------------------------------------------------
@@ -68,9 +69,11 @@ def test_requirements_are_hardware_db_features():
 
 
 def test_plugin_module_is_light():
-    code = ("import sys, moe_hal, moe_hal_cuda.plugin as p; p.specs(); moe_hal.backends(); "
-            "heavy = [m for m in ('triton', 'cuda.bindings', 'moe_hal_cuda.kernels', 'moe_hal_cuda.backend') "
-            "if m in sys.modules]; print(heavy)")
+    code = (
+        "import sys, moe_hal, moe_hal_cuda.plugin as p; p.specs(); moe_hal.backends(); "
+        "heavy = [m for m in ('triton', 'cuda.bindings', 'moe_hal_cuda.kernels', 'moe_hal_cuda.backend') "
+        "if m in sys.modules]; print(heavy)"
+    )
     result = _run_python(code, interpret=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
@@ -130,10 +133,18 @@ print(json.dumps(out))
     for name in NAMES:
         codes = out["forced"][name]
         assert codes != "ran" and codes, codes
-        assert set(codes) <= {"device_type_unsupported", "cuda_driver_missing", "torch_cuda_missing",
-                              "cuda_device_missing", "triton_missing"}
+        assert set(codes) <= {
+            "device_type_unsupported",
+            "cuda_driver_missing",
+            "torch_cuda_missing",
+            "cuda_device_missing",
+            "triton_missing",
+        }
         assert out["available"][name] and set(out["available"][name]) <= {
-            "cuda_driver_missing", "torch_cuda_missing", "cuda_device_missing"}
+            "cuda_driver_missing",
+            "torch_cuda_missing",
+            "cuda_device_missing",
+        }
 
 
 def test_interpreter_imported_too_late_is_a_reason():
@@ -169,7 +180,7 @@ class _FakeDriver:
         CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = "l2"
         CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = "smem"
 
-    values = {"major": 9, "minor": 0, "sms": 132, "l2": 60 * 2 ** 20, "smem": 232448}
+    values = {"major": 9, "minor": 0, "sms": 132, "l2": 60 * 2**20, "smem": 232448}
 
     def cuInit(self, flags):
         return (0,)
@@ -195,7 +206,7 @@ def test_device_facts_from_cuda_python(monkeypatch):
     device.device_facts.cache_clear()
     try:
         facts = device.device_facts(0)
-        assert facts == device.DeviceFacts(0, "NVIDIA H200", (9, 0), 132, 60 * 2 ** 20, 232448, 13000, "cuda-python")
+        assert facts == device.DeviceFacts(0, "NVIDIA H200", (9, 0), 132, 60 * 2**20, 232448, 13000, "cuda-python")
         assert facts.arch == "sm_90"
         missing = device.device_facts(3)
         assert isinstance(missing, moe_hal.Reason) and missing.code == "cuda_device_missing"
@@ -236,11 +247,24 @@ def test_fp8_needs_the_fp8_feature(monkeypatch):
 def test_peer_blockers():
     cpu = types.SimpleNamespace(device=torch.device("cpu"))
     assert peers.blocker("torch", cpu) == "peers run on CUDA devices only"
-    base = dict(device=torch.device("cuda", 0), in_dtype="bf16", out_dtype_name="bf16", op="contiguous",
-                num_groups=8, k=7168, n=4096, m=1024, b_major="k")
+    base = dict(
+        device=torch.device("cuda", 0),
+        in_dtype="bf16",
+        out_dtype_name="bf16",
+        op="contiguous",
+        num_groups=8,
+        k=7168,
+        n=4096,
+        m=1024,
+        b_major="k",
+    )
     assert peers.blocker("torch", types.SimpleNamespace(**base)) is None
-    for change, words in [({"op": "masked"}, "masked_m"), ({"in_dtype": "fp16", "out_dtype_name": "fp16"}, "bf16"),
-                          ({"k": 7170}, "16-byte"), ({"num_groups": 2000}, "groups")]:
+    for change, words in [
+        ({"op": "masked"}, "masked_m"),
+        ({"in_dtype": "fp16", "out_dtype_name": "fp16"}, "bf16"),
+        ({"k": 7170}, "16-byte"),
+        ({"num_groups": 2000}, "groups"),
+    ]:
         assert words in peers.blocker("torch", types.SimpleNamespace(**{**base, **change}))
     if importlib.util.find_spec("deep_gemm") is None:
         assert peers.blocker("deep_gemm", types.SimpleNamespace(**base)) == "deep_gemm is not installed"
@@ -259,14 +283,15 @@ def test_peer_choice_is_unmeasured_without_a_committed_measurement(monkeypatch):
 
     be = cuda_backend.CudaSM90Backend(plugin.specs()[0])
     lay = moe_hal.ContiguousLayout.from_counts([30, 50], alignment=16)
-    problem = moe_hal.Problem.build(torch.zeros(lay.num_rows, 64, dtype=torch.bfloat16),
-                                    torch.zeros(2, 32, 64, dtype=torch.bfloat16), lay)
+    problem = moe_hal.Problem.build(
+        torch.zeros(lay.num_rows, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16), lay
+    )
     path, note = be._choose_path(problem)
     assert path == "triton" and "unmeasured" in note
     measured = configs.PathPreference("sm90", "contiguous", "bf16", "torch", 1.3, "bench/results/x.json")
     monkeypatch.setattr(configs, "path_table", lambda: {("sm90", "contiguous", "bf16"): measured})
     path, note = be._choose_path(problem)
-    assert path == "triton" and "1.30x faster" in note and "CUDA devices only" in note   # a CPU call: blocked
+    assert path == "triton" and "1.30x faster" in note and "CUDA devices only" in note  # a CPU call: blocked
 
 
 # -- tiles -----------------------------------------------------------------------------------------
@@ -289,8 +314,9 @@ def test_tile_is_the_advisors_choice(gen, name, hw):
     """On skewed routing the plan's tile is what perf.advise picks among the table's tiles."""
     counts = perf.synthetic_counts("zipf:1.5", 4000, 16, seed=3)
     lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=128)
-    problem = moe_hal.Problem.build(torch.empty(lay.num_rows, 7168, dtype=torch.bfloat16),
-                                    torch.empty(16, 4096, 7168, dtype=torch.bfloat16), lay)
+    problem = moe_hal.Problem.build(
+        torch.empty(lay.num_rows, 7168, dtype=torch.bfloat16), torch.empty(16, 4096, 7168, dtype=torch.bfloat16), lay
+    )
     be = moe_hal.get_backend(name)
     plan = be.plan(problem)
     tiles = [c.tile for c in configs.candidates(be.ARCH, "bf16", "contiguous")]
@@ -303,8 +329,9 @@ def test_tile_is_the_advisors_choice(gen, name, hw):
 def test_masked_tile_uses_the_decode_shortcut(gen):
     masked_m = torch.tensor([3, 9], dtype=torch.int32)
     lay = moe_hal.MaskedLayout(masked_m, 64, expected_m=8)
-    problem = moe_hal.Problem.build(torch.empty(2, 64, 2048, dtype=torch.bfloat16),
-                                    torch.empty(2, 7168, 2048, dtype=torch.bfloat16), lay)
+    problem = moe_hal.Problem.build(
+        torch.empty(2, 64, 2048, dtype=torch.bfloat16), torch.empty(2, 7168, 2048, dtype=torch.bfloat16), lay
+    )
     be = moe_hal.get_backend("cuda_sm90")
     tiles = [c.tile for c in configs.candidates("sm90", "bf16", "masked")]
     expected = perf.advise_decode(64, 8, 2, 7168, 2048, "nvidia-h200-sxm", "bf16", tiles=tiles, out_dtype="bf16")
@@ -352,7 +379,7 @@ def test_torch_peer_adapter_matches_reference(gen):
     kp = moe_hal.Problem.build(x, dy, kl, c=c)
     got = peers.run("torch", kp, torch.empty(3, 16, 24, dtype=torch.bfloat16))
     want = moe_hal.grouped_gemm(x.float(), dy.float(), kl, c=c.float())
-    assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max() + 1e-2
+    assert (got.float() - want).abs().max() <= 2**-7 * want.abs().max() + 1e-2
 
 
 def test_deep_gemm_adapter_plumbing(gen, monkeypatch):
@@ -363,27 +390,35 @@ def test_deep_gemm_adapter_plumbing(gen, monkeypatch):
     def fake_contiguous(a, b, d, m_indices):
         (a_data, a_scale), (b_data, b_scale) = a, b
         seen["m_indices"] = m_indices.clone()
-        qa, qb = moe_hal.QuantizedTensor(a_data, a_scale, (1, 128)), moe_hal.QuantizedTensor(b_data, b_scale, (128, 128))
+        qa, qb = (
+            moe_hal.QuantizedTensor(a_data, a_scale, (1, 128)),
+            moe_hal.QuantizedTensor(b_data, b_scale, (128, 128)),
+        )
         full = torch.einsum("mk,gnk->gmn", qa.dequantize(), qb.dequantize())
         d.fill_(123.0)
         for row, g in enumerate(m_indices.tolist()):
             if g >= 0:
                 d[row] = full[g, row].to(d.dtype)
 
-    fake = types.SimpleNamespace(m_grouped_fp8_gemm_nt_contiguous=fake_contiguous,
-                                 get_mk_alignment_for_contiguous_layout=lambda: 16)
+    fake = types.SimpleNamespace(
+        m_grouped_fp8_gemm_nt_contiguous=fake_contiguous, get_mk_alignment_for_contiguous_layout=lambda: 16
+    )
     monkeypatch.setitem(sys.modules, "deep_gemm", fake)
     lay = moe_hal.ContiguousLayout.from_counts([5, 0, 20], alignment=16)
     qa = quantize_fp8(randn(gen, lay.num_rows, 256), (1, 128))
     qb = quantize_fp8(randn(gen, 3, 32, 256), (128, 128))
     problem = moe_hal.Problem.build(qa, qb, lay)
-    assert peers.blocker("deep_gemm", types.SimpleNamespace(**{**vars(problem_fields(problem)),
-                                                             "device": torch.device("cuda", 0)})) is None
+    assert (
+        peers.blocker(
+            "deep_gemm", types.SimpleNamespace(**{**vars(problem_fields(problem)), "device": torch.device("cuda", 0)})
+        )
+        is None
+    )
     out = peers.run("deep_gemm", problem, torch.empty(lay.num_rows, 32, dtype=torch.bfloat16))
     assert torch.equal(seen["m_indices"], lay.m_indices("cpu"))
     assert bool((out[lay.gap_rows_on("cpu")] == 0).all())
     ref = moe_hal.grouped_gemm(qa, qb, lay, backend="reference", out_dtype=torch.float32)
-    assert (out.float() - ref).abs().max() <= 2 ** -7 * ref.abs().max()
+    assert (out.float() - ref).abs().max() <= 2**-7 * ref.abs().max()
 
 
 def problem_fields(p):

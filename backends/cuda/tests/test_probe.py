@@ -41,15 +41,20 @@ def test_match_falls_back_to_cuda_python(monkeypatch):
         raise AssertionError("Torch not compiled with CUDA enabled")
 
     ok = "CUDA_SUCCESS"
-    attrs = types.SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
-                                  CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
-                                  CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms")
+    attrs = types.SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR="major",
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR="minor",
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT="sms",
+    )
     values = {"major": 10, "minor": 0, "sms": 148}
     driver = types.SimpleNamespace(
-        CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok), CUdevice_attribute=attrs,
-        cuInit=lambda flags: (ok,), cuDeviceGet=lambda i: (ok, f"dev{i}"),
+        CUresult=types.SimpleNamespace(CUDA_SUCCESS=ok),
+        CUdevice_attribute=attrs,
+        cuInit=lambda flags: (ok,),
+        cuDeviceGet=lambda i: (ok, f"dev{i}"),
         cuDeviceGetName=lambda size, dev: (ok, b"NVIDIA B200" + bytes(size - 11)),
-        cuDeviceGetAttribute=lambda attr, dev: (ok, values[attr]))
+        cuDeviceGetAttribute=lambda attr, dev: (ok, values[attr]),
+    )
     bindings = types.ModuleType("cuda.bindings")
     bindings.driver = driver
     monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))

@@ -22,7 +22,7 @@ def _align4(x: int) -> int:
 
 
 def _exponent_byte(value: float) -> int:
-    mantissa, exp = math.frexp(value)       # value = mantissa * 2**exp, mantissa in [0.5, 1)
+    mantissa, exp = math.frexp(value)  # value = mantissa * 2**exp, mantissa in [0.5, 1)
     assert mantissa == 0.5, "ue8m0 scales are powers of two"
     return exp - 1 + 127
 
@@ -53,7 +53,7 @@ def _storage(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("mn", [37, 40])
 def test_sm100_activation_words(gen, mn):
-    q = quantize_fp8(randn(gen, mn, 700) * 3, (1, 128), ue8m0=True)         # SK = 6: two words
+    q = quantize_fp8(randn(gen, mn, 700) * 3, (1, 128), ue8m0=True)  # SK = 6: two words
     packed = moe_hal.get_backend("cuda_sm100").physical_scales(q, "a")
     assert packed.dtype == torch.int32 and tuple(packed.shape) == (mn, 2)
     assert packed.stride() == (1, _align4(mn))
@@ -65,7 +65,7 @@ def test_sm100_activation_words(gen, mn):
 
 
 def test_sm100_weight_words_broadcast_per_row(gen):
-    g, n, k = 2, 200, 300                                                      # SN = 2, SK = 3
+    g, n, k = 2, 200, 300  # SN = 2, SK = 3
     q = quantize_fp8(randn(gen, g, n, k), (128, 128), ue8m0=True)
     packed = moe_hal.get_backend("cuda_sm100").physical_scales(q, "b")
     assert tuple(packed.shape) == (g, n, 1)
@@ -76,14 +76,14 @@ def test_sm100_weight_words_broadcast_per_row(gen):
 
 
 def test_sm100_k_grouped_operand_is_transposed(gen):
-    q = quantize_fp8(randn(gen, 300, 21), (128, 1), ue8m0=True)               # scale [3, 21]
+    q = quantize_fp8(randn(gen, 300, 21), (128, 1), ue8m0=True)  # scale [3, 21]
     packed = moe_hal.get_backend("cuda_sm100").physical_scales(q, "b")
     assert tuple(packed.shape) == (21, 1) and packed.stride() == (1, 24)
     assert _unsigned(packed) == _expected_words(q.scale.t().tolist())
 
 
 def test_sm100_weight_rejects_non_power_of_two(gen):
-    q = quantize_fp8(randn(gen, 1, 128, 128), (128, 128))                      # plain fp32 scales
+    q = quantize_fp8(randn(gen, 1, 128, 128), (128, 128))  # plain fp32 scales
     with pytest.raises(ScaleFormatError):
         moe_hal.get_backend("cuda_sm100").physical_scales(q, "b")
 

@@ -141,8 +141,9 @@ def get_theoretical_mk_alignment_for_contiguous_layout(expected_m=None) -> int:
     """DeepGEMM's best block M: 128 off SM100; on SM100 (``arch_major=10``) the smallest of
     32, 64, ..., 224 that is >= ``expected_m`` (224 without it)."""
     chosen = settings.current()["arch_major"]
-    arch = chosen if chosen is not None else (
-        torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None)
+    arch = (
+        chosen if chosen is not None else (torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else None)
+    )
     if arch != 10:
         return 128
     block_m = 224
@@ -172,8 +173,12 @@ def set_arch_major(arch_major) -> None:
 
 
 # == install ======================================================================================
-_SUBMODULES = {"deep_gemm.utils": utils, "deep_gemm.utils.layout": utils, "deep_gemm.utils.math": utils,
-               "deep_gemm.testing": testing}
+_SUBMODULES = {
+    "deep_gemm.utils": utils,
+    "deep_gemm.utils.layout": utils,
+    "deep_gemm.utils.math": utils,
+    "deep_gemm.testing": testing,
+}
 _saved_modules: list[dict] = []
 
 
@@ -206,32 +211,73 @@ def uninstall() -> None:
 #: DeepGEMM's names this module provides, then the moe_hal extras.
 __all__ = [
     # grouped GEMMs and their aliases
-    "m_grouped_fp8_fp4_gemm_nt_contiguous", "m_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_fp8_fp4_gemm_nn_contiguous", "m_grouped_fp8_gemm_nn_contiguous",
-    "m_grouped_fp8_fp4_gemm_nt_masked", "m_grouped_fp8_gemm_nt_masked", "fp8_m_grouped_gemm_nt_masked",
-    "k_grouped_fp8_gemm_tn_contiguous", "k_grouped_fp8_gemm_nt_contiguous",
-    "m_grouped_bf16_gemm_nt_contiguous", "m_grouped_bf16_gemm_nn_contiguous", "m_grouped_bf16_gemm_nt_masked",
-    "bf16_m_grouped_gemm_nt_masked", "k_grouped_bf16_gemm_tn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_fp4_gemm_nn_contiguous",
+    "m_grouped_fp8_gemm_nn_contiguous",
+    "m_grouped_fp8_fp4_gemm_nt_masked",
+    "m_grouped_fp8_gemm_nt_masked",
+    "fp8_m_grouped_gemm_nt_masked",
+    "k_grouped_fp8_gemm_tn_contiguous",
+    "k_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nt_contiguous",
+    "m_grouped_bf16_gemm_nn_contiguous",
+    "m_grouped_bf16_gemm_nt_masked",
+    "bf16_m_grouped_gemm_nt_masked",
+    "k_grouped_bf16_gemm_tn_contiguous",
     # dense GEMMs
-    "fp8_fp4_gemm_nt", "fp8_fp4_gemm_nn", "fp8_fp4_gemm_tn", "fp8_fp4_gemm_tt",
-    "fp8_gemm_nt", "fp8_gemm_nn", "fp8_gemm_tn", "fp8_gemm_tt",
-    "bf16_gemm_nt", "bf16_gemm_nn", "bf16_gemm_tn", "bf16_gemm_tt",
+    "fp8_fp4_gemm_nt",
+    "fp8_fp4_gemm_nn",
+    "fp8_fp4_gemm_tn",
+    "fp8_fp4_gemm_tt",
+    "fp8_gemm_nt",
+    "fp8_gemm_nn",
+    "fp8_gemm_tn",
+    "fp8_gemm_tt",
+    "bf16_gemm_nt",
+    "bf16_gemm_nn",
+    "bf16_gemm_tn",
+    "bf16_gemm_tt",
     # v1 names
-    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous", "m_grouped_gemm_fp8_fp8_bf16_nt_masked", "gemm_fp8_fp8_bf16_nt",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_contiguous",
+    "m_grouped_gemm_fp8_fp8_bf16_nt_masked",
+    "gemm_fp8_fp8_bf16_nt",
     "get_col_major_tma_aligned_tensor",
     # layouts and utils
-    "get_tma_aligned_size", "get_mn_major_tma_aligned_tensor", "get_mn_major_tma_aligned_packed_ue8m0_tensor",
-    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor", "transform_sf_into_required_layout",
-    "ceil_div", "align", "ceil_to_ue8m0", "per_token_cast_to_fp8", "per_channel_cast_to_fp8",
+    "get_tma_aligned_size",
+    "get_mn_major_tma_aligned_tensor",
+    "get_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor",
+    "transform_sf_into_required_layout",
+    "ceil_div",
+    "align",
+    "ceil_to_ue8m0",
+    "per_token_cast_to_fp8",
+    "per_channel_cast_to_fp8",
     "per_block_cast_to_fp8",
     # settings
-    "set_num_sms", "get_num_sms", "set_tc_util", "get_tc_util", "set_pdl", "get_pdl", "set_ignore_compile_dims",
-    "set_block_size_multiple_of", "set_mk_alignment_for_contiguous_layout",
-    "get_mk_alignment_for_contiguous_layout", "get_m_alignment_for_contiguous_layout",
-    "get_k_alignment_for_contiguous_layout", "get_theoretical_mk_alignment_for_contiguous_layout",
+    "set_num_sms",
+    "get_num_sms",
+    "set_tc_util",
+    "get_tc_util",
+    "set_pdl",
+    "get_pdl",
+    "set_ignore_compile_dims",
+    "set_block_size_multiple_of",
+    "set_mk_alignment_for_contiguous_layout",
+    "get_mk_alignment_for_contiguous_layout",
+    "get_m_alignment_for_contiguous_layout",
+    "get_k_alignment_for_contiguous_layout",
+    "get_theoretical_mk_alignment_for_contiguous_layout",
     # moe_hal extras
-    "scoped_settings", "set_passthrough", "set_backend", "set_arch_major", "install", "uninstall",
-    "DeepGEMMError", "NotProvidedError",
+    "scoped_settings",
+    "set_passthrough",
+    "set_backend",
+    "set_arch_major",
+    "install",
+    "uninstall",
+    "DeepGEMMError",
+    "NotProvidedError",
 ]
 
 

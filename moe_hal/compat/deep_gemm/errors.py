@@ -25,8 +25,10 @@ class NotProvidedError(MoeHalError, AttributeError):
     def __init__(self, name: str, provided: list[str]):
         self.name = name
         self.provided = list(provided)
-        super().__init__(f"moe_hal.compat.deep_gemm does not provide {name!r} (only grouped/dense GEMMs, "
-                         f"scale-layout helpers and settings); provided: {', '.join(self.provided)}")
+        super().__init__(
+            f"moe_hal.compat.deep_gemm does not provide {name!r} (only grouped/dense GEMMs, "
+            f"scale-layout helpers and settings); provided: {', '.join(self.provided)}"
+        )
 
 
 _ARGUMENT_ERRORS: dict[type, type] = {}
@@ -38,9 +40,14 @@ def as_deepgemm_error(exc: ArgumentError) -> ArgumentError:
     cls = type(exc)
     twin = _ARGUMENT_ERRORS.get(cls)
     if twin is None:
-        twin = type(f"DeepGEMM{cls.__name__}", (cls, RuntimeError),
-                    {"__doc__": f"{cls.__name__} raised through the DeepGEMM shim (also a RuntimeError).",
-                     "__module__": __name__})
+        twin = type(
+            f"DeepGEMM{cls.__name__}",
+            (cls, RuntimeError),
+            {
+                "__doc__": f"{cls.__name__} raised through the DeepGEMM shim (also a RuntimeError).",
+                "__module__": __name__,
+            },
+        )
         _ARGUMENT_ERRORS[cls] = twin
     new = twin.__new__(twin)
     new.__dict__.update(exc.__dict__)

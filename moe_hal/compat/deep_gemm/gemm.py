@@ -46,8 +46,10 @@ def deepgemm_api(fn):
             if target is not None and (on_device or mode == "always"):
                 return target(*args, **kwargs)
             if mode == "always":
-                raise DeepGEMMError(f"passthrough='always': real DeepGEMM cannot run {name} here "
-                                    f"({'not importable' if real is None else 'no such function'})")
+                raise DeepGEMMError(
+                    f"passthrough='always': real DeepGEMM cannot run {name} here "
+                    f"({'not importable' if real is None else 'no such function'})"
+                )
         try:
             return fn(*args, **kwargs)
         except ArgumentError as exc:
@@ -124,8 +126,7 @@ def _num_groups(b) -> int:
     return data.shape[0]
 
 
-def _run_contiguous(a, b, d: torch.Tensor, grouped_layout, use_psum_layout: bool,
-                    expected_m_for_psum_layout) -> None:
+def _run_contiguous(a, b, d: torch.Tensor, grouped_layout, use_psum_layout: bool, expected_m_for_psum_layout) -> None:
     """M-grouped contiguous (m_indices or psum) into ``d``."""
     grouped_layout = _check_int32(grouped_layout, "grouped_layout")
     alignment = settings.current()["mk_alignment"]
@@ -135,8 +136,9 @@ def _run_contiguous(a, b, d: torch.Tensor, grouped_layout, use_psum_layout: bool
         raise ShapeError("d", f"[M, N] with M = {rows} (a.shape[0])", tuple(d.shape))
     if use_psum_layout:
         if grouped_layout.numel() != num_groups:
-            raise ShapeError("grouped_layout", f"{num_groups} psum offsets (one per group of b)",
-                             tuple(grouped_layout.shape))
+            raise ShapeError(
+                "grouped_layout", f"{num_groups} psum offsets (one per group of b)", tuple(grouped_layout.shape)
+            )
         layout = ContiguousLayout.from_psum(grouped_layout, alignment=alignment, num_rows=rows)
         api.grouped_gemm(a, b, layout, out=d, backend=_backend())
         return
@@ -173,14 +175,16 @@ def _run_masked(a, b, d: torch.Tensor, masked_m, expected_m) -> None:
     api.grouped_gemm(a, b, layout, out=d, backend=_backend())
 
 
-def _k_grouped_layout(ks_cpu, grouped_layout, num_groups: int, use_psum_layout: bool, rows: int,
-                      fp8: bool) -> KGroupedLayout:
+def _k_grouped_layout(
+    ks_cpu, grouped_layout, num_groups: int, use_psum_layout: bool, rows: int, fp8: bool
+) -> KGroupedLayout:
     """DeepGEMM's K-grouped arguments -> the layout of the ``rows`` tokens (its checks included)."""
     grouped_layout = _check_int32(grouped_layout, "grouped_layout")
     alignment = settings.current()["mk_alignment"]
     if fp8 and alignment % 32:
-        raise DeepGEMMError(f"K-grouped fp8 GEMMs need get_mk_alignment_for_contiguous_layout() % 32 == 0, "
-                            f"got {alignment}")
+        raise DeepGEMMError(
+            f"K-grouped fp8 GEMMs need get_mk_alignment_for_contiguous_layout() % 32 == 0, got {alignment}"
+        )
     if grouped_layout.numel() != num_groups:
         raise ShapeError("grouped_layout", f"{num_groups} entries (d.shape[0])", tuple(grouped_layout.shape))
     if ks_cpu is not None and not isinstance(ks_cpu, (list, tuple)):
@@ -219,16 +223,21 @@ def _k_grouped_fp8(x, argument: str, layout: KGroupedLayout, gran_k: int, arch: 
         sks = [-(-(e - s) // gran_k) for s, e in groups]
         words = [-(-sk // 4) for sk in sks]
         if tuple(sf.shape) != (sum(words), data.shape[1]):
-            raise ShapeError(f"{argument}[1]", f"packed shape {(sum(words), data.shape[1])} "
-                             f"(ceil(K_g / {4 * gran_k}) rows per group)", tuple(sf.shape))
+            raise ShapeError(
+                f"{argument}[1]",
+                f"packed shape {(sum(words), data.shape[1])} (ceil(K_g / {4 * gran_k}) rows per group)",
+                tuple(sf.shape),
+            )
         blocks = torch.split(sf, words)
-        scale = torch.cat([unpack_ue8m0(block.T, sk).T for block, sk in zip(blocks, sks)]) if sks \
+        scale = (
+            torch.cat([unpack_ue8m0(block.T, sk).T for block, sk in zip(blocks, sks)])
+            if sks
             else sf.new_empty(0, data.shape[1], dtype=torch.float32)
+        )
         return QuantizedTensor(data, scale, (gran_k, 1), "ue8m0", groups)
     expected = QuantizedTensor.scale_shape(tuple(data.shape), (gran_k, 1), groups)
     if tuple(sf.shape) != expected:
-        raise ShapeError(f"{argument}[1]", f"shape {expected} (ceil(K_g / {gran_k}) rows per group)",
-                         tuple(sf.shape))
+        raise ShapeError(f"{argument}[1]", f"shape {expected} (ceil(K_g / {gran_k}) rows per group)", tuple(sf.shape))
     scale, scale_format = fp32_scales_for_arch(sf, argument, arch, False)
     return QuantizedTensor(data, scale, (gran_k, 1), scale_format, groups)
 
@@ -241,30 +250,62 @@ def _run_k_grouped(qa, qb, d, c, layout) -> None:
 
 # == M-grouped fp8 ================================================================================
 @deepgemm_api
-def m_grouped_fp8_fp4_gemm_nt_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
-                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
-                                         ensure_zero_padding=True, expected_m_for_psum_layout=None) -> None:
+def m_grouped_fp8_fp4_gemm_nt_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+    expected_m_for_psum_layout=None,
+) -> None:
     """``d[M, N] = a @ b[g].T`` per row group. ``a = (fp8 [M, K], sf)``, ``b = (fp8 [G, N, K], sf)``,
     ``d`` bf16 ``[M, N]``; ``grouped_layout``: int32 ``m_indices [M]``, or psum ``[G]`` with
     ``use_psum_layout``. ``ensure_zero_padding`` is always honoured (rows of no group are zeros);
     ``compiled_dims`` and ``expected_m_for_psum_layout`` are hints."""
     qa, qb = _fp8_pair(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast, 3)
-    _run_contiguous(qa, qb, _check_d(d, (torch.bfloat16,), 2), grouped_layout, use_psum_layout,
-                    expected_m_for_psum_layout)
+    _run_contiguous(
+        qa, qb, _check_d(d, (torch.bfloat16,), 2), grouped_layout, use_psum_layout, expected_m_for_psum_layout
+    )
 
 
 @deepgemm_api
-def m_grouped_fp8_fp4_gemm_nn_contiguous(a, b, d, grouped_layout, recipe=None, recipe_a=None, recipe_b=None,
-                                         compiled_dims="nk", disable_ue8m0_cast=False, use_psum_layout=False,
-                                         ensure_zero_padding=True) -> None:
+def m_grouped_fp8_fp4_gemm_nn_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+) -> None:
     """As the nt form with ``b = (fp8 [G, K, N], sf [G, ceil(K/gk), ceil(N/gn)])`` (both transposed views)."""
     qa, qb = _fp8_pair(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast, 3, transpose_b=True)
     _run_contiguous(qa, qb, _check_d(d, (torch.bfloat16,), 2), grouped_layout, use_psum_layout, None)
 
 
 @deepgemm_api
-def m_grouped_fp8_fp4_gemm_nt_masked(a, b, d, masked_m, expected_m, recipe=None, recipe_a=None, recipe_b=None,
-                                     compiled_dims="nk", disable_ue8m0_cast=False) -> None:
+def m_grouped_fp8_fp4_gemm_nt_masked(
+    a,
+    b,
+    d,
+    masked_m,
+    expected_m,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    compiled_dims="nk",
+    disable_ue8m0_cast=False,
+) -> None:
     """``d[g, :masked_m[g]] = a[g, :masked_m[g]] @ b[g].T``; ``a = (fp8 [G, max_m, K], sf)``, ``d`` bf16
     ``[G, max_m, N]``; rows past ``masked_m[g]`` are never written. ``expected_m`` is a hint (> 0)."""
     qa, qb = _fp8_pair(a, b, recipe, recipe_a, recipe_b, disable_ue8m0_cast, 3)
@@ -305,15 +346,16 @@ def _unflatten_k_major(x, argument: str, ks_cpu, mn: int):
     flat = flat.reshape(-1)
     parts, offset = [], 0
     for k in ks_cpu:
-        parts.append(flat[offset * mn:(offset + k) * mn].view(mn, k).T)
+        parts.append(flat[offset * mn : (offset + k) * mn].view(mn, k).T)
         offset += k
     data = torch.cat(parts) if parts else flat.new_empty(0, mn)
     return data, sf.T
 
 
 @deepgemm_api
-def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128),
-                                     compiled_dims="mn", use_psum_layout=False) -> None:
+def k_grouped_fp8_gemm_tn_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), compiled_dims="mn", use_psum_layout=False
+) -> None:
     """``d[g] = c[g] + a_g.T @ b_g`` (SM100 form): ``a = (fp8 [sum K, M], sf fp32 [sum ceil(K_g/gk), M])``,
     ``b`` likewise with N; ``d``/``c`` fp32 ``[G, M, N]`` (``c`` required; ``c is d`` accumulates).
     ``ks_cpu``: per-group K (multiples of the alignment), or None/[] with ``use_psum_layout``."""
@@ -321,8 +363,9 @@ def k_grouped_fp8_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
 
 
 @deepgemm_api
-def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128),
-                                     compiled_dims="mn", use_psum_layout=False) -> None:
+def k_grouped_fp8_gemm_nt_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, recipe=(1, 1, 128), compiled_dims="mn", use_psum_layout=False
+) -> None:
     """The SM90 form of :func:`k_grouped_fp8_gemm_tn_contiguous`: each group's ``[MN, K_g]`` block is
     stored K-major and flattened, scale factors ``[MN, sum ceil(K_g/128)]``; recipe ``(1, 1, 128)``."""
     _k_grouped_fp8_call(a, b, d, ks_cpu, grouped_layout, c, recipe, use_psum_layout, k_major_flat=True)
@@ -330,32 +373,46 @@ def k_grouped_fp8_gemm_nt_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, re
 
 # == bf16 =========================================================================================
 @deepgemm_api
-def m_grouped_bf16_gemm_nt_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False,
-                                      ensure_zero_padding=True, expected_m_for_psum_layout=None) -> None:
+def m_grouped_bf16_gemm_nt_contiguous(
+    a,
+    b,
+    d,
+    grouped_layout,
+    compiled_dims="nk",
+    use_psum_layout=False,
+    ensure_zero_padding=True,
+    expected_m_for_psum_layout=None,
+) -> None:
     """bf16 ``a [M, K]``, ``b [G, N, K]``, ``d`` bf16 ``[M, N]``; layouts as the fp8 form."""
-    _run_contiguous(_check_bf16(a, "a", 2), _check_bf16(b, "b", 3), _check_d(d, (torch.bfloat16,), 2),
-                    grouped_layout, use_psum_layout, expected_m_for_psum_layout)
+    _run_contiguous(
+        _check_bf16(a, "a", 2),
+        _check_bf16(b, "b", 3),
+        _check_d(d, (torch.bfloat16,), 2),
+        grouped_layout,
+        use_psum_layout,
+        expected_m_for_psum_layout,
+    )
 
 
 @deepgemm_api
-def m_grouped_bf16_gemm_nn_contiguous(a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False,
-                                      ensure_zero_padding=True) -> None:
+def m_grouped_bf16_gemm_nn_contiguous(
+    a, b, d, grouped_layout, compiled_dims="nk", use_psum_layout=False, ensure_zero_padding=True
+) -> None:
     """As the nt form with ``b`` bf16 ``[G, K, N]``."""
     b = _check_bf16(b, "b", 3).transpose(1, 2)
-    _run_contiguous(_check_bf16(a, "a", 2), b, _check_d(d, (torch.bfloat16,), 2), grouped_layout,
-                    use_psum_layout, None)
+    _run_contiguous(_check_bf16(a, "a", 2), b, _check_d(d, (torch.bfloat16,), 2), grouped_layout, use_psum_layout, None)
 
 
 @deepgemm_api
 def m_grouped_bf16_gemm_nt_masked(a, b, d, masked_m, expected_m, compiled_dims="nk") -> None:
     """bf16 masked: ``a [G, max_m, K]``, ``b [G, N, K]``, ``d`` bf16 ``[G, max_m, N]``."""
-    _run_masked(_check_bf16(a, "a", 3), _check_bf16(b, "b", 3), _check_d(d, (torch.bfloat16,), 3),
-                masked_m, expected_m)
+    _run_masked(_check_bf16(a, "a", 3), _check_bf16(b, "b", 3), _check_d(d, (torch.bfloat16,), 3), masked_m, expected_m)
 
 
 @deepgemm_api
-def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, compiled_dims="mn",
-                                      use_psum_layout=False) -> None:
+def k_grouped_bf16_gemm_tn_contiguous(
+    a, b, d, ks_cpu, grouped_layout, c=None, compiled_dims="mn", use_psum_layout=False
+) -> None:
     """bf16 ``a [sum K, M]``, ``b [sum K, N]``; ``d``/``c`` fp32 ``[G, M, N]``, ``d[g] = c[g] + a_g.T @ b_g``."""
     d = _check_d(d, (torch.float32,), 3)
     a, b = _check_bf16(a, "a", 2), _check_bf16(b, "b", 2)
@@ -364,8 +421,19 @@ def k_grouped_bf16_gemm_tn_contiguous(a, b, d, ks_cpu, grouped_layout, c=None, c
 
 
 # == dense (one group) ============================================================================
-def _dense(a, b, d, c, transpose_a: bool, transpose_b: bool, fp8: bool, recipe=None, recipe_a=None,
-           recipe_b=None, disable_ue8m0_cast=False) -> None:
+def _dense(
+    a,
+    b,
+    d,
+    c,
+    transpose_a: bool,
+    transpose_b: bool,
+    fp8: bool,
+    recipe=None,
+    recipe_a=None,
+    recipe_b=None,
+    disable_ue8m0_cast=False,
+) -> None:
     d = _check_d(d, (torch.bfloat16, torch.float32), 2)
     if fp8:
         if transpose_a and isinstance(a, (tuple, list)) and len(a) == 2:
@@ -381,8 +449,11 @@ def _dense(a, b, d, c, transpose_a: bool, transpose_b: bool, fp8: bool, recipe=N
         a_op, b_op = (a.T if transpose_a else a), (b.T if transpose_b else b)[None]
         rows = a_op.shape[0]
     if c is not None and (not isinstance(c, torch.Tensor) or tuple(c.shape) != tuple(d.shape)):
-        raise ShapeError("c", f"None or a tensor of shape {tuple(d.shape)}",
-                         tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__)
+        raise ShapeError(
+            "c",
+            f"None or a tensor of shape {tuple(d.shape)}",
+            tuple(c.shape) if isinstance(c, torch.Tensor) else type(c).__name__,
+        )
     layout = ContiguousLayout.from_counts([rows], alignment=1)
     if c is None:
         api.grouped_gemm(a_op, b_op, layout, out=d, backend=_backend())
@@ -392,30 +463,34 @@ def _dense(a, b, d, c, transpose_a: bool, transpose_b: bool, fp8: bool, recipe=N
 
 
 @deepgemm_api
-def fp8_fp4_gemm_nt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
-                    disable_ue8m0_cast=False) -> None:
+def fp8_fp4_gemm_nt(
+    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False
+) -> None:
     """Dense ``d = (c or 0) + a @ b.T``: ``a = (fp8 [M, K], sf)``, ``b = (fp8 [N, K], sf)``; ``d``
     bf16 or fp32 ``[M, N]`` (one group through moe_hal)."""
     _dense(a, b, d, c, False, False, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
 
 
 @deepgemm_api
-def fp8_fp4_gemm_nn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk",
-                    disable_ue8m0_cast=False) -> None:
+def fp8_fp4_gemm_nn(
+    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False
+) -> None:
     """Dense with ``b = (fp8 [K, N], sf)`` (transposed views)."""
     _dense(a, b, d, c, False, True, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
 
 
 @deepgemm_api
-def fp8_fp4_gemm_tn(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
-                    disable_ue8m0_cast=False) -> None:
+def fp8_fp4_gemm_tn(
+    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False
+) -> None:
     """Dense with ``a = (fp8 [K, M], sf)`` (transposed views)."""
     _dense(a, b, d, c, True, False, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
 
 
 @deepgemm_api
-def fp8_fp4_gemm_tt(a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn",
-                    disable_ue8m0_cast=False) -> None:
+def fp8_fp4_gemm_tt(
+    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False
+) -> None:
     """Dense with both operands transposed."""
     _dense(a, b, d, c, True, True, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
 

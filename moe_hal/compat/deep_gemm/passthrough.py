@@ -20,7 +20,7 @@ from types import ModuleType
 import torch
 
 _lock = threading.Lock()
-_real: list[ModuleType | None] = []          # [] not looked up yet; [None] not importable
+_real: list[ModuleType | None] = []  # [] not looked up yet; [None] not importable
 
 
 def _is_shim(module: object) -> bool:

@@ -33,23 +33,29 @@ def _ceil_div(a: int, b: int) -> int:
 
 
 def _check_recipe(recipe: object, length: int, argument: str) -> tuple[int, ...]:
-    if not (isinstance(recipe, (tuple, list)) and len(recipe) == length
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in recipe)):
+    if not (
+        isinstance(recipe, (tuple, list))
+        and len(recipe) == length
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in recipe)
+    ):
         raise ShapeError(argument, f"None or a tuple of {length} positive ints", recipe)
     return tuple(recipe)
 
 
-def resolve_recipes(sfa: torch.Tensor, sfb: torch.Tensor, recipe, recipe_a, recipe_b,
-                    arch_major: int | None) -> tuple[Recipe2, Recipe2]:
+def resolve_recipes(
+    sfa: torch.Tensor, sfb: torch.Tensor, recipe, recipe_a, recipe_b, arch_major: int | None
+) -> tuple[Recipe2, Recipe2]:
     """``((gran_m_a, gran_k_a), (gran_n_b, gran_k_b))`` from DeepGEMM's recipe arguments: ``recipe``
     or the ``recipe_a``/``recipe_b`` pair (never both); with none, DeepGEMM's default for the
     scale dtypes: ``(1, 128, 128)`` for fp32 weight scales, ``(1, 1, 128)`` for packed ones."""
     if (recipe_a is None) != (recipe_b is None):
-        raise DeepGEMMError("recipe_a and recipe_b must be given together "
-                            "(DeepGEMM: recipe_a.has_value() == recipe_b.has_value())")
+        raise DeepGEMMError(
+            "recipe_a and recipe_b must be given together (DeepGEMM: recipe_a.has_value() == recipe_b.has_value())"
+        )
     if recipe_a is not None and recipe is not None:
-        raise DeepGEMMError("pass either recipe or recipe_a/recipe_b, not both "
-                            "(DeepGEMM: recipe_a.has_value() != recipe.has_value())")
+        raise DeepGEMMError(
+            "pass either recipe or recipe_a/recipe_b, not both (DeepGEMM: recipe_a.has_value() != recipe.has_value())"
+        )
     if recipe_a is not None:
         return _check_recipe(recipe_a, 2, "recipe_a"), _check_recipe(recipe_b, 2, "recipe_b")
     if recipe is None:
@@ -67,16 +73,16 @@ def floor_to_ue8m0(scale: torch.Tensor) -> torch.Tensor:
     return (bits & (0xFF << 23)).view(torch.float32).reshape(scale.shape)
 
 
-def to_quantized(operand: object, argument: str, gran: Recipe2, arch_major: int | None,
-                 disable_ue8m0_cast: bool, rank: int) -> QuantizedTensor:
+def to_quantized(
+    operand: object, argument: str, gran: Recipe2, arch_major: int | None, disable_ue8m0_cast: bool, rank: int
+) -> QuantizedTensor:
     """DeepGEMM operand ``(tensor, sf)`` of ``rank`` dims -> a QuantizedTensor with blocks ``gran``."""
     if not (isinstance(operand, (tuple, list)) and len(operand) == 2):
         raise DTypeError(argument, "a (tensor, scale factors) pair", type(operand).__name__)
     data, sf = operand
     if not isinstance(data, torch.Tensor) or data.dtype != torch.float8_e4m3fn:
         got = data.dtype if isinstance(data, torch.Tensor) else type(data).__name__
-        raise DTypeError(f"{argument}[0]", "a torch.float8_e4m3fn tensor (packed FP4 operands are not supported)",
-                         got)
+        raise DTypeError(f"{argument}[0]", "a torch.float8_e4m3fn tensor (packed FP4 operands are not supported)", got)
     if data.dim() != rank:
         raise ShapeError(f"{argument}[0]", f"a {rank}-D tensor", tuple(data.shape))
     if not isinstance(sf, torch.Tensor) or sf.dtype not in (torch.float32, torch.int32):
@@ -87,8 +93,9 @@ def to_quantized(operand: object, argument: str, gran: Recipe2, arch_major: int 
     sk = _ceil_div(k, gran_k)
     if sf.dtype == torch.int32:
         if arch_major == 9:
-            raise DeepGEMMError(f"{argument}: packed UE8M0 scale factors need SM100 (arch_major=10); "
-                                "SM90 takes fp32 scale factors")
+            raise DeepGEMMError(
+                f"{argument}: packed UE8M0 scale factors need SM100 (arch_major=10); SM90 takes fp32 scale factors"
+            )
         if gran_mn != 1:
             raise ShapeError(f"recipe for {argument}", "gran_mn == 1 with packed UE8M0 scale factors", gran)
         expected = (*lead, mn, _ceil_div(sk, 4))
@@ -104,19 +111,26 @@ def to_quantized(operand: object, argument: str, gran: Recipe2, arch_major: int 
     return QuantizedTensor(data, scale, (gran_mn, gran_k), scale_format)
 
 
-def fp32_scales_for_arch(sf: torch.Tensor, argument: str, arch_major: int | None,
-                         disable_ue8m0_cast: bool) -> tuple[torch.Tensor, str]:
+def fp32_scales_for_arch(
+    sf: torch.Tensor, argument: str, arch_major: int | None, disable_ue8m0_cast: bool
+) -> tuple[torch.Tensor, str]:
     """fp32 scale factors as the kernels of ``arch_major`` would read them, and their format:
     floored to powers of two on SM100 (one warning when that changes a value), as given otherwise."""
     if arch_major != 10:
         return sf, "fp32"
     if disable_ue8m0_cast:
-        raise DeepGEMMError(f"{argument}: on SM100 the grouped kernels take fp32 scale factors only through "
-                            "the UE8M0 cast; disable_ue8m0_cast=True leaves them unsupported")
+        raise DeepGEMMError(
+            f"{argument}: on SM100 the grouped kernels take fp32 scale factors only through "
+            "the UE8M0 cast; disable_ue8m0_cast=True leaves them unsupported"
+        )
     floored = floor_to_ue8m0(sf)
     if not torch.equal(floored, sf.contiguous()):
-        notices.warn_once(("deep_gemm.ue8m0_floor", argument),
-                          "moe_hal.compat.deep_gemm (arch_major=10): fp32 scale factors that are not powers "
-                          "of two are floored to one, as DeepGEMM's SM100 UE8M0 cast does; round them up "
-                          "(ceil_to_ue8m0) when quantizing to keep results exact", PathWarning, stacklevel=6)
+        notices.warn_once(
+            ("deep_gemm.ue8m0_floor", argument),
+            "moe_hal.compat.deep_gemm (arch_major=10): fp32 scale factors that are not powers "
+            "of two are floored to one, as DeepGEMM's SM100 UE8M0 cast does; round them up "
+            "(ceil_to_ue8m0) when quantizing to keep results exact",
+            PathWarning,
+            stacklevel=6,
+        )
     return floored, "ue8m0"

@@ -24,9 +24,17 @@ DEFAULT_MK_ALIGNMENT = 128
 #: Values a fresh thread starts from. ``num_sms=None``: the device's count, looked up on read.
 #: ``arch_major=None``: the arch of the CUDA device when it is SM90/SM100, else portable rules.
 #: ``passthrough``: ``"auto"`` calls real DeepGEMM on SM90/SM100 when it is importable.
-DEFAULTS = {"num_sms": None, "tc_util": 100, "pdl": False, "ignore_compile_dims": False,
-            "block_size_multiple_of": 1, "mk_alignment": DEFAULT_MK_ALIGNMENT, "arch_major": None,
-            "passthrough": "auto", "backend": None}
+DEFAULTS = {
+    "num_sms": None,
+    "tc_util": 100,
+    "pdl": False,
+    "ignore_compile_dims": False,
+    "block_size_multiple_of": 1,
+    "mk_alignment": DEFAULT_MK_ALIGNMENT,
+    "arch_major": None,
+    "passthrough": "auto",
+    "backend": None,
+}
 PASSTHROUGH_MODES = ("auto", "never", "always")
 
 _local = threading.local()
@@ -42,26 +50,37 @@ def current() -> dict:
 
 def check(name: str, value: object) -> object:
     """``value`` if it is valid for setting ``name``; LayoutError naming it otherwise."""
+
     def positive_int(v):
         return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
     if name not in DEFAULTS:
         raise LayoutError("setting", f"one of {sorted(DEFAULTS)}", name)
-    ok = {"num_sms": lambda v: v is None or positive_int(v),
-          "tc_util": lambda v: positive_int(v) and v <= 100,
-          "pdl": lambda v: isinstance(v, bool),
-          "ignore_compile_dims": lambda v: isinstance(v, bool),
-          "block_size_multiple_of": lambda v: positive_int(v) or (isinstance(v, tuple) and len(v) == 2
-                                                                  and all(map(positive_int, v))),
-          "mk_alignment": positive_int,
-          "arch_major": lambda v: v in (None, 9, 10),
-          "passthrough": lambda v: v in PASSTHROUGH_MODES,
-          "backend": lambda v: v is None or isinstance(v, (str, list, tuple))}[name]
+    ok = {
+        "num_sms": lambda v: v is None or positive_int(v),
+        "tc_util": lambda v: positive_int(v) and v <= 100,
+        "pdl": lambda v: isinstance(v, bool),
+        "ignore_compile_dims": lambda v: isinstance(v, bool),
+        "block_size_multiple_of": lambda v: (
+            positive_int(v) or (isinstance(v, tuple) and len(v) == 2 and all(map(positive_int, v)))
+        ),
+        "mk_alignment": positive_int,
+        "arch_major": lambda v: v in (None, 9, 10),
+        "passthrough": lambda v: v in PASSTHROUGH_MODES,
+        "backend": lambda v: v is None or isinstance(v, (str, list, tuple)),
+    }[name]
     if not ok(value):
-        expected = {"num_sms": "a positive int", "tc_util": "an int in [1, 100]", "pdl": "a bool",
-                    "ignore_compile_dims": "a bool", "block_size_multiple_of": "a positive int or a pair of them",
-                    "mk_alignment": "a positive int", "arch_major": "None, 9 or 10",
-                    "passthrough": f"one of {PASSTHROUGH_MODES}", "backend": "None or backend name(s)"}[name]
+        expected = {
+            "num_sms": "a positive int",
+            "tc_util": "an int in [1, 100]",
+            "pdl": "a bool",
+            "ignore_compile_dims": "a bool",
+            "block_size_multiple_of": "a positive int or a pair of them",
+            "mk_alignment": "a positive int",
+            "arch_major": "None, 9 or 10",
+            "passthrough": f"one of {PASSTHROUGH_MODES}",
+            "backend": "None or backend name(s)",
+        }[name]
         raise LayoutError(name, expected, value)
     return value
 

@@ -91,8 +91,9 @@ def get_mn_major_tma_aligned_packed_ue8m0_tensor(sf, psum_layout=None):
 
 
 @deepgemm_api
-def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, grouped_layout, ks_cpu, gran_k, k_alignment,
-                                                           use_psum_layout=False):
+def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(
+    sf, grouped_layout, ks_cpu, gran_k, k_alignment, use_psum_layout=False
+):
     """K-grouped fp32 scales ``[sum ceil(K_g/gran_k), MN]`` -> int32 ``[sum ceil(K_g/(4 gran_k)), MN]``:
     each group's exponent bytes packed four per word along K, little-endian, 0 past its end."""
     sf = _fp32_sf(sf)
@@ -104,7 +105,7 @@ def get_k_grouped_mn_major_tma_aligned_packed_ue8m0_tensor(sf, grouped_layout, k
     parts, row = [], 0
     for k in ks:
         sk = ceil_div(k, gran_k)
-        parts.append(_pack(sf[row:row + sk].T).T.contiguous())
+        parts.append(_pack(sf[row : row + sk].T).T.contiguous())
         row += sk
     if row != sf.shape[0]:
         raise ShapeError("sf", f"{row} rows (sum of ceil(K_g / {gran_k}))", sf.shape[0])
@@ -125,8 +126,9 @@ def group_ks(ks_cpu, grouped_layout, use_psum_layout: bool, k_alignment: int) ->
 
 
 @deepgemm_api
-def transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=None, is_sfa=None, disable_ue8m0_cast=False,
-                                      psum_layout=None):
+def transform_sf_into_required_layout(
+    sf, mn, k, recipe, num_groups=None, is_sfa=None, disable_ue8m0_cast=False, psum_layout=None
+):
     """Scale factors in the layout the kernels of the current ``arch_major`` read.
 
     ``recipe``: ``(gran_m, gran_n, gran_k)`` with ``is_sfa`` saying which operand, or
@@ -153,8 +155,10 @@ def transform_sf_into_required_layout(sf, mn, k, recipe, num_groups=None, is_sfa
     if sf.dtype == torch.int32:
         expected = (*lead, mn, ceil_div(ceil_div(k, gran_k), 4))
         if arch == 9 or gran_mn != 1 or tuple(sf.shape) != expected:
-            raise DeepGEMMError(f"Unknown SF transformation: int32 sf {tuple(sf.shape)} (expected {expected}, "
-                                f"gran_mn 1, SM100) for recipe ({gran_mn}, {gran_k})")
+            raise DeepGEMMError(
+                f"Unknown SF transformation: int32 sf {tuple(sf.shape)} (expected {expected}, "
+                f"gran_mn 1, SM100) for recipe ({gran_mn}, {gran_k})"
+            )
         return sf
     expected = (*lead, ceil_div(mn, gran_mn), ceil_div(k, gran_k))
     if tuple(sf.shape) != expected:

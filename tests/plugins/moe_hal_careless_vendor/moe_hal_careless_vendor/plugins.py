@@ -12,8 +12,15 @@ _SIG = moe_hal.Signature(ops={"contiguous", "masked", "k_grouped"}, dtypes={"fp3
 
 
 def spec(name: str, impl: str = "Careful", **fields) -> moe_hal.BackendSpec:
-    values = dict(name=f"careless_{name}", vendor="careless", device_types=("cpu",), tier="optimized",
-                  priority=1000, impl=f"moe_hal_careless_vendor.backends:{impl}", signatures=(_SIG,))
+    values = dict(
+        name=f"careless_{name}",
+        vendor="careless",
+        device_types=("cpu",),
+        tier="optimized",
+        priority=1000,
+        impl=f"moe_hal_careless_vendor.backends:{impl}",
+        signatures=(_SIG,),
+    )
     values.update(fields)
     return moe_hal.BackendSpec(**values)
 
@@ -49,7 +56,18 @@ unsupported_str = plugin(lambda: [spec("unsupported_str", "UnsupportedStr")])
 auto_reason_str = plugin(lambda: [spec("auto_reason_str", "AutoReasonStr")])
 path_int = plugin(lambda: [spec("path_int", "PathInt")])
 check_device_raises = plugin(lambda: [spec("check_device_raises", "CheckDeviceRaises")])
-results = plugin(lambda: [replace(spec(kind, impl), priority=-1000 - i) for i, (kind, impl) in enumerate((
-    ("wrong_shape", "WrongShape"), ("wrong_dtype", "WrongDtype"), ("returns_none", "ReturnsNone"),
-    ("ignores_out", "IgnoresOut"), ("raises", "Raises")))])
+results = plugin(
+    lambda: [
+        replace(spec(kind, impl), priority=-1000 - i)
+        for i, (kind, impl) in enumerate(
+            (
+                ("wrong_shape", "WrongShape"),
+                ("wrong_dtype", "WrongDtype"),
+                ("returns_none", "ReturnsNone"),
+                ("ignores_out", "IgnoresOut"),
+                ("raises", "Raises"),
+            )
+        )
+    ]
+)
 slow_cuda = plugin(lambda: [spec("slow_cuda", "SlowAvailability", device_types=("cuda",))])

@@ -13,8 +13,7 @@ SPEC = moe_hal.BackendSpec(
     tier="fallback",
     priority=-100,
     impl="moe_hal_fake_vendor.backend:FakeVendorBackend",
-    signatures=(moe_hal.Signature(ops={"contiguous", "masked", "k_grouped"}, dtypes=_FLOATS,
-                                  out_dtypes=_FLOATS),),
+    signatures=(moe_hal.Signature(ops={"contiguous", "masked", "k_grouped"}, dtypes=_FLOATS, out_dtypes=_FLOATS),),
     deterministic=True,
     description="test vendor: per-group torch.mm with fp32 accumulation",
 )
@@ -42,9 +41,16 @@ def moe_hal_ep_transports(register):
     # A transport for a process-group backend of this test vendor's own: listed, never eligible on gloo.
     from moe_hal.plugin_api import ep
 
-    register(ep.TransportSpec(name="fake_vendor_link", impl="moe_hal.ep.transport:AllToAllSingle",
-                              process_group_backends=("fake_ccl",), graph_safe=True, priority=5,
-                              description="test vendor's interconnect"))
+    register(
+        ep.TransportSpec(
+            name="fake_vendor_link",
+            impl="moe_hal.ep.transport:AllToAllSingle",
+            process_group_backends=("fake_ccl",),
+            graph_safe=True,
+            priority=5,
+            description="test vendor's interconnect",
+        )
+    )
 
 
 @moe_hal.hookimpl
