@@ -39,7 +39,7 @@ from typing import Callable
 import torch
 import yaml
 
-from moe_hal import hwdb, timing
+from moe_hal import hwdb, match_device, timing
 
 MEASURED_DIR = Path(__file__).resolve().parent.parent / "hwdb" / "measured"
 MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -222,7 +222,9 @@ def write_overlay(overlay: dict, out: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", help="torch device to measure (default: first CUDA device, else NPU, else cpu)")
-    p.add_argument("--hw", help="hardware-DB id to attach the values to (default: what hwdb.match recognises)")
+    p.add_argument(
+        "--hw", help="hardware-DB id to attach the values to (default: what moe_hal.match_device recognises)"
+    )
     p.add_argument(
         "--dtypes",
         type=lambda s: [d.strip() for d in s.split(",") if d.strip()],
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hw:
         entry_id = hwdb.get(args.hw).id
     else:
-        found = hwdb.match(device)
+        found = match_device(device)
         if found.entry is None:
             print(
                 f"calibrate: {found.seen} is not in the hardware DB ({found.reason}); add an entry or pass --hw ID",

@@ -55,7 +55,7 @@ def measure(argv: list[str]) -> int:
     """The device sweep of ``moe-hal bench --model --calibrate``."""
     import torch
 
-    from moe_hal import hwdb
+    from moe_hal import match_device
     from moe_hal.cli import bench
 
     device = torch.device(_value(argv, "--device") or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -63,7 +63,7 @@ def measure(argv: list[str]) -> int:
     if device.type == "cuda" and "--fp8" not in argv:
         extra.append("--fp8")
     if _value(argv, "--out") is None:
-        hw_id = hwdb.match(device).id or f"unrecognised-{device.type}"
+        hw_id = match_device(device).id or f"unrecognised-{device.type}"
         out = RESULTS / f"model_validation_{hw_id}.json"
         extra += ["--out", str(out)]
     parser = argparse.ArgumentParser(prog="bench/model_validation.py")

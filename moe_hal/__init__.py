@@ -10,7 +10,7 @@ torch.Size([12, 32])
 The public names below load on first access (PEP 562), so ``import moe_hal`` itself imports
 neither torch nor any plugin, and never a vendor stack (torch_npu, triton, cuda-python); plugins
 are discovered on the first call that needs them. Submodules: ``layouts``, ``quant``,
-``routing``, ``hwdb``, ``perf``, ``workloads``, ``timing``, ``prepared``, ``conformance``, ``errors``,
+``routing``, ``hwdb``, ``devices``, ``perf``, ``workloads``, ``timing``, ``prepared``, ``conformance``, ``errors``,
 ``plugins``, ``ops`` (the ``torch.ops.moe_hal`` custom ops), ``nn`` (MoE layers).
 """
 
@@ -42,6 +42,7 @@ _EXPORTS = {
     "QuantizedTensor": "quant",
     "Selection": "selection",
     "device_info": "selection",
+    "match_device": "devices",
     "PerfModel": "backend",
     "clear_cache": "plugin_api",
 }
@@ -53,6 +54,7 @@ _SUBMODULES = frozenset(
         "checks",
         "conformance",
         "device_layout",
+        "devices",
         "dtypes",
         "environment",
         "ep",
@@ -100,6 +102,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
     from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401 - for type checkers; loaded on first access at run time
     from .backend import Backend, BackendSpec, DeviceInfo, PerfModel, Reason, Signature  # noqa: F401 - for type checkers; loaded on first access at run time
     from .device_layout import PsumLayout  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .devices import match_device  # noqa: F401 - for type checkers; loaded on first access at run time
     from .hookspecs import hookimpl  # noqa: F401 - for type checkers; loaded on first access at run time
     from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout  # noqa: F401 - for type checkers; loaded on first access at run time
     from .plugin_api import clear_cache  # noqa: F401 - for type checkers; loaded on first access at run time

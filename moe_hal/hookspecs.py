@@ -90,7 +90,7 @@ def moe_hal_probe_device(device_type: str, index: int | None) -> Match | None:
     """Recognise the device ``device_type:index`` (``index`` None: the current device) and return
     a :class:`moe_hal.hwdb.Match`, or None when this plugin does not handle ``device_type``.
 
-    Called by :func:`moe_hal.hwdb.match` (selection, ``moe-hal hw match``, ``moe-hal info``) for
+    Called by :func:`moe_hal.match_device` (selection, ``moe-hal hw match``, ``moe-hal info``) for
     every device type but ``cpu``, one plugin at a time until one answers; unlike the other hooks
     it may import the vendor stack (torch.cuda, torch_npu), since it runs only when such a device
     is asked about. It must not raise for a device it cannot read: return a ``Match`` with

@@ -113,7 +113,7 @@ class PluginHost:
 
     def ensure_loaded(self, strict: bool | None = None) -> "PluginHost":
         """Discover plugins once. Re-entrant: a plugin's hook that calls back into the host while
-        discovery runs (e.g. ``hwdb.match`` from a probe) sees what is registered so far.
+        discovery runs (e.g. ``match_device`` from a probe) sees what is registered so far.
         ``strict`` overrides ``MOE_HAL_STRICT_PLUGINS`` (``moe-hal info`` loads with ``False``, so
         that it can show the failures strict mode would raise for)."""
         if self._loaded:

@@ -107,9 +107,9 @@ def device_info(device: torch.device | str) -> DeviceInfo:
     dev = torch.device(device)
     info = _devices.get(dev)
     if info is None:
-        from . import hwdb
+        from .devices import match_device
 
-        match = hwdb.match(dev)
+        match = match_device(dev)
         info = DeviceInfo(dev.type, dev.index, match.id, frozenset(match.features), match.seen)
         _devices[dev] = info
     return info

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 import moe_hal
-from moe_hal import hwdb, plugins
+from moe_hal import hwdb, match_device, plugins
 from moe_hal.errors import ArgumentError, HardwareDBError
 
 REQUIRED_IDS = {
@@ -374,7 +374,7 @@ def test_match_npu_unknown(soc, version, why):
 
 def test_match_cpu():
     for device in ("cpu", torch.device("cpu")):
-        m = hwdb.match(device)
+        m = match_device(device)
         assert m.id == "cpu-generic" and m.features == {"cpu"}
         assert f"({os.cpu_count()} logical CPUs)" in m.seen
     m = hwdb.match_cpu("AMD EPYC 9654 96-Core Processor", 192)
@@ -382,11 +382,11 @@ def test_match_cpu():
 
 
 def test_match_other_device_types_never_raise():
-    m = hwdb.match(torch.device("meta"))
+    m = match_device(torch.device("meta"))
     assert m.entry is None and "meta" in m.reason
-    assert hwdb.match("mps").entry is None
+    assert match_device("mps").entry is None
     if not torch.cuda.is_available():
-        m = hwdb.match(torch.device("cuda", 0))
+        m = match_device(torch.device("cuda", 0))
         assert m.entry is None and m.seen == "cuda:0" and m.reason
 
 
@@ -710,6 +710,6 @@ def test_a_plugin_alone_adds_a_device_type(tmp_path, monkeypatch):
     host.pm.register(AcmePlugin, name="acme")
     host.plugins["acme"] = plugins.PluginRecord("acme", "test")
     host._register_hw_overlays()
-    m = hwdb.match("acme_tpu:0")
+    m = match_device("acme_tpu:0")
     assert m.id == "acme-tpu-1" and m.seen == "ATPU-1"
-    assert hwdb.match("other_tpu:0").entry is None
+    assert match_device("other_tpu:0").entry is None

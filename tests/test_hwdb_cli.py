@@ -164,7 +164,7 @@ def test_calibrate_writes_a_valid_measured_overlay(tmp_path, monkeypatch, capsys
 
 def test_calibrate_refuses_an_unknown_device_without_hw(monkeypatch, capsys):
     calibrate = load_calibrate()
-    monkeypatch.setattr(hwdb, "match", lambda device: hwdb.Match(None, "Mystery GPU", "no entry"))
+    monkeypatch.setattr(calibrate, "match_device", lambda device: hwdb.Match(None, "Mystery GPU", "no entry"))
     assert calibrate.main(["--device", "cpu", "--dry-run"]) == 2
     assert "Mystery GPU" in capsys.readouterr().err
 

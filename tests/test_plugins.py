@@ -194,7 +194,7 @@ def test_every_hookspec_is_exercised_by_the_fake_vendor():
 
 
 def test_plugin_hardware_db_overlay_reaches_the_database(fresh_plugins):
-    from moe_hal import hwdb
+    from moe_hal import hwdb, match_device
 
     host = fresh_plugins().ensure_loaded()
     assert any(plugin == "fake_vendor" for _, plugin in host.hw_overlays)
@@ -202,8 +202,8 @@ def test_plugin_hardware_db_overlay_reaches_the_database(fresh_plugins):
     assert "fake_feature" in entry.features
     assert hwdb.match_cuda("Example Fake Accelerator", 99, 0).id == "example-fake-accelerator"
     # a device type of the plugin's own, probed by its moe_hal_probe_device hook
-    assert hwdb.match("fake_accel:1").id == "example-fake-accelerator"
-    assert hwdb.match("fake_accel:1").seen == "Fake Accelerator #1"
+    assert match_device("fake_accel:1").id == "example-fake-accelerator"
+    assert match_device("fake_accel:1").seen == "Fake Accelerator #1"
 
 
 def test_malformed_plugin_overlay_fails_only_that_plugin(fresh_plugins, monkeypatch, tmp_path):

@@ -14,10 +14,6 @@ CORE = ROOT / "moe_hal"
 #: Function-level imports that close a cycle, each left on purpose and named here so that no new
 #: one goes unnoticed. Module-level imports have no cycle at all.
 ALLOWED_LAZY_EDGES = {
-    # Recognising a real device (hwdb.match) asks the plugins' probes, and the plugin host registers
-    # the plugins' hardware-DB files. The database's pure look-ups never load plugins
-    # (tests/test_hwdb.py checks that in a fresh interpreter).
-    ("moe_hal.hwdb.matching", "moe_hal.plugins"),
     # The expert-parallel transports are selected through the plugin host, which also hosts the
     # built-in transport's hook (moe_hal.builtin -> moe_hal.ep.transport). To break: keep the
     # built-in TransportSpec in a module that does not reach the host.
@@ -192,3 +188,16 @@ def test_ci_runs_the_linter_with_the_projects_configuration():
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
     assert "[tool.ruff.lint]" in pyproject and "select" in pyproject
     assert re.search(r"^ruff check \.$", (ROOT / ".ci" / "run").read_text(encoding="utf-8"), flags=re.M)
+
+
+def test_the_hardware_db_is_pure_data():
+    """moe_hal.hwdb never reaches the plugin host, not even lazily: recognising a real device (which
+    asks the plugins' probes) is moe_hal.devices.match_device, above both."""
+    reached = [
+        f"{name} imports {target}"
+        for name in MODULES
+        if name == "moe_hal.hwdb" or name.startswith("moe_hal.hwdb.")
+        for target, _, _ in _imports(name)
+        if target.startswith("moe_hal.") and not target.startswith(("moe_hal.hwdb", "moe_hal.errors"))
+    ]
+    assert not reached, "\n".join(reached)

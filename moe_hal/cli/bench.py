@@ -345,9 +345,9 @@ def prepare(case: Case, device: Any, backend: str | None, peers: bool, seed: int
 # hardware figures and calibration
 # ---------------------------------------------------------------------------------------------
 def _hw_entry(device: Any) -> Any:
-    from .. import hwdb
+    from ..devices import match_device
 
-    found = hwdb.match(device)
+    found = match_device(device)
     return found.entry, found.seen
 
 

@@ -228,10 +228,11 @@ def run_show(args: argparse.Namespace) -> int:
 
 @_guarded
 def run_match(args: argparse.Namespace) -> int:
-    from .. import hwdb, sysinfo
+    from .. import sysinfo
+    from ..devices import match_device
 
     devices = args.device or [str(d) for d in sysinfo.visible_devices()]
-    results = [{"device": d, **hwdb.match(d).to_dict()} for d in devices]
+    results = [{"device": d, **match_device(d).to_dict()} for d in devices]
     if args.json:
         print(json.dumps(results, indent=2))
         return 0

@@ -4,18 +4,18 @@ One YAML file per accelerator (``hwdb/*.yaml``, validated against ``hwdb/schema.
 number is a *quantity* ``{value, unit, basis, source, ...}`` that :class:`Quantity.si` converts to
 SI units. See ``docs/hwdb.md``. The package is pure data: nothing is read at import time, the
 database is built on first use and cached until :func:`reload`, a change of ``MOE_HAL_HWDB`` or a
-new overlay, and only :func:`match` (which observes a real device through the plugins' probe
-hook) reaches the plugin host.
+new overlay, and nothing here reaches the plugin host. Recognising a real device (which asks the
+plugins' probes) is :func:`moe_hal.match_device`.
 
 Modules: :mod:`.entry` (entries, quantities, matches), :mod:`.loading` (files, schema, overlays,
-cache), :mod:`.matching` (recognition rules and device probing).
+cache), :mod:`.matching` (recognition rules applied to observed properties).
 """
 
 from __future__ import annotations
 
 from .entry import DTYPES, HardwareEntry, Match, Quantity
 from .loading import ENV_VAR, add_overlay, all, get, reload, validate
-from .matching import decide, match, match_cpu, match_cuda, match_npu
+from .matching import decide, match_cpu, match_cuda, match_npu
 
 __all__ = [
     "DTYPES",
@@ -27,7 +27,6 @@ __all__ = [
     "all",
     "decide",
     "get",
-    "match",
     "match_cpu",
     "match_cuda",
     "match_npu",

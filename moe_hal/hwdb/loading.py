@@ -421,7 +421,7 @@ def add_overlay(path: str | os.PathLike, origin: str) -> None:
 
 def all() -> list[HardwareEntry]:  # noqa: A001 - public name hwdb.all() mirrors dict-like access
     """Every entry, overlays included, sorted by id. Entries that plugins contribute are included
-    once the plugins have been discovered (see :func:`moe_hal.hwdb.match`)."""
+    once the plugins have been discovered (see :func:`moe_hal.match_device`)."""
     db = _db()
     return [db.by_id[k] for k in sorted(db.by_id)]
 

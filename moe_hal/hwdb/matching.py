@@ -1,10 +1,8 @@
 """Recognising a device: the recognition rules of the entries, applied to what was observed.
 
 The ``match_*`` functions are pure: they take the observed properties (faked values welcome) and
-read only the database. :func:`match` observes a real device; reading a device's properties is
-the plugins' job (the ``moe_hal_probe_device`` hook, e.g. the CUDA plugin reads
-``torch.cuda.get_device_properties``), so only it reaches the plugin host, and only for device
-types other than the CPU.
+read only the database. Observing a real device is the plugins' job (hook ``moe_hal_probe_device``,
+whose implementations call these functions); :func:`moe_hal.match_device` asks them.
 """
 
 from __future__ import annotations
@@ -12,13 +10,11 @@ from __future__ import annotations
 import os
 import platform
 import re
-from typing import Any
 
-from ..errors import ArgumentError
 from .entry import HardwareEntry, Match
 from .loading import ENV_VAR, all
 
-__all__ = ["cpu_model", "decide", "match", "match_cpu", "match_cuda", "match_npu"]
+__all__ = ["cpu_model", "decide", "match_cpu", "match_cuda", "match_npu"]
 
 #: Observed names are matched on this many characters at most: with the limits the loader puts on
 #: recognition patterns (no nested repeats, at most three), matching then takes bounded time.
@@ -132,38 +128,3 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def _device_parts(device: Any) -> tuple[str, int | None]:
-    if isinstance(device, str):
-        kind, _, index = device.strip().partition(":")
-        return kind.lower(), int(index) if index.strip().isdigit() else None
-    kind = getattr(device, "type", None)
-    if kind is None:
-        raise ArgumentError("device", "a torch.device or a device string such as 'cuda:0'", repr(device))
-    return kind, getattr(device, "index", None)
-
-
-def match(device: Any) -> Match:
-    """Recognise ``device`` (a ``torch.device`` or a string like ``"cuda:0"``, ``"npu"``,
-    ``"cpu"``). Never raises for a device it does not know: the result then has ``entry=None``,
-    ``seen`` says what was observed and ``reason`` why nothing matched. A malformed database
-    file still raises :class:`~moe_hal.errors.HardwareDBError`.
-
-    The CPU is recognised here; any other device type is probed by the plugin that knows it
-    (hook ``moe_hal_probe_device``), so this discovers the plugins, whose hardware-DB entries
-    then join the database.
-    """
-    kind, index = _device_parts(device)
-    # device probing is plugin-owned; pure look-ups never load plugins
-    from .. import plugins
-
-    host = plugins.host().ensure_loaded()
-    if kind == "cpu":
-        return match_cpu()
-    found = host.probe_device(kind, index)
-    if found is not None:
-        return found
-    return Match(
-        None, str(device), f"the hardware DB has no entries for device type {kind!r}: no installed plugin probes it"
-    )

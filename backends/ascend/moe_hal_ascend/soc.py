@@ -1,6 +1,6 @@
 """What an Ascend SoC can do, as the hardware DB says: the only source of chip facts in this package.
 
-A real device is recognised by the core (``moe_hal.hwdb.match`` reads ``torch.npu.get_device_name``);
+A real device is recognised by the core (``moe_hal.match_device`` reads ``torch.npu.get_device_name``);
 an emulated one by matching the emulated SoC name the same way. Either way the backends and the
 emulator read *feature flags* of the matched entry, never lists of SoC names:
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from ascend_helpers import SOC_910B, SOC_950
 
-from moe_hal import hwdb
+from moe_hal import match_device
 from moe_hal.backend import DeviceInfo
 from moe_hal.plugins import BUILTIN_PLUGIN
 from moe_hal.selection import device_info
@@ -114,7 +114,7 @@ def test_soc_is_judged_by_hardware_db_features(fake_torch_npu, soc_name, ascend,
     fake_torch_npu(_device_fake(soc_name))
     assert _backend().is_available() == []
     # What selection builds for an NPU tensor (torch.device("npu") needs the real torch_npu).
-    match = hwdb.match("npu:0")
+    match = match_device("npu:0")
     device = DeviceInfo("npu", 0, match.id, frozenset(match.features), match.seen)
     assert match.seen.startswith(soc_name)
     assert [r.code for r in _backend().check_device(device)] == ascend

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from moe_hal import hwdb, plugins
+from moe_hal import match_device, plugins
 
 
 @pytest.fixture(autouse=True)
@@ -27,13 +27,13 @@ def test_match_reads_torch_npu_lazily(monkeypatch):
     fake_torch_npu.npu = types.SimpleNamespace(get_soc_version=lambda: 253)
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu)
     monkeypatch.setattr(torch, "npu", fake_npu, raising=False)
-    m = hwdb.match("npu:0")  # torch.device("npu") needs the real torch_npu
+    m = match_device("npu:0")  # torch.device("npu") needs the real torch_npu
     assert m.id == "huawei-ascend-910c" and m.seen == "Ascend910_9382 (soc_version 253)"
 
 
 def test_match_npu_without_torch_npu_is_a_clear_result(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch_npu", None)  # import torch_npu raises ImportError
-    m = hwdb.match("npu:0")
+    m = match_device("npu:0")
     assert m.entry is None and m.seen == "npu:0" and "torch_npu" in m.reason
 
 

@@ -146,7 +146,7 @@ def _versions() -> dict[str, Any]:
 def _device_record(check: Check) -> dict[str, Any]:
     from moe_hal_cuda import device as cuda_device
 
-    info = moe_hal.hwdb.match(check.device)
+    info = moe_hal.match_device(check.device)
     record: dict[str, Any] = {"torch_device": str(check.device), "hw_id": info.id, "seen": info.seen}
     if check.cuda:
         facts = cuda_device.device_facts(check.device.index or 0)
@@ -175,7 +175,7 @@ def _model_hardware(check: Check) -> None:
     if not check.cuda:
         check.hw, check.hw_note = perf.resolve_hardware("nvidia-h200-sxm"), "nvidia-h200-sxm (modelled; CPU smoke run)"
         return
-    info = moe_hal.hwdb.match(check.device)
+    info = moe_hal.match_device(check.device)
     if info.id is None:
         check.hw, check.hw_note = None, f"device not in the hardware DB: {info.reason}"
         return

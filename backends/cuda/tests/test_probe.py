@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from moe_hal import hwdb, plugins
+from moe_hal import match_device, plugins
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +30,8 @@ def test_match_reads_torch_cuda_properties(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
-    assert hwdb.match(torch.device("cuda", 1)).id == "nvidia-h200-sxm"
-    assert hwdb.match("cuda").id == "nvidia-h200-sxm"
+    assert match_device(torch.device("cuda", 1)).id == "nvidia-h200-sxm"
+    assert match_device("cuda").id == "nvidia-h200-sxm"
     assert calls == [1, 3]
 
 
@@ -60,11 +60,11 @@ def test_match_falls_back_to_cuda_python(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
     monkeypatch.setitem(sys.modules, "cuda.bindings", bindings)
     monkeypatch.setattr(torch.cuda, "get_device_properties", no_cuda)
-    m = hwdb.match("cuda:0")
+    m = match_device("cuda:0")
     assert m.id == "nvidia-b200" and m.seen == "NVIDIA B200 (cc 10.0, 148 SMs)"
 
     driver.cuInit = lambda flags: ("CUDA_ERROR_NO_DEVICE",)
-    m = hwdb.match("cuda:0")
+    m = match_device("cuda:0")
     assert m.entry is None and "Torch not compiled with CUDA" in m.reason  # torch's reason is kept
 
 
