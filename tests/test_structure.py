@@ -18,9 +18,6 @@ ALLOWED_LAZY_EDGES = {
     # built-in transport's hook (moe_hal.builtin -> moe_hal.ep.transport). To break: keep the
     # built-in TransportSpec in a module that does not reach the host.
     ("moe_hal.ep.transport", "moe_hal.plugins"),
-    # `moe-hal run --ep` lives in cli/run_ep, which reuses run's routing; run dispatches to it.
-    # To break: the routing helper moves to a module both import.
-    ("moe_hal.cli.run", "moe_hal.cli.run_ep"),
     # MoE.from_hf is a classmethod forwarding to nn.hf, which builds MoE objects. To break: the
     # classmethod goes, nn.from_hf stays.
     ("moe_hal.nn.moe", "moe_hal.nn.hf"),

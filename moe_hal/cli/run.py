@@ -9,18 +9,14 @@ outputs back per token, and prints the selection, the error metrics and the time
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import statistics
 import time
 
-from . import types
+from . import job, types
 
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
 # scaled down 8x in N and K and to 32 experts so that the float64 verification runs in seconds.
 DEFAULTS = dict(experts=32, n=512, k=896, tokens=2048, topk=8, dtype="bf16", dist="seed", alignment=128)
-#: calc_diff bound per operand dtype (DeepGEMM's thresholds; fp8 against the dequantized operands).
-CALC_DIFF_MAX = {"fp32": 1e-9, "bf16": 1e-5, "fp16": 1e-5, "fp8_e4m3": 1e-5}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -86,34 +82,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def route(tokens: int, experts: int, topk: int, dist: str, seed: int):
-    """Router output (:func:`moe_hal.workloads.route_tokens`), errors naming the CLI options."""
-    from .. import workloads
-    from ..errors import ArgumentError
-
-    try:
-        return workloads.route_tokens(tokens, experts, topk, dist, seed)
-    except ArgumentError as exc:
-        raise ArgumentError(f"--{exc.argument}", exc.expected, exc.actual, exc.detail) from None
-
-
 def build(args):
     """The problem: operands, layout and the routing that produced them."""
     import torch
 
-    from .. import dtypes, routing
+    from .. import routing
     from ..layouts import KGroupedLayout, align
     from ..quant import quantize_fp8
 
-    fp8 = args.dtype.lower() in ("fp8", "fp8_e4m3", "e4m3")
-    dtype = torch.bfloat16 if fp8 else dtypes.parse(args.dtype)
-    g = torch.Generator().manual_seed(args.seed + 1)
-    topk_ids, topk_weights = route(args.tokens, args.experts, args.topk, args.dist, args.seed)
-    hidden = torch.randn(args.tokens, args.k, generator=g).to(dtype)
-    weights = (torch.randn(args.experts, args.n, args.k, generator=g) / math.sqrt(args.k)).to(dtype)
+    fp8 = job.is_fp8(args.dtype)
+    hidden, weights, topk_ids, topk_weights, g = job.tensors(
+        tokens=args.tokens,
+        experts=args.experts,
+        n=args.n,
+        k=args.k,
+        topk=args.topk,
+        dtype=args.dtype,
+        dist=args.dist,
+        seed=args.seed,
+    )
     if args.op == "k_grouped":
         d = routing.dispatch(hidden, topk_ids, args.experts, alignment=args.alignment)
-        grad = torch.randn(d.a.shape[0], args.n, generator=g).to(dtype)
+        grad = torch.randn(d.a.shape[0], args.n, generator=g).to(hidden.dtype)
         layout = KGroupedLayout.from_counts(d.layout.counts_list, alignment=args.alignment)
         a, b = d.a, grad
         if fp8:
@@ -138,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import moe_hal
-    from moe_hal import routing
+    from moe_hal import routing, timing
     from moe_hal.conformance.tolerances import calc_diff
 
     t0 = time.perf_counter()
@@ -153,11 +143,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out = call()
     first_s = time.perf_counter() - t0
-    times = []
-    for _ in range(max(args.repeat, 0)):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
+    times = timing.wall_seconds(call, "cpu", warmup=0, repeat=args.repeat)
     t0 = time.perf_counter()
     ref = moe_hal.grouped_gemm(a, b, layout, backend="reference", out_dtype=torch.float32)
     ref_s = time.perf_counter() - t0
@@ -171,10 +157,9 @@ def run(args: argparse.Namespace) -> int:
         padding_zero = bool((out[~rows] == 0).all())
     else:
         got, want = out, ref
-    diff = calc_diff(got, want)
-    err = (got.double() - want.double()).abs()
     in_dtype = moe_hal.dtypes.name_of(a.dtype)
-    ok = diff <= CALC_DIFF_MAX[in_dtype] and bool(torch.isfinite(got).all())
+    diff, ok = job.verify(got, want, in_dtype)
+    err = (got.double() - want.double()).abs()
     if args.op == "contiguous":
         ok = ok and padding_zero
     combined = None
@@ -197,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         "dist": args.dist,
         "alignment": args.alignment,
         "seed": args.seed,
-        "counts": _counts(layout),
+        "counts": job.counts_of(layout),
         "backend": sel.name,
         "mode": sel.mode,
         "explain": sel.explain(),
@@ -207,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         "reference_s": ref_s,
         "useful_gflops_per_s": useful_flops / median / 1e9,
         "calc_diff": diff,
-        "calc_diff_max": CALC_DIFF_MAX[in_dtype],
+        "calc_diff_max": job.CALC_DIFF_MAX[in_dtype],
         "max_abs_err": float(err.max()) if err.numel() else 0.0,
         "max_rel_err": float((err / want.double().abs().clamp_min(1e-6)).max()) if err.numel() else 0.0,
         "padding_rows_zero": padding_zero if args.op == "contiguous" else None,
@@ -226,21 +211,8 @@ def run(args: argparse.Namespace) -> int:
         }
         ok = ok and report["verdict"] in ("conformant", "conformant with waivers")
         result["verified"] = ok
-    text = json.dumps(result, indent=2)
-    if args.json:
-        print(text)
-    else:
-        _print(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    job.emit(result, args, _print)
     return 0 if ok else 1
-
-
-def _counts(layout) -> list[int]:
-    if hasattr(layout, "counts_list"):
-        return list(layout.counts_list)
-    return [int(v) for v in layout.masked_m.tolist()]
 
 
 def _print(r: dict) -> None:

@@ -9,27 +9,21 @@ rank's tokens with it and prints per-rank token counts.
 
 from __future__ import annotations
 
-import json
-import math
+import statistics
 import sys
 import time
+
+from . import job
 
 
 def _problem(spec: dict):
     """The global problem of the main job (same seeds as ``moe-hal run``), and rank blocks of tokens."""
-    import torch
-
-    from .. import dtypes
     from ..quant import quantize_fp8
-    from .run import route
 
-    fp8 = spec["dtype"].lower() in ("fp8", "fp8_e4m3", "e4m3")
-    dtype = torch.bfloat16 if fp8 else dtypes.parse(spec["dtype"])
-    g = torch.Generator().manual_seed(spec["seed"] + 1)
-    topk_ids, topk_weights = route(spec["tokens"], spec["experts"], spec["topk"], spec["dist"], spec["seed"])
-    hidden = torch.randn(spec["tokens"], spec["k"], generator=g).to(dtype)
-    weights = (torch.randn(spec["experts"], spec["n"], spec["k"], generator=g) / math.sqrt(spec["k"])).to(dtype)
-    if fp8:
+    hidden, weights, topk_ids, topk_weights, _ = job.tensors(
+        **{key: spec[key] for key in ("tokens", "experts", "n", "k", "topk", "dtype", "dist", "seed")}
+    )
+    if job.is_fp8(spec["dtype"]):
         hidden, weights = quantize_fp8(hidden, block=(1, 128)), quantize_fp8(weights, block=(128, 128))
     W, T = spec["world"], spec["tokens"]
     bounds = [r * T // W for r in range(W + 1)]
@@ -46,7 +40,7 @@ def _rows(x, lo: int, hi: int):
 
 def _rank_job(rank: int, world: int, spec: dict) -> dict:
     import moe_hal
-    from moe_hal import ep
+    from moe_hal import ep, timing
 
     hidden, weights, topk_ids, topk_weights, bounds = _problem(spec)
     lo, hi = bounds[rank], bounds[rank + 1]
@@ -69,11 +63,7 @@ def _rank_job(rank: int, world: int, spec: dict) -> dict:
     t0 = time.perf_counter()
     d, y = step()
     first_s = time.perf_counter() - t0
-    times = []
-    for _ in range(spec["repeat"]):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
+    times = timing.wall_seconds(step, "cpu", warmup=0, repeat=spec["repeat"])
     return {
         "rank": rank,
         "tokens": hi - lo,
@@ -81,18 +71,12 @@ def _rank_job(rank: int, world: int, spec: dict) -> dict:
         "sent_to": d.send_counts.tolist(),
         "received_from": d.recv_counts.tolist(),
         "local_experts": [local[0], local[-1]] if local else [],
-        "rows_per_local_expert": _counts(d.layout),
+        "rows_per_local_expert": job.counts_of(d.layout),
         "transport": d.transport,
         "first_call_s": first_s,
-        "median_s": sorted(times)[len(times) // 2] if times else first_s,
+        "median_s": statistics.median(times) if times else first_s,
         "y": y.float().numpy(),
     }
-
-
-def _counts(layout) -> list[int]:
-    if hasattr(layout, "counts_list"):
-        return list(layout.counts_list)
-    return [int(v) for v in layout.masked_m.tolist()]
 
 
 def run_ep(args) -> int:
@@ -100,10 +84,8 @@ def run_ep(args) -> int:
 
     import moe_hal
     from moe_hal import ep, routing
-    from moe_hal.conformance.tolerances import calc_diff
 
     from ..errors import ArgumentError
-    from .run import CALC_DIFF_MAX
 
     if args.ep < 1:
         raise ArgumentError("--ep", "a positive number of local processes", args.ep)
@@ -134,8 +116,7 @@ def run_ep(args) -> int:
     want = routing.combine(moe_hal.grouped_gemm(d.a, weights, d.layout), d).float()
     got = torch.cat([torch.from_numpy(r.pop("y")) for r in per_rank])
     in_dtype = "fp8_e4m3" if isinstance(hidden, moe_hal.QuantizedTensor) else moe_hal.dtypes.name_of(hidden.dtype)
-    diff = calc_diff(got, want)
-    ok = diff <= CALC_DIFF_MAX[in_dtype] and bool(torch.isfinite(got).all()) and got.shape == want.shape
+    diff, ok = job.verify(got, want, in_dtype)
     result = {
         "ep": args.ep,
         "mode": args.ep_mode,
@@ -152,20 +133,13 @@ def run_ep(args) -> int:
         "spawn_wall_s": wall_s,
         "ranks": per_rank,
         "calc_diff": diff,
-        "calc_diff_max": CALC_DIFF_MAX[in_dtype],
+        "calc_diff_max": job.CALC_DIFF_MAX[in_dtype],
         "max_abs_err": float((got - want).abs().max()) if got.numel() else 0.0,
         "bit_identical": bool(torch.equal(got, want)),
         "verified": ok,
         "reference": "single process: moe_hal.routing dispatch -> grouped_gemm -> combine",
     }
-    text = json.dumps(result, indent=2)
-    if args.json:
-        print(text)
-    else:
-        _print(result)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    job.emit(result, args, _print)
     return 0 if ok else 1
 
 
