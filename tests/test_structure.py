@@ -14,10 +14,6 @@ CORE = ROOT / "moe_hal"
 #: Function-level imports that close a cycle, each left on purpose and named here so that no new
 #: one goes unnoticed. Module-level imports have no cycle at all.
 ALLOWED_LAZY_EDGES = {
-    # The expert-parallel transports are selected through the plugin host, which also hosts the
-    # built-in transport's hook (moe_hal.builtin -> moe_hal.ep.transport). To break: keep the
-    # built-in TransportSpec in a module that does not reach the host.
-    ("moe_hal.ep.transport", "moe_hal.plugins"),
     # MoE.from_hf is a classmethod forwarding to nn.hf, which builds MoE objects. To break: the
     # classmethod goes, nn.from_hf stays.
     ("moe_hal.nn.moe", "moe_hal.nn.hf"),

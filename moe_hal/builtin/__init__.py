@@ -6,7 +6,7 @@
   on the CPU.
 
 It also registers the built-in expert-parallel transport, ``all_to_all_single``
-(:data:`moe_hal.ep.transport.BUILTIN`), through the ``moe_hal_ep_transports`` hook.
+(:data:`moe_hal.ep.spec.BUILTIN`), through the ``moe_hal_ep_transports`` hook.
 """
 
 from __future__ import annotations
@@ -61,6 +61,6 @@ def moe_hal_register_backends(register):
 
 @hookimpl
 def moe_hal_ep_transports(register):
-    from ..ep.transport import BUILTIN as EP_ALL_TO_ALL_SINGLE
+    from ..ep.spec import BUILTIN as EP_ALL_TO_ALL_SINGLE
 
     register(EP_ALL_TO_ALL_SINGLE)

@@ -8,11 +8,12 @@ pluggable transport (built in: ``all_to_all_single`` on gloo, NCCL or HCCL).
 * :class:`EPGroup` — which rank holds which expert (:mod:`.group`).
 * :func:`dispatch` / :func:`combine` / :class:`EPDispatch` — the two modes, ordering, autograd and
   the failure protocol (:mod:`.dispatch`).
-* :func:`select` / :class:`TransportSpec` / :class:`Transport` — transports and their promises
-  (:mod:`.transport`); plugins add transports through the ``moe_hal_ep_transports`` hook.
+* :func:`select` / :class:`Transport` — transports, selection and their promises
+  (:mod:`.transport`); :class:`TransportSpec` declares one (:mod:`.spec`); plugins add transports
+  through the ``moe_hal_ep_transports`` hook.
 * :func:`spawn_local` — run a function on W local processes over gloo (:mod:`.launch`).
 
-Names load on first access, so ``import moe_hal.ep.transport`` from a plugin stays cheap.
+Names load on first access, so ``import moe_hal.ep.spec`` from a plugin stays cheap.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _EXPORTS = {
     "combine": "dispatch",
     "OVERFLOW_POLICIES": "dispatch",
     "select": "transport",
-    "TransportSpec": "transport",
+    "TransportSpec": "spec",
     "Transport": "transport",
     "TransportSelection": "transport",
     "transport_specs": "transport",
@@ -65,10 +66,5 @@ if TYPE_CHECKING:
     from .dispatch import OVERFLOW_POLICIES, EPDispatch, combine, dispatch
     from .group import EPGroup
     from .launch import spawn_local
-    from .transport import (
-        Transport,
-        TransportSelection,
-        TransportSpec,
-        select,
-        transport_specs,
-    )
+    from .spec import TransportSpec
+    from .transport import Transport, TransportSelection, select, transport_specs

@@ -1,8 +1,9 @@
 """Expert-parallel transports: what moves the rows between ranks, and how one is chosen.
 
-A transport is declared by a :class:`TransportSpec` (cheap, no heavy imports) registered through
-the ``moe_hal_ep_transports`` hook — the built-in one by :mod:`moe_hal.builtin`, others (DeepEP,
-NVSHMEM / symmetric memory, Ascend MC2) by plugins, without changes to the core. Its
+A transport is declared by a :class:`~moe_hal.ep.spec.TransportSpec` (its own module, cheap to
+import) registered through the ``moe_hal_ep_transports`` hook — the built-in one by
+:mod:`moe_hal.builtin`, others (DeepEP, NVSHMEM / symmetric memory, Ascend MC2) by plugins, without
+changes to the core. Its
 implementation (:class:`Transport`, named lazily by ``spec.impl``) provides two collectives on
 byte rows: a variable-split all-to-all and an all-gather of the small count matrix.
 
@@ -31,31 +32,7 @@ import torch.distributed as dist
 
 from ..backend import Reason
 from ..errors import ArgumentError, TransportUnavailableError
-
-MODES = ("exact", "capacity")
-
-
-@dataclass(frozen=True)
-class TransportSpec:
-    """Declaration of an expert-parallel transport.
-
-    ``name``: unique name (``transport=`` on :func:`moe_hal.ep.dispatch` forces it).
-    ``impl``: ``"package.module:Class"`` of the :class:`Transport` subclass, imported on first use.
-    ``modes``: the dispatch modes it serves (``"exact"``, ``"capacity"``).
-    ``process_group_backends``: ``torch.distributed`` backends it runs on (``"gloo"``, ``"nccl"``,
-    ``"hccl"``, ...); ``("*",)`` for any backend that implements the two collectives.
-    ``needs_host_sync`` / ``graph_safe``: see the module docstring. ``priority``: higher wins.
-    """
-
-    name: str
-    impl: str
-    modes: frozenset[str] = frozenset(MODES)
-    process_group_backends: tuple[str, ...] = ("*",)
-    needs_host_sync: bool = False
-    graph_safe: bool = False
-    priority: int = 0
-    description: str = ""
-    plugin: str = field(default="", compare=False)
+from .spec import BUILTIN, MODES, TransportSpec
 
 
 class Transport:
@@ -95,18 +72,6 @@ class AllToAllSingle(Transport):
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-BUILTIN = TransportSpec(
-    name="all_to_all_single",
-    impl="moe_hal.ep.transport:AllToAllSingle",
-    needs_host_sync=False,
-    # NCCL can capture all_to_all_single, but moe_hal has not verified capture on multi-GPU
-    # hardware; a transport that has (symmetric memory, DeepEP low latency) declares it.
-    graph_safe=False,
-    priority=0,
-    description="torch.distributed.all_to_all_single on the process group (gloo, NCCL, HCCL)",
-)
-
 
 # -- registry ----------------------------------------------------------------------------------
 
