@@ -51,7 +51,6 @@ KERNEL_NOTES = {
     "k_grouped": "triton K-grouped kernel (group bounds on the device; no host sync once the layout is uploaded; "
     "CUDA-graph capture replays the captured routing)",
 }
-_DEFAULT_HEIGHT = {"contiguous": 128, "masked": 64, "k_grouped": 128}
 _PLANS_MAX = 1024
 
 
@@ -251,7 +250,7 @@ class CudaBackend(Backend):
             hw, hw_note = self._model_hardware(p.device)
             advice = perf.advise_problem(p, hw, list(by_tile), **self.spec.perf_model.estimate_options())
         except Exception as exc:  # noqa: BLE001 - a degenerate call (N = 0, ...) or a DB gap: keep a fixed tile
-            config = configs.lookup(self.ARCH, p.in_dtype, _DEFAULT_HEIGHT[p.op])
+            config = configs.default(self.ARCH, p.in_dtype, p.op)
             return config, f"table default (advisor unavailable: {type(exc).__name__}: {exc})"
         return by_tile[advice.tile], f"advisor on {hw_note}: {advice.reason}"
 

@@ -7,8 +7,10 @@ stages, the L2 swizzle group) is looked up here by ``(arch, dtype class, BLOCK_M
 
 Where the numbers come from: the shapes follow the public Triton grouped-GEMM designs this
 project studied (torch inductor's ``triton_mm_grouped`` template prunes BLOCK_M by average rows
-per group; vLLM's ``fused_moe`` defaults use BLOCK_K = 128 for block-fp8 and 4 warps / 3-4 stages;
-reference/torch_and_cuda_peers.md §1.8, §2.3) and the shared-memory budget of one SM (227 KiB on
+per group — pytorch/pytorch ``torch/_inductor/kernel/templates/triton_mm_grouped.py.jinja``, torch 2.13.0;
+vLLM's ``fused_moe`` defaults use BLOCK_K = 128 for block-fp8 and 4 warps / 3-4 stages —
+vllm-project/vllm ``vllm/model_executor/layers/fused_moe/fused_moe.py``, ``get_default_config``)
+and the shared-memory budget of one SM (227 KiB on
 SM90/SM100: stages x (BM + BN) x BK x bytes per element must fit), adjusted until every entry
 compiles for its target without register spills and with both MMA operands fed by async copies
 (``backends/cuda/scripts/compile_check.py``, run in CI, fails otherwise). They have **not** been
@@ -89,10 +91,8 @@ def _table() -> dict[tuple[str, str, int], KernelConfig]:
             128: (128, 64, 8, 4),
             256: (64, 64, 8, 3),
         },
+        # 128+ rows only: smaller tiles would not get the block-scaled MMA (see candidates()).
         ("sm100", "fp8"): {
-            16: (64, 128, 4, 4),
-            32: (64, 128, 4, 4),
-            64: (128, 128, 4, 4),
             128: (128, 128, 8, 4),
             256: (128, 128, 8, 3),
         },
@@ -122,19 +122,28 @@ def lookup(arch: str, dtype_name: str, block_m: int) -> KernelConfig:
 
 
 #: Rows below which SM100's block-scaled MMA (tcgen05 ``kind::mxf8f6f4.block_scale``, M = 128)
-#: cannot serve a tile: Triton then lowers ``tl.dot_scaled`` to a bf16 MMA on operands rescaled
-#: in registers (the compile table shows which MMA each variant gets).
+#: cannot serve a tile: Triton would lower ``tl.dot_scaled`` to a bf16 MMA on operands rescaled in
+#: registers. The SM100 fp8 rows of the table start here, so no call gets a software-scaled tile
+#: (the compile check fails if an SM100 fp8 variant lacks the block-scaled MMA).
 SM100_BLOCK_SCALED_MIN_ROWS = 128
+
+#: The tile height used when the advisor cannot answer, per operation (the nearest height the
+#: table has for the call's architecture and dtype is taken).
+DEFAULT_HEIGHT = {"contiguous": 128, "masked": 64, "k_grouped": 128}
 
 
 def candidates(arch: str, dtype_name: str, op: str) -> list[KernelConfig]:
-    """Every configuration the advisor may choose from for ``op``. SM100 fp8 contiguous and
-    K-grouped calls get only tiles the block-scaled MMA serves; masked (decode) calls keep their
-    small tiles, whose scaling Triton does in registers."""
-    heights = HEIGHTS[op]
-    if arch == "sm100" and dtype_class(dtype_name) == "fp8" and op != "masked":
-        heights = tuple(bm for bm in heights if bm >= SM100_BLOCK_SCALED_MIN_ROWS)
-    return [lookup(arch, dtype_name, bm) for bm in heights]
+    """Every configuration the advisor may choose from for ``op``: the heights :data:`HEIGHTS`
+    offers that the table has for ``(arch, dtype class)`` — SM100 fp8 has 128+ rows only, masked
+    decode included (a 128-row tile of a few real rows: the decode call is bound by the weights'
+    bandwidth, not by the MMA)."""
+    cls = dtype_class(dtype_name)
+    return [TABLE[(arch, cls, bm)] for bm in HEIGHTS[op] if (arch, cls, bm) in TABLE]
+
+
+def default(arch: str, dtype_name: str, op: str) -> KernelConfig:
+    """The candidate whose height is nearest :data:`DEFAULT_HEIGHT` (the fallback tile)."""
+    return min(candidates(arch, dtype_name, op), key=lambda c: abs(c.block_m - DEFAULT_HEIGHT[op]))
 
 
 # -- measured path preferences -------------------------------------------------------------------

@@ -32,8 +32,8 @@ value on the host or waits for a copy:
 
 **Interpreter.** :func:`moe_hal_cuda.mode.configure_triton` runs before ``triton`` decorates
 anything here, so ``MOE_HAL_CUDA_INTERPRET=1`` makes every kernel below interpreted. The
-interpreter computes bf16 arithmetic on raw bit patterns (reference/torch_and_cuda_peers.md
-§3.3), so when :data:`INTERPRET` is true the ``INTERPRET`` constexpr upcasts 16-bit and SM90 fp8
+interpreter computes bf16 arithmetic on raw bit patterns (triton-lang/triton issues #5424 and
+#11584; backends/cuda/docs/cuda-backend.md, "Interpreter mode"), so when :data:`INTERPRET` is true the ``INTERPRET`` constexpr upcasts 16-bit and SM90 fp8
 operands to fp32 right after loading (``tl.dot_scaled`` takes the fp8 bytes as they are); on a
 GPU it is false and the tensor cores get bf16/fp16/fp8 operands. The interpreter's fp32->bf16
 store truncates instead of rounding to nearest (1 ulp at most).

@@ -1,7 +1,9 @@
 """Physical scale formats the kernels read, built from the API's logical fp32 scales.
 
 The API carries fp32 scales in natural row-major shape, one per block (:class:`moe_hal.QuantizedTensor`).
-Each architecture wants its own layout (reference/deepgemm.md §3.2-3.3):
+Each architecture wants its own layout — DeepGEMM's, as its ``transform_sf_into_required_layout``
+builds them (deepseek-ai/DeepGEMM at 54e2261, ``deep_gemm/utils/layout.py`` and
+``csrc/utils/layout.hpp``):
 
 =========  ===========================================  ==============================================
 operand    SM90 (``cuda_sm90``)                          SM100 (``cuda_sm100``)

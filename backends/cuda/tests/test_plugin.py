@@ -309,6 +309,16 @@ def test_config_table_fits_and_divides():
             assert [c.block_m for c in configs.candidates(arch, "bf16", op)] == list(heights)
 
 
+def test_sm100_fp8_tiles_are_block_scaled():
+    """SM100 fp8 calls, decode included, are offered only tiles of 128+ rows (the M of the
+    block-scaled MMA), and the fallback tile is one of them."""
+    for op in configs.HEIGHTS:
+        heights = [c.block_m for c in configs.candidates("sm100", "fp8_e4m3", op)]
+        assert heights and min(heights) >= 128, (op, heights)
+    assert configs.default("sm100", "fp8_e4m3", "masked").block_m == 128
+    assert configs.default("sm90", "fp8_e4m3", "masked").block_m == 64
+
+
 @pytest.mark.parametrize("name,hw", [("cuda_sm90", "nvidia-h200-sxm"), ("cuda_sm100", "nvidia-b200")])
 def test_tile_is_the_advisors_choice(gen, name, hw):
     """On skewed routing the plan's tile is what perf.advise picks among the table's tiles."""
