@@ -21,38 +21,28 @@ import platform
 import time
 
 import torch
-import torch.nn.functional as F
 
 import moe_hal
-from moe_hal import timing, workloads
+from moe_hal import peers, timing, workloads
 
 
 def case(
     name: str, counts: list[int], n: int, k: int, dtype: torch.dtype, alignment: int, iters: int, repeats: int
 ) -> dict:
-    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(lay.num_rows, k, generator=gen).to(dtype)
-    b = torch.randn(len(counts), n, k, generator=gen).to(dtype)
-    offs = lay.aligned_ends_on(a.device)
-    out = torch.empty(lay.num_rows, n, dtype=dtype)
-    segments = list(lay.segments())
-
-    def ours():
-        return moe_hal.grouped_gemm(a, b, lay)
-
-    def direct():  # what a user holding offsets writes: weights [G, N, K] passed transposed
-        return F.grouped_mm(a, b.transpose(1, 2), offs=offs)
-
-    def loop():
-        for g, s, e in segments:
-            torch.mm(a[s:e], b[g].T, out=out[s:e])
-        return out
-
+    """Host seconds per call of moe_hal and its peers (:mod:`moe_hal.peers`) on one contiguous case."""
+    prep = peers.prepare(
+        workloads.Case(
+            name, "bench_overhead", "contiguous", moe_hal.dtypes.name_of(dtype), n, k, counts, alignment=alignment
+        ),
+        "cpu",
+    )
+    lay = prep.layout
+    ours = prep.calls[peers.MOE_HAL]
     first = time.perf_counter()
     ours()
     first = time.perf_counter() - first
-    t = timing.host_seconds_per_call({"ours": ours, "direct": direct, "loop": loop}, iters=iters, repeats=repeats)
+    calls = {"ours": ours, "direct": prep.calls[peers.GROUPED_MM], "loop": prep.calls[peers.MM_LOOP]}
+    t = timing.host_seconds_per_call(calls, iters=iters, repeats=repeats)
     t_ours, t_direct, t_loop = t["ours"], t["direct"], t["loop"]
     flops = 2.0 * sum(counts) * n * k
     return {
@@ -64,7 +54,7 @@ def case(
         "k": k,
         "dtype": moe_hal.dtypes.name_of(dtype),
         "alignment": alignment,
-        "backend": moe_hal.select(a, b, lay).name,
+        "backend": moe_hal.select(*prep.args, lay).name,
         "first_call_s": first,
         "moe_hal_s": t_ours,
         "grouped_mm_s": t_direct,

@@ -42,7 +42,7 @@ import yaml
 from moe_hal import hwdb, match_device, timing
 
 MEASURED_DIR = Path(__file__).resolve().parent.parent / "hwdb" / "measured"
-MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+MATMUL_DTYPES = timing.MATMUL_DTYPES
 
 
 def default_device() -> torch.device:
@@ -54,60 +54,16 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int, repeat: int) -> float:
-    """Median wall time of one call of ``fn``, each call timed alone after ``warmup`` calls."""
-    return statistics.median(timing.wall_seconds(fn, device, warmup=warmup, repeat=repeat))
-
-
-def matmul_call(dtype: str, n: int, device: torch.device) -> Callable[[], object]:
-    """A zero-argument callable doing one n x n x n product in ``dtype`` (raises if unsupported)."""
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    if dtype == "tf32" and device.type != "cuda":
-        raise RuntimeError("tf32 is a CUDA tensor-core mode; fp32 covers this device")
-    if dtype in ("fp32", "tf32", "bf16", "fp16"):
-        torch_dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-            dtype
-        ]
-        a = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype)
-        b = torch.randn(n, n, generator=gen).to(device=device, dtype=torch_dtype)
-        return lambda: torch.matmul(a, b)
-    if device.type != "cuda":
-        raise RuntimeError(f"{dtype} matmul is only measured on CUDA devices")
-    if dtype == "fp8":
-        a = torch.randn(n, n, generator=gen).to(device).to(torch.float8_e4m3fn)
-        b = torch.randn(n, n, generator=gen).to(device).to(torch.float8_e4m3fn)
-        one = torch.tensor(1.0, device=device)
-        # _scaled_mm wants the second operand column-major: b.t() of a row-major tensor is.
-        return lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    if dtype == "int8":
-        a = torch.randint(-8, 8, (n, n), generator=gen, dtype=torch.int8).to(device)
-        b = torch.randint(-8, 8, (n, n), generator=gen, dtype=torch.int8).to(device)
-        return lambda: torch._int_mm(a, b)
-    raise ValueError(f"unknown dtype {dtype!r}")
+def median_seconds(device: torch.device, warmup: int, repeat: int) -> Callable[[Callable[[], object]], float]:
+    """How this script times a call: the median wall time of ``repeat`` calls, each timed alone
+    after ``warmup`` calls."""
+    return lambda fn: statistics.median(timing.wall_seconds(fn, device, warmup=warmup, repeat=repeat))
 
 
 def measure_matmul(dtype: str, sizes: list[int], device: torch.device, warmup: int, repeat: int) -> tuple[float, int]:
     """(best FLOP/s or OP/s over ``sizes``, the size that reached it)."""
-    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
-    try:
-        best = (0.0, 0)
-        for n in sizes:
-            seconds = median_seconds(matmul_call(dtype, n, device), device, warmup, repeat)
-            best = max(best, (2.0 * n**3 / seconds, n))
-        return best
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous_tf32
-
-
-def measure_bandwidth(nbytes: int, device: torch.device, warmup: int, repeat: int) -> tuple[float, float]:
-    """(read bytes/s of a full reduction, copy bytes/s counting read + write) over ``nbytes`` buffers."""
-    n = max(1, nbytes // 4)
-    src = torch.ones(n, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    read = median_seconds(lambda: src.sum(), device, warmup, repeat)
-    copy = median_seconds(lambda: dst.copy_(src), device, warmup, repeat)
-    return 4 * n / read, 2 * 4 * n / copy
+    seconds = median_seconds(device, warmup, repeat)
+    return max((timing.matmul_rate(dtype, n, device, seconds), n) for n in sizes)
 
 
 def device_facts(device: torch.device) -> tuple[str, int | None, int | None]:
@@ -162,7 +118,9 @@ def build_overlay(args: argparse.Namespace, device: torch.device, entry_id: str)
     if not measured["matmul"]:
         del measured["matmul"]
 
-    read, copy = measure_bandwidth(int(args.bytes), device, args.warmup, args.repeat)
+    seconds = median_seconds(device, args.warmup, args.repeat)
+    read = timing.read_bandwidth(int(args.bytes), device, seconds)
+    copy = timing.copy_bandwidth(int(args.bytes), device, seconds)
     size_text = (
         f"{int(args.bytes) / 1e6:.0f} MB fp32 buffers; median of {args.repeat} timed calls after {args.warmup} warm-up"
     )

@@ -5,6 +5,11 @@ Device-neutral: an accelerator is synchronised through ``torch.<device type>.syn
 timed with that module's ``Event`` (CUDA events, NPU events) where it has one; the CPU with
 ``time.perf_counter``. Every function reports seconds; callers round and convert. Nothing here
 asserts a speed: benchmarks report, tests never time.
+
+The device's own figures (dense matmul rate, read and copy bandwidth) are measured here too, for
+``bench/calibrate.py`` and for ``moe-hal bench`` on a device whose hardware-DB entry lacks them;
+each takes ``seconds``, the caller's way of timing one call (median wall time, fastest event
+time, ...).
 """
 
 from __future__ import annotations
@@ -195,3 +200,71 @@ class Timer:
             fn, self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes, budget_s=budget_s
         )
         return {"median": t.median, "min": t.min, "host": t.host, "reps": t.reps}
+
+
+#: Dtypes :func:`matmul_call` knows: ``tf32`` is fp32 with TF32 tensor cores on (CUDA); fp8 (e4m3,
+#: ``torch._scaled_mm``) and int8 (``torch._int_mm``) are CUDA only.
+MATMUL_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+
+
+def matmul_call(dtype: str, n: int, device: Any) -> Callable[[], Any]:
+    """A zero-argument callable doing one ``n x n x n`` product in ``dtype`` (one of
+    :data:`MATMUL_DTYPES`) on ``device``; raises ``RuntimeError`` where the device lacks it and
+    :class:`~moe_hal.errors.ArgumentError` for another dtype."""
+    import torch
+
+    from .errors import ArgumentError
+
+    if dtype not in MATMUL_DTYPES:
+        raise ArgumentError("dtype", f"one of {MATMUL_DTYPES}", dtype)
+    device = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    if dtype == "tf32" and device.type != "cuda":
+        raise RuntimeError("tf32 is a CUDA tensor-core mode; fp32 covers this device")
+    floats = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if dtype in floats:
+        a = torch.randn(n, n, generator=gen).to(device=device, dtype=floats[dtype])
+        b = torch.randn(n, n, generator=gen).to(device=device, dtype=floats[dtype])
+        return lambda: torch.matmul(a, b)
+    if device.type != "cuda":
+        raise RuntimeError(f"{dtype} matmul is only measured on CUDA devices")
+    if dtype == "fp8":
+        a = torch.randn(n, n, generator=gen).to(device).to(torch.float8_e4m3fn)
+        b = torch.randn(n, n, generator=gen).to(device).to(torch.float8_e4m3fn)
+        one = torch.tensor(1.0, device=device)
+        # _scaled_mm wants the second operand column-major: b.t() of a row-major tensor is.
+        return lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    # int8, the one dtype left
+    a = torch.randint(-8, 8, (n, n), generator=gen, dtype=torch.int8).to(device)
+    b = torch.randint(-8, 8, (n, n), generator=gen, dtype=torch.int8).to(device)
+    return lambda: torch._int_mm(a, b)
+
+
+def matmul_rate(dtype: str, n: int, device: Any, seconds: Callable[[Callable[[], Any]], float]) -> float:
+    """FLOP/s (OP/s for int8) of one square ``n``-sized product in ``dtype`` (:func:`matmul_call`),
+    counting ``2 n^3``; TF32 is on for ``tf32`` only, and restored after."""
+    import torch
+
+    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = dtype == "tf32"
+    try:
+        return 2.0 * n**3 / seconds(matmul_call(dtype, n, device))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+
+
+def read_bandwidth(nbytes: int, device: Any, seconds: Callable[[Callable[[], Any]], float]) -> float:
+    """Bytes/s of ``torch.sum`` over an fp32 buffer of ``nbytes`` (bytes read)."""
+    import torch
+
+    src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    return src.numel() * 4 / seconds(lambda: src.sum())
+
+
+def copy_bandwidth(nbytes: int, device: Any, seconds: Callable[[Callable[[], Any]], float]) -> float:
+    """Bytes/s of ``Tensor.copy_`` between two fp32 buffers of ``nbytes``, counting read + write."""
+    import torch
+
+    src = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / seconds(lambda: dst.copy_(src))

@@ -1,4 +1,5 @@
-"""Tests of the validation harness ``moe-hal bench`` (moe_hal/cli/bench.py) on the CPU.
+"""Tests of the validation harness ``moe-hal bench`` (moe_hal/cli/bench.py, with the sweep of
+moe_hal/workloads.py and the model comparison of moe_hal/perf_validation.py) on the CPU.
 
 They check that the harness runs and reports consistently; timings themselves are never asserted.
 """
@@ -10,7 +11,7 @@ import json
 
 import pytest
 
-from moe_hal import perf
+from moe_hal import perf, perf_validation, workloads
 from moe_hal.cli import bench
 
 
@@ -23,7 +24,7 @@ def run(argv, capsys):
 
 
 def test_full_sweep_covers_the_issue():
-    cases = bench.sweep(full=True, dtype="bf16", fp8=True)
+    cases = workloads.sweep(full=True, dtype="bf16", fp8=True)
     assert len(cases) >= 20
     names = {c.name for c in cases}
     assert len(names) == len(cases)
@@ -40,7 +41,7 @@ def test_full_sweep_covers_the_issue():
 
 
 def test_quick_sweep_is_small():
-    cases = bench.sweep(full=False, dtype="fp32", fp8=False)
+    cases = workloads.sweep(full=False, dtype="fp32", fp8=False)
     assert {c.op for c in cases} == {"contiguous", "masked", "k_grouped"}
     assert max(len(c.counts) * c.n * (c.k or c.m) for c in cases) <= 32 * 256 * 512
 
@@ -113,12 +114,12 @@ def test_unsupported_case_is_reported_not_raised(capsys):
 
 
 def test_error_summary_by_hand():
-    s = bench.error_summary([0.1, -0.3, 0.05, 0.2])
+    s = perf_validation.error_summary([0.1, -0.3, 0.05, 0.2])
     assert s["n"] == 4
     assert s["median_abs_error"] == pytest.approx((0.1 + 0.2) / 2)
     assert s["worst_abs_error"] == pytest.approx(0.3)
     assert s["mean_error"] == pytest.approx(0.0125)
-    assert bench.error_summary([]) == {"n": 0}
+    assert perf_validation.error_summary([]) == {"n": 0}
 
 
 def test_backend_declarations_reach_the_model():
@@ -130,14 +131,14 @@ def test_backend_declarations_reach_the_model():
     class Plain:
         perf_model = PerfModel()
 
-    opts = bench.model_options(Spec())
+    opts = perf_validation.model_options(Spec())
     assert opts["tiles"] == [(64, 256)] and opts["masked_computes_max_m"] and not opts["streams_all_experts"]
-    assert bench.model_options(Plain())["tiles"] == list(perf.DEFAULT_TILES)
+    assert perf_validation.model_options(Plain())["tiles"] == list(perf.DEFAULT_TILES)
     hw = perf.Hardware("x", 132, {"bf16": 788e12}, 4.3e12, mma_min_m=64)
-    case = bench.Case("d", "t", "masked", "bf16", 4096, 7168, [3, 0, 5], max_m=64)
-    full = bench._predict(case, hw, opts)
+    case = workloads.Case("d", "t", "masked", "bf16", 4096, 7168, [3, 0, 5], max_m=64)
+    full = perf_validation.predict(case, hw, opts)
     assert full.tile == (64, 256) and full.counts == (64, 64, 64)
-    sparse = bench._predict(case, hw, bench.model_options(Plain()))
+    sparse = perf_validation.predict(case, hw, perf_validation.model_options(Plain()))
     assert sparse.counts == (3, 0, 5)
 
 
@@ -145,15 +146,15 @@ def test_failures_are_recorded_and_the_run_goes_on(capsys, tmp_path, monkeypatch
     def broken_calibration(*args, **kwargs):
         raise RuntimeError("calibration exploded")
 
-    monkeypatch.setattr(bench, "calibrate", broken_calibration)
-    real_add_model = bench.add_model
+    monkeypatch.setattr(perf_validation, "calibrate", broken_calibration)
+    real_add_model = perf_validation.add_model
 
     def add_model(row, case, *rest):
         if case.op == "masked":
             raise ValueError("model exploded")
         return real_add_model(row, case, *rest)
 
-    monkeypatch.setattr(bench, "add_model", add_model)
+    monkeypatch.setattr(perf_validation, "add_model", add_model)
     monkeypatch.setenv("COLUMNS", "300")
     out_file = tmp_path / "r.json"
     rc, out = run(

@@ -103,3 +103,35 @@ def test_perf_re_exports_the_workloads():
     from moe_hal import perf
 
     assert perf.synthetic_counts is workloads.synthetic_counts and perf.SEED_COUNTS is workloads.SEED_COUNTS
+
+
+def test_device_figures_count_flops_and_bytes():
+    # ``seconds`` stands for the caller's timing: a fixed 0.5 s, so the figures are the counts / 0.5.
+    results = []
+
+    def seconds(fn):
+        results.append(fn())
+        return 0.5
+
+    previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+    assert timing.matmul_rate("bf16", 8, "cpu", seconds) == 2 * 8**3 / 0.5
+    assert results[-1].shape == (8, 8) and results[-1].dtype == torch.bfloat16
+    assert torch.backends.cuda.matmul.allow_tf32 == previous_tf32
+    assert timing.read_bandwidth(4000, "cpu", seconds) == 4000 / 0.5
+    assert float(results[-1]) == 1000  # the sum of 1000 fp32 ones: the whole buffer was read
+    assert timing.copy_bandwidth(4000, "cpu", seconds) == 2 * 4000 / 0.5  # read + write
+    assert results[-1].numel() == 1000 and bool((results[-1] == 1).all())
+    for dtype in ("tf32", "fp8", "int8"):  # CUDA-only modes are refused, not faked
+        with pytest.raises(RuntimeError):
+            timing.matmul_call(dtype, 8, "cpu")
+    with pytest.raises(ArgumentError, match="fp64"):
+        timing.matmul_call("fp64", 8, "cpu")
+
+
+def test_sweep_cases_are_deterministic_in_the_seed():
+    assert workloads.sweep(False, "fp32", True, seed=3) == workloads.sweep(False, "fp32", True, seed=3)
+    assert workloads.sweep(False, "fp32", False, seed=3) != workloads.sweep(False, "fp32", False, seed=4)
+    for case in workloads.sweep(True, "bf16", False):
+        if case.op != "k_grouped":
+            _, n, k, _ = workloads.MODEL_SHAPES[case.name.split("-")[0] + "-" + case.name.split("-")[1]]
+            assert (case.n, case.k) == (n, k)
