@@ -110,7 +110,7 @@ try:
     import torch
     import torch_npu  # explicit: TORCH_DEVICE_BACKEND_AUTOLOAD=0 must not break the run
     import moe_hal
-    from moe_hal import environment, hwdb
+    from moe_hal import environment
     from moe_hal.backend import DeviceInfo
     report["versions"] = environment.versions()
     report["torch_npu"] = getattr(torch_npu, "__version__", "?")
@@ -120,7 +120,7 @@ try:
                         "cube_core_num": getattr(props, "cube_core_num", None),
                         "vector_core_num": getattr(props, "vector_core_num", None),
                         "total_memory": getattr(props, "total_memory", None)}
-    match = hwdb.match("npu:0")
+    match = moe_hal.match_device("npu:0")
     report["hwdb_match"] = match.to_dict()
     info = DeviceInfo("npu", 0, match.id, frozenset(match.features), match.seen)
     host = moe_hal.plugins.host().ensure_loaded()

@@ -1,4 +1,4 @@
-"""The Ascend plugin's device probe (hook ``moe_hal_probe_device``): how ``moe_hal.hwdb.match``
+"""The Ascend plugin's device probe (hook ``moe_hal_probe_device``): how ``moe_hal.match_device``
 reads an NPU's SoC name and version through torch_npu; faked here."""
 
 from __future__ import annotations

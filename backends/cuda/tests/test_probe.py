@@ -1,4 +1,4 @@
-"""The CUDA plugin's device probe (hook ``moe_hal_probe_device``): how ``moe_hal.hwdb.match``
+"""The CUDA plugin's device probe (hook ``moe_hal_probe_device``): how ``moe_hal.match_device``
 reads a CUDA device's properties, from torch or else from cuda-python; faked here."""
 
 from __future__ import annotations
