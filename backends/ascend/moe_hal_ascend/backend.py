@@ -7,7 +7,7 @@ where that is exact) and says so. Every call goes through ``ops = runtime.ops_fo
 torch_npu on an NPU, the CPU emulator (same functions) in emulation mode.
 
 Layout translation (the op groups rows back to back from row 0 and never writes rows outside its
-groups, reference/ascend.md §1.4):
+groups, as ``cann_rules.V5_DOC`` states):
 
 ==============  ==============================================================================
 contiguous      ``group_type=0``, ``group_list_type=0`` with the *aligned* segment ends, so each
@@ -50,7 +50,7 @@ from moe_hal.quant import QuantizedTensor
 
 from . import emulation, runtime, soc
 
-#: Inner (last, in memory) dimensions of x and weight must stay below this (reference/ascend.md §1.4).
+#: Inner (last, in memory) dimensions of x and weight must stay below this (CANN rule ``inner_axis``).
 INNER_DIM_LIMIT = 65536
 #: The 950 G-B mode: activations 1x128 per token, weights 128x128 blocks, fp32 scales.
 GB_SCALE_BLOCKS = ((1, 128), (128, 128))

@@ -153,7 +153,7 @@ RULES: dict[str, Rule] = {
         Rule(
             "group_list_len1_a2a3",
             "A2/A3: a counts list (group_list_type 1) may not have length 1",
-            f"{V5_DOC} (A2/A3 groupListType 1, as summarised in reference/ascend.md section 1.3; no host check for it "
+            f"{V5_DOC} (A2/A3 groupListType 1; no host check for it "
             f"exists at {OPS_TRANSFORMER_ACLNN}: it may be a kernel-side limit)",
         ),
         Rule(

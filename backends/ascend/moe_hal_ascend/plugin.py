@@ -26,7 +26,7 @@ from . import emulation
 
 _ALL_OPS = frozenset(OPS)
 _ANY_B_ORDER = frozenset({"k", "n", "strided"})
-#: A single [G, ...] weight tensor takes at most 1024 groups (reference/ascend.md §1.2).
+#: A single [G, ...] weight tensor takes at most 1024 groups (CANN rule ``group_list_tensor``).
 MAX_GROUPS = 1024
 _FP8_FORMATS = frozenset({"fp32", "ue8m0"})
 

@@ -6,7 +6,7 @@ same signatures) for CPU tensors in emulation mode. The backend code after that 
 so tests through the emulator run exactly the code that would run on an NPU.
 
 torch_npu is imported here, lazily, on first need — never when the plugin is discovered. Its
-import can fail in several distinct ways (reference/ascend.md §0, §7.12), each reported by
+import can fail in several distinct ways (the plugin's README, "The autoload trap"), each reported by
 :func:`availability` with its own stable code:
 
 =====================  =====================================================================

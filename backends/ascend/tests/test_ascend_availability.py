@@ -1,7 +1,7 @@
 """Availability reasons, each failure simulated, and the autoload trap.
 
 A fake ``torch_npu`` package written to a temporary directory stands in for each way the real one
-fails on machines people actually have (reference/ascend.md §0, §7.12): not installed, installed
+fails on machines people actually have (the plugin's README, "The autoload trap"): not installed, installed
 without CANN (``libhccl.so``), broken, too old, no device, an SoC the hardware DB does not support.
 """
 

@@ -1,6 +1,6 @@
 """The CPU emulator of torch_npu on its own, against independent per-expert float64 products.
 
-These tests pin the documented semantics the backends rely on (reference/ascend.md §1, §6):
+These tests pin the documented semantics the backends rely on (the sources in ``moe_hal_ascend.cann_rules``):
 group_list types, group_type, split_item, transposed-weight detection, empty groups, unwritten
 rows, fp32 accumulation, G-B fp8 and the validation the real operator performs.
 """
