@@ -16,8 +16,9 @@ class MoeHalError(Exception):
     """Base class of every error the library raises."""
 
 
-class ArgumentError(MoeHalError, ValueError):
-    """An argument is invalid. ``argument``, ``expected`` and ``actual`` say which and why."""
+class _Expectation:
+    """Mixed into errors that name ``argument``, what was ``expected`` and what was given
+    (``actual``), with an optional ``detail``: one message format for all of them."""
 
     def __init__(self, argument: str, expected: Any, actual: Any, detail: str | None = None):
         self.argument = argument
@@ -28,6 +29,15 @@ class ArgumentError(MoeHalError, ValueError):
         if detail:
             text += f" ({detail})"
         super().__init__(text)
+
+
+def _listing(header: str, items: Sequence[Any]) -> str:
+    """``header`` followed by one indented ``- item`` line per item."""
+    return "\n".join([header, *(f"  - {item}" for item in items)])
+
+
+class ArgumentError(_Expectation, MoeHalError, ValueError):
+    """An argument is invalid. ``argument``, ``expected`` and ``actual`` say which and why."""
 
 
 class LayoutError(ArgumentError):
@@ -102,14 +112,9 @@ class SpawnError(MoeHalError, RuntimeError):
         super().__init__("\n".join(lines))
 
 
-class GradientError(MoeHalError, RuntimeError):
-    """A gradient was requested through an operation that has none (fp8 operands are forward only)."""
-
-    def __init__(self, argument: str, expected: Any, actual: Any):
-        self.argument = argument
-        self.expected = expected
-        self.actual = actual
-        super().__init__(f"{argument}: expected {expected}, got {actual}")
+class GradientError(_Expectation, MoeHalError, RuntimeError):
+    """A gradient was requested through an operation that has none (fp8 operands are forward only);
+    ``argument``, ``expected`` and ``actual`` say which operand and why."""
 
 
 class BackendError(MoeHalError, RuntimeError):
@@ -134,11 +139,8 @@ class BackendUnavailableError(BackendError):
         self.backend = backend
         self.reasons = list(reasons)
         self.explanation = explanation
-        lines = [f"backend {backend!r} cannot run this call:"]
-        lines += [f"  - {r}" for r in self.reasons]
-        if explanation:
-            lines += ["", explanation]
-        super().__init__("\n".join(lines))
+        text = _listing(f"backend {backend!r} cannot run this call:", self.reasons)
+        super().__init__(f"{text}\n\n{explanation}" if explanation else text)
 
 
 class NoBackendError(BackendError):
@@ -163,9 +165,7 @@ class PluginError(MoeHalError, RuntimeError):
 
     def __init__(self, failures: Sequence[Any]):
         self.failures = list(failures)
-        lines = ["moe_hal plugin loading failed (MOE_HAL_STRICT_PLUGINS is set):"]
-        lines += [f"  - {f}" for f in self.failures]
-        super().__init__("\n".join(lines))
+        super().__init__(_listing("moe_hal plugin loading failed (MOE_HAL_STRICT_PLUGINS is set):", self.failures))
 
 
 class HardwareDBError(MoeHalError, ValueError):
