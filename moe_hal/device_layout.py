@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from .errors import DTypeError, LayoutError, ShapeError
+from .errors import LayoutError
+from .layouts import ContiguousLayout, KGroupedLayout, _check_alignment, _check_int32_vector
 
-SEGMENT_OPS = ("contiguous", "k_grouped")
+#: The host layout each ``op`` stands for.
+HOST_LAYOUTS = {cls.op: cls for cls in (ContiguousLayout, KGroupedLayout)}
 
 
 class PsumLayout:
@@ -34,19 +36,11 @@ class PsumLayout:
     __slots__ = ("__weakref__", "alignment", "op", "psum")
 
     def __init__(self, psum: torch.Tensor, op: str = "contiguous", alignment: int = 1):
-        if not isinstance(psum, torch.Tensor):
-            raise LayoutError("psum", "an int32 tensor [G]", type(psum).__name__)
-        if psum.dtype != torch.int32:
-            raise DTypeError("psum", "torch.int32", psum.dtype)
-        if psum.dim() != 1:
-            raise ShapeError("psum", "a 1-D tensor [G]", tuple(psum.shape))
-        if op not in SEGMENT_OPS:
-            raise LayoutError("op", f"one of {SEGMENT_OPS}", op)
-        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
-            raise LayoutError("alignment", "a positive int", alignment)
-        self.psum = psum
+        self.psum = _check_int32_vector(psum, "psum", "[G]")
+        if op not in HOST_LAYOUTS:
+            raise LayoutError("op", f"one of {tuple(HOST_LAYOUTS)}", op)
         self.op = op
-        self.alignment = alignment
+        self.alignment = _check_alignment(alignment)
 
     @property
     def num_groups(self) -> int:
@@ -55,10 +49,7 @@ class PsumLayout:
     def to_host(self, num_rows: int):
         """The equivalent :class:`~moe_hal.ContiguousLayout` / :class:`~moe_hal.KGroupedLayout` for
         an operand of ``num_rows`` rows (reads ``psum`` on the host: one sync)."""
-        from .layouts import ContiguousLayout, KGroupedLayout
-
-        cls = ContiguousLayout if self.op == "contiguous" else KGroupedLayout
-        return cls.from_psum(self.psum, alignment=self.alignment, num_rows=num_rows)
+        return HOST_LAYOUTS[self.op].from_psum(self.psum, alignment=self.alignment, num_rows=num_rows)
 
     def __repr__(self) -> str:
         return (

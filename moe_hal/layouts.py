@@ -41,6 +41,19 @@ def _check_alignment(alignment: object, argument: str = "alignment") -> int:
     return alignment
 
 
+def _check_int32_vector(value: object, argument: str, shape: str, where: str = "") -> torch.Tensor:
+    """``value`` itself when it is a 1-D int32 tensor (``shape`` names its size, e.g. ``"[G]"``;
+    ``where`` says where it must live); else the typed error naming ``argument``. The values are
+    not read (that would be a host sync)."""
+    if not isinstance(value, torch.Tensor):
+        raise LayoutError(argument, f"an int32 tensor {shape}{where}", type(value).__name__)
+    if value.dtype != torch.int32:
+        raise DTypeError(argument, "torch.int32", value.dtype)
+    if value.dim() != 1:
+        raise ShapeError(argument, f"a 1-D tensor {shape}", tuple(value.shape))
+    return value
+
+
 #: Largest row index or offset the int32 psum / m_indices forms can hold.
 INT32_MAX = 2**31 - 1
 
@@ -467,12 +480,7 @@ class MaskedLayout:
     op = "masked"
 
     def __init__(self, masked_m: torch.Tensor, max_m: int, expected_m: int | None = None, check: bool = True):
-        if not isinstance(masked_m, torch.Tensor):
-            raise LayoutError("masked_m", "an int32 tensor [G] on the device of a", type(masked_m).__name__)
-        if masked_m.dtype != torch.int32:
-            raise DTypeError("masked_m", "torch.int32", masked_m.dtype)
-        if masked_m.dim() != 1:
-            raise ShapeError("masked_m", "a 1-D tensor [G]", tuple(masked_m.shape))
+        _check_int32_vector(masked_m, "masked_m", "[G]", " on the device of a")
         if isinstance(max_m, bool) or not isinstance(max_m, int) or max_m < 0:
             raise LayoutError("max_m", "a non-negative int", max_m)
         if expected_m is not None and (
