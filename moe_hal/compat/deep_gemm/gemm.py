@@ -462,58 +462,41 @@ def _dense(
     d.copy_(out.add_(c.float()))
 
 
-@deepgemm_api
-def fp8_fp4_gemm_nt(
-    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False
-) -> None:
-    """Dense ``d = (c or 0) + a @ b.T``: ``a = (fp8 [M, K], sf)``, ``b = (fp8 [N, K], sf)``; ``d``
-    bf16 or fp32 ``[M, N]`` (one group through moe_hal)."""
-    _dense(a, b, d, c, False, False, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+def _dense_api(form: str, fp8: bool):
+    """DeepGEMM's dense entry point ``fp8_fp4_gemm_<form>`` / ``bf16_gemm_<form>``. ``form`` is two
+    letters, one per operand as DeepGEMM names them: ``a`` is ``[M, K]`` for ``n`` and ``[K, M]`` for
+    ``t``; ``b`` is ``[N, K]`` for ``t`` and ``[K, N]`` for ``n`` (transposed views)."""
+    transpose_a, transpose_b = form[0] == "t", form[1] == "n"
+    dims = "nk" if form[0] == "n" else "mn"  # DeepGEMM's default compiled_dims per form
+    a_shape = "[K, M]" if transpose_a else "[M, K]"
+    b_shape = "[K, N]" if transpose_b else "[N, K]"
+    if fp8:
+
+        def gemm(
+            a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims=dims, disable_ue8m0_cast=False
+        ) -> None:
+            _dense(a, b, d, c, transpose_a, transpose_b, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
+
+        name, operands = f"fp8_fp4_gemm_{form}", f"``a = (fp8 {a_shape}, sf)``, ``b = (fp8 {b_shape}, sf)``"
+    else:
+
+        def gemm(a, b, d, c=None, compiled_dims=dims) -> None:
+            _dense(a, b, d, c, transpose_a, transpose_b, False)
+
+        name, operands = f"bf16_gemm_{form}", f"bf16 ``a {a_shape}``, ``b {b_shape}``"
+    gemm.__name__ = gemm.__qualname__ = name
+    gemm.__doc__ = (
+        f"Dense ``d = (c or 0) + a @ b.T`` in DeepGEMM's {form} form: {operands}; ``d`` bf16 or fp32 "
+        "``[M, N]`` (one group through moe_hal)."
+    )
+    return deepgemm_api(gemm)
 
 
-@deepgemm_api
-def fp8_fp4_gemm_nn(
-    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="nk", disable_ue8m0_cast=False
-) -> None:
-    """Dense with ``b = (fp8 [K, N], sf)`` (transposed views)."""
-    _dense(a, b, d, c, False, True, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
-
-
-@deepgemm_api
-def fp8_fp4_gemm_tn(
-    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False
-) -> None:
-    """Dense with ``a = (fp8 [K, M], sf)`` (transposed views)."""
-    _dense(a, b, d, c, True, False, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
-
-
-@deepgemm_api
-def fp8_fp4_gemm_tt(
-    a, b, d, c=None, recipe=None, recipe_a=None, recipe_b=None, compiled_dims="mn", disable_ue8m0_cast=False
-) -> None:
-    """Dense with both operands transposed."""
-    _dense(a, b, d, c, True, True, True, recipe, recipe_a, recipe_b, disable_ue8m0_cast)
-
-
-@deepgemm_api
-def bf16_gemm_nt(a, b, d, c=None, compiled_dims="nk") -> None:
-    """Dense bf16 ``d = (c or 0) + a @ b.T``; ``a [M, K]``, ``b [N, K]``, ``d`` bf16 or fp32."""
-    _dense(a, b, d, c, False, False, False)
-
-
-@deepgemm_api
-def bf16_gemm_nn(a, b, d, c=None, compiled_dims="nk") -> None:
-    """Dense bf16 with ``b [K, N]``."""
-    _dense(a, b, d, c, False, True, False)
-
-
-@deepgemm_api
-def bf16_gemm_tn(a, b, d, c=None, compiled_dims="mn") -> None:
-    """Dense bf16 with ``a [K, M]``."""
-    _dense(a, b, d, c, True, False, False)
-
-
-@deepgemm_api
-def bf16_gemm_tt(a, b, d, c=None, compiled_dims="mn") -> None:
-    """Dense bf16 with ``a [K, M]`` and ``b [K, N]``."""
-    _dense(a, b, d, c, True, True, False)
+fp8_fp4_gemm_nt = _dense_api("nt", fp8=True)
+fp8_fp4_gemm_nn = _dense_api("nn", fp8=True)
+fp8_fp4_gemm_tn = _dense_api("tn", fp8=True)
+fp8_fp4_gemm_tt = _dense_api("tt", fp8=True)
+bf16_gemm_nt = _dense_api("nt", fp8=False)
+bf16_gemm_nn = _dense_api("nn", fp8=False)
+bf16_gemm_tn = _dense_api("tn", fp8=False)
+bf16_gemm_tt = _dense_api("tt", fp8=False)
