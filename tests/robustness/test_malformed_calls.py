@@ -62,28 +62,23 @@ class Valid:
 gg = moe_hal.grouped_gemm
 
 
-def contiguous(v: Valid, **kw):
-    args = dict(a=v.a, b=v.b, layout=v.lay, out=v.out)
-    args.update(kw)
-    return lambda: gg(args.pop("a"), args.pop("b"), args.pop("layout"), **args)
+def _op(**operands: str):
+    """A case builder for one operation: ``build(v, **overrides)`` returns the call with ``v``'s
+    operands named by ``operands`` (argument -> attribute of :class:`Valid`), ``overrides`` replacing
+    or adding arguments."""
+
+    def build(v: Valid, **kw):
+        args = {name: getattr(v, attr) for name, attr in operands.items()} | kw
+        a, b, layout = args.pop("a"), args.pop("b"), args.pop("layout")
+        return lambda: gg(a, b, layout, **args)
+
+    return build
 
 
-def masked(v: Valid, **kw):
-    args = dict(a=v.a3, b=v.b, layout=v.mlay, out=v.out3)
-    args.update(kw)
-    return lambda: gg(args.pop("a"), args.pop("b"), args.pop("layout"), **args)
-
-
-def k_grouped(v: Valid, **kw):
-    args = dict(a=v.x, b=v.dy, layout=v.klay, out=v.outk)
-    args.update(kw)
-    return lambda: gg(args.pop("a"), args.pop("b"), args.pop("layout"), **args)
-
-
-def fp8(v: Valid, **kw):
-    args = dict(a=v.qa, b=v.qb, layout=v.lay, out=v.outq)
-    args.update(kw)
-    return lambda: gg(args.pop("a"), args.pop("b"), args.pop("layout"), **args)
+contiguous = _op(a="a", b="b", layout="lay", out="out")
+masked = _op(a="a3", b="b", layout="mlay", out="out3")
+k_grouped = _op(a="x", b="dy", layout="klay", out="outk")
+fp8 = _op(a="qa", b="qb", layout="lay", out="outq")
 
 
 def meta(t: torch.Tensor) -> torch.Tensor:
