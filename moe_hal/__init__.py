@@ -74,6 +74,7 @@ _SUBMODULES = frozenset(
         "routing",
         "selection",
         "sysinfo",
+        "testing",
         "timing",
         "workloads",
     }

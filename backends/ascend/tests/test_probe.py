@@ -9,16 +9,14 @@ import types
 import pytest
 import torch
 
-from moe_hal import match_device, plugins
+from moe_hal import match_device
+from moe_hal.testing import only_plugins
 
 
 @pytest.fixture(autouse=True)
-def _only_this_plugin(monkeypatch):
-    monkeypatch.setenv("MOE_HAL_PLUGINS", "ascend")
-    plugins.reload()
-    yield
-    monkeypatch.undo()
-    plugins.reload()
+def _only_this_plugin():
+    with only_plugins("ascend"):
+        yield
 
 
 def test_match_reads_torch_npu_lazily(monkeypatch):
