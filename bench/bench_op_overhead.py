@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 import warnings
 
@@ -30,7 +28,7 @@ import torch
 
 import moe_hal
 from moe_hal import ops
-from moe_hal.timing import host_seconds_per_call
+from moe_hal.timing import host_seconds_per_call, machine_record
 
 
 def cases(gen: torch.Generator) -> dict[str, tuple]:
@@ -91,13 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text)
     if args.json:
         meta = {
-            "torch": torch.__version__,
-            "moe_hal": moe_hal.__version__,
-            "threads": torch.get_num_threads(),
-            "machine": platform.platform(),
-            "processor": platform.processor(),
-            "date": time.strftime("%Y-%m-%d"),
-            "load_avg_1m": os.getloadavg()[0],
+            **machine_record(),
             "clock": args.clock,
             "command": "python bench/bench_op_overhead.py "
             f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock}",

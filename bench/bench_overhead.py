@@ -131,16 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     Console().print(table)
     if args.json:
-        meta = {
-            "torch": torch.__version__,
-            "moe_hal": moe_hal.__version__,
-            "threads": torch.get_num_threads(),
-            "machine": platform.platform(),
-            "processor": platform.processor(),
-            "date": time.strftime("%Y-%m-%d"),
-        }
         with open(args.json, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=2)
+            json.dump({"meta": timing.machine_record(), "results": results}, f, indent=2)
     return 0
 
 

@@ -14,9 +14,11 @@ time, ...).
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 #: Bytes the default L2 flush writes before each timed call (more than any current L2).
@@ -56,9 +58,6 @@ class Timing:
     host: float
     reps: int
     copies: int = 1
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 def time_calls(
@@ -175,6 +174,25 @@ def host_seconds_per_call(
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def machine_record() -> dict[str, Any]:
+    """Where a measurement ran, for a benchmark's JSON: the torch and moe_hal versions, torch's
+    thread count, the platform and processor, the date, and the 1-minute load average (figures
+    on a shared host move with it; None where the OS has none)."""
+    import torch
+
+    from . import __version__
+
+    return {
+        "torch": torch.__version__,
+        "moe_hal": __version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "date": time.strftime("%Y-%m-%d"),
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
 class Timer:
     """:func:`time_calls` with fixed settings for one device, as ``moe-hal bench`` times every
     call: device events after an L2 flush of :data:`FLUSH_BYTES` where the device has events,
@@ -190,9 +208,6 @@ class Timer:
     def method(self) -> str:
         """How calls are timed, in words (for reports)."""
         return describe(self.device, warmup=self.warmup, reps=self.reps, flush_bytes=self.flush_bytes)
-
-    def sync(self) -> None:
-        synchronize(self.device)
 
     def __call__(self, fn: Callable[[], Any], budget_s: float = 2.0) -> dict[str, float]:
         """``{"median": s, "min": s, "host": s, "reps": n}`` of ``fn`` (see :class:`Timing`)."""

@@ -50,6 +50,12 @@ def tensors(*, tokens: int, experts: int, n: int, k: int, topk: int, dtype: str,
     return hidden, weights, topk_ids, topk_weights, g
 
 
+def described(args: argparse.Namespace, in_dtype: str) -> dict[str, Any]:
+    """The problem as a result reports it: the options that define it, the operand dtype named."""
+    fields = ("experts", "n", "k", "tokens", "topk", "dtype", "dist", "alignment", "seed")
+    return {name: in_dtype if name == "dtype" else getattr(args, name) for name in fields}
+
+
 def counts_of(layout: Any) -> list[int]:
     """Rows per expert of a contiguous, K-grouped or masked layout."""
     if hasattr(layout, "counts_list"):

@@ -172,16 +172,8 @@ def run(args: argparse.Namespace) -> int:
     useful_flops = 2.0 * prob["rows"] * args.n * args.k
     result = {
         "op": args.op,
-        "experts": args.experts,
-        "n": args.n,
-        "k": args.k,
-        "tokens": args.tokens,
-        "topk": args.topk,
-        "dtype": in_dtype,
+        **job.described(args, in_dtype),
         "out_dtype": moe_hal.dtypes.name_of(out.dtype),
-        "dist": args.dist,
-        "alignment": args.alignment,
-        "seed": args.seed,
         "counts": job.counts_of(layout),
         "backend": sel.name,
         "mode": sel.mode,

@@ -28,17 +28,6 @@ def _int(text: str, minimum: int) -> int:
     return value
 
 
-def dtype_name(text: str) -> str:
-    """An operand dtype name :func:`moe_hal.dtypes.parse` knows (``bf16``, ``float32``, ``fp8``, ...)."""
-    from .. import dtypes
-
-    try:
-        dtypes.parse(text)
-    except (ValueError, KeyError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def device(text: str) -> str:
     """A torch device string (``cpu``, ``cuda:1``, ``npu``): checked by torch, which knows the
     device types of this build (plugins such as torch_npu add theirs when loaded)."""
