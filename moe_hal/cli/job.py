@@ -84,3 +84,12 @@ def emit(result: dict[str, Any], args: argparse.Namespace, show: Callable[[dict[
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+
+
+def verdict(verified: bool, against: str) -> Any:
+    """The last line of a run: green "verified against ``against``", or red "FAILED verification"."""
+    from . import render
+
+    return (
+        render.text(f"verified against {against}", "green") if verified else render.text("FAILED verification", "red")
+    )

@@ -242,14 +242,7 @@ def _print(r: dict) -> None:
         rows.append(("combine", f"y {tuple(r['combine']['shape'])}, calc_diff {r['combine']['calc_diff']:.3e}"))
     if r["conformance"]:
         rows.append((f"conformance ({r['conformance']['tier']})", r["conformance"]["summary"]))
-    rows.append(
-        (
-            "verdict",
-            render.text("verified against the reference", "green")
-            if r["verified"]
-            else render.text("FAILED verification", "red"),
-        )
-    )
+    rows.append(("verdict", job.verdict(r["verified"], "the reference")))
     t = render.table(None, ("what", "result"), rows, key=("what",), right=("what",))
     t.show_header = False
     console.print(t)

@@ -10,7 +10,6 @@ rank's tokens with it and prints per-rank token counts.
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 
 from . import job
@@ -136,48 +135,41 @@ def run_ep(args) -> int:
 
 
 def _print(r: dict) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
+    from . import render
 
-    console = Console(file=sys.stdout)
+    console = render.console()
+    capacity = f", capacity {r['capacity']}" if r["capacity"] is not None else ""
     console.print(
-        f"[bold]moe-hal run --ep {r['ep']}[/bold] ({escape(r['mode'])} mode"
-        + (f", capacity {r['capacity']}" if r["capacity"] is not None else "")
-        + f"): {r['experts']} experts over {r['ep']} gloo ranks, N={r['n']}, K={r['k']}, "
-        f"{r['tokens']} tokens x top-{r['topk']} ({escape(r['dist'])} routing), {escape(r['dtype'])}"
-    )
-    t = Table(
-        "rank",
-        "tokens",
-        "slots",
-        "rows sent to rank 0..",
-        "rows received from rank 0..",
-        "experts",
-        "rows/expert min-max",
-        "ms",
-    )
-    for x in r["ranks"]:
-        rows = x["rows_per_local_expert"]
-        experts = f"{x['local_experts'][0]}..{x['local_experts'][1]}" if x["local_experts"] else "-"
-        t.add_row(
-            str(x["rank"]),
-            str(x["tokens"]),
-            str(x["slots_routed"]),
-            " ".join(map(str, x["sent_to"])),
-            " ".join(map(str, x["received_from"])),
-            experts,
-            f"{min(rows)}-{max(rows)}" if rows else "-",
-            f"{x['median_s'] * 1e3:.1f}",
+        render.join(
+            (f"moe-hal run --ep {r['ep']}", "bold"),
+            f" ({r['mode']} mode{capacity}): {r['experts']} experts over {r['ep']} gloo ranks, N={r['n']}, "
+            f"K={r['k']}, {r['tokens']} tokens x top-{r['topk']} ({r['dist']} routing), {r['dtype']}",
         )
-    console.print(t)
-    console.print(
-        f"transport: {escape(r['ranks'][0]['transport'])}; against the {escape(r['reference'])}: "
-        f"calc_diff {r['calc_diff']:.3e} (bound {r['calc_diff_max']:.0e}), max abs err "
-        f"{r['max_abs_err']:.3e}, bit-identical: {'yes' if r['bit_identical'] else 'no'}"
     )
+    columns = ("rank", "tokens", "slots", "rows sent to rank 0..", "rows received from rank 0..", "experts")
+    columns += ("rows/expert min-max", "ms")
+    rows = []
+    for x in r["ranks"]:
+        per_expert = x["rows_per_local_expert"]
+        rows.append(
+            (
+                x["rank"],
+                x["tokens"],
+                x["slots_routed"],
+                " ".join(map(str, x["sent_to"])),
+                " ".join(map(str, x["received_from"])),
+                f"{x['local_experts'][0]}..{x['local_experts'][1]}" if x["local_experts"] else "-",
+                f"{min(per_expert)}-{max(per_expert)}" if per_expert else "-",
+                f"{x['median_s'] * 1e3:.1f}",
+            )
+        )
+    numbers = ("rank", "tokens", "slots", "ms")
+    console.print(render.table(None, columns, rows, key=("rank", "experts", *numbers), right=numbers))
     console.print(
-        "[green]verified against the single-process result[/green]"
-        if r["verified"]
-        else "[red]FAILED verification[/red]"
+        render.text(
+            f"transport: {r['ranks'][0]['transport']}; against the {r['reference']}: calc_diff {r['calc_diff']:.3e} "
+            f"(bound {r['calc_diff_max']:.0e}), max abs err {r['max_abs_err']:.3e}, "
+            f"bit-identical: {'yes' if r['bit_identical'] else 'no'}"
+        )
     )
+    console.print(job.verdict(r["verified"], "the single-process result"))
