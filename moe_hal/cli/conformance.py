@@ -16,6 +16,17 @@ import sys
 from . import render, types
 
 
+def _case_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--case PATTERN`` filter that run, list and regen share."""
+    parser.add_argument(
+        "--case",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only cases whose id matches this shell pattern; repeatable (default: all)",
+    )
+
+
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "conformance",
@@ -62,13 +73,7 @@ def register(subparsers) -> None:
     run.add_argument(
         "--device", type=types.device, help="torch device to test on (default: the backend's own, else the CPU)"
     )
-    run.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only cases whose id matches this shell pattern; repeatable",
-    )
+    _case_option(run)
     run.add_argument("--sweep-seed", type=int, help="seed of the sweep tier (default: the manifest's)")
     run.add_argument("--sweep-count", type=int, help="number of sweep cases (default: the manifest's)")
     run.add_argument("--fuzz-examples", type=int, help="hypothesis examples per backend in the fuzz tier")
@@ -113,13 +118,7 @@ def register(subparsers) -> None:
         description="List the cases of the installed suite with their tier, signature, problem and tags.",
     )
     lst.add_argument("--tier", action="append", default=None, help="tiers to list (default: full)")
-    lst.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only cases whose id matches this shell pattern; repeatable (default: all)",
-    )
+    _case_option(lst)
     lst.add_argument("--json", action="store_true", help="print the cases as JSON")
     lst.set_defaults(func=_list)
 
@@ -136,13 +135,7 @@ def register(subparsers) -> None:
         help="regenerate in memory and fail if any file differs from its manifest sha256",
     )
     reg.add_argument("--manifest-dir", help="directory holding manifest.yaml (default: the installed suite)")
-    reg.add_argument(
-        "--case",
-        action="append",
-        default=[],
-        metavar="PATTERN",
-        help="only cases whose id matches this shell pattern; repeatable (default: all)",
-    )
+    _case_option(reg)
     reg.add_argument(
         "--no-cross-check", action="store_true", help="skip comparing each golden with the reference backend"
     )
