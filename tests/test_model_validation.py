@@ -30,6 +30,15 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (31.1%),
+#: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
+WORST_RECORDED = 0.32
+
+
+def test_the_out_of_sample_worst_error_does_not_regress(loso):
+    assert loso["summary"]["all"]["model_worst"] <= WORST_RECORDED
+
+
 def test_the_worst_case_is_reported_honestly(loso):
     s = loso["summary"]["all"]
     worst = max(abs(row["error"]) for row in loso["per_case"])
@@ -81,3 +90,24 @@ def test_the_committed_results_match_a_fresh_run(loso):
     )
     for key in ("model_median", "model_worst", "roofline_median", "roofline_worst"):
         assert committed["summary"]["all"][key] == pytest.approx(loso["summary"]["all"][key], abs=1e-9), key
+
+
+def test_the_docs_quote_the_committed_results():
+    # docs/perf-model.md's summary row must be the committed JSON's, so a rerun that changes the
+    # figures fails here until the docs are updated with the new ones
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    committed = json.loads((root / "bench" / "results" / "model_validation_published.json").read_text())
+    s = committed["summary"]["all"]
+    row = re.search(
+        r"^\| all (\d+) \| \*\*([\d.]+)%\*\* \| \*\*([\d.]+)%\*\* \| ([\d.]+)% \| ([\d.]+)% \|$",
+        (root / "docs" / "perf-model.md").read_text(),
+        re.M,
+    )
+    assert row, "docs/perf-model.md has no summary row"
+    assert int(row[1]) == s["cases"]
+    quoted = [float(row[i]) for i in range(2, 6)]
+    actual = [round(100 * s[k], 1) for k in ("model_median", "model_worst", "roofline_median", "roofline_worst")]
+    assert quoted == actual

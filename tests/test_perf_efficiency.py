@@ -96,6 +96,18 @@ def test_estimate_applies_achieved_figures_and_says_so():
     assert "fitted" in est.basis["bandwidth"] and "as given" in est.basis["roofline"]
 
 
+def test_a_dense_gemm_uses_the_dense_family_fraction():
+    table = EfficiencyTable([rec(device="gpu", value=0.5), rec(device="gpu", value=0.8, family="dense")])
+    hw = perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)
+    grouped = perf.estimate([4096], 4096, 7168, hw, "fp8", 128, 128)
+    dense = perf.estimate([4096], 4096, 7168, hw, "fp8", 128, 128, family="dense")
+    assert grouped.achieved_flops == pytest.approx(0.5 * 1979e12)
+    assert dense.achieved_flops == pytest.approx(0.8 * 1979e12)
+    assert "dense" in dense.basis["compute"]
+    with pytest.raises(ArgumentError, match="family"):
+        perf.estimate([4096], 4096, 7168, hw, "fp8", 128, 128, family="sparse")
+
+
 def test_estimate_without_achieved_figures_says_it_predicts_from_the_peak():
     est = perf.estimate([256] * 4, 4096, 7168, perf.Hardware("plain", **H800), "fp8", 128, 128)
     assert "no achieved efficiency" in est.basis["compute"]

@@ -101,7 +101,7 @@ def advise_decode(
 
     Every one of ``num_groups`` groups is assumed to hold ``expected_m`` rows (``max_m`` when
     no hint is given, the worst case), which makes every term closed-form. The ranking then
-    follows the shortcut of reference §4.6: when ``expected_m <= M*`` the call is bound by
+    follows a closed-form shortcut: when ``expected_m <= M*`` the call is bound by
     weight streaming, every tile predicts the same time and the tie-break on compute time picks
     the smallest BM the MMA does not round up (a BM below ``mma_min_m`` costs ``mma_min_m``
     rows, so it only wins when it also has no more waves); above ``M*`` the BM that wastes the

@@ -55,7 +55,9 @@ class MeasuredCase:
 
     ``counts``: rows per group (``op`` contiguous/masked) or K per group (``op`` k_grouped, with
     ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
-    launch. ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile).
+    launch. ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
+    whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
+    plain GEMM, modelled as one contiguous group).
     """
 
     id: str
@@ -73,10 +75,11 @@ class MeasuredCase:
     tiles: tuple[tuple[int, int], ...]
     swap_ab: bool = False
     streams_all_experts: bool = False
+    kernel_family: str | None = None
 
     @property
     def family(self) -> str:
-        return FAMILY_OF_OP[self.op]
+        return self.kernel_family or FAMILY_OF_OP[self.op]
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class Outcome:
             "device": self.case.device,
             "impl": self.case.impl,
             "op": self.case.op,
+            "family": self.case.family,
             "dtype": self.case.dtype,
             "measured_us": self.case.t_measured * 1e6,
             "predicted_us": e.t_predicted * 1e6,
@@ -139,7 +143,9 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
 
 
 def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
-    op = raw["layout"]
+    layout = raw["layout"]
+    # a dense GEMM is one contiguous group run by a dense kernel (its own compute fraction)
+    op, family = ("contiguous", "dense") if layout == "dense" else (layout, None)
     measured = raw["measured"]
     if op == "k_grouped":
         counts = (raw["k_per_group"],) * raw["groups"]
@@ -159,7 +165,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
     if "tile" in raw:
         tiles = (tuple(raw["tile"]),)
     else:
-        block_m = impl.get("block_m", {}).get(op, DEFAULT_BLOCK_M)
+        block_m = impl.get("block_m", {}).get(layout, DEFAULT_BLOCK_M)
         block_n = impl.get("block_n", DEFAULT_BLOCK_N)
         tiles = tuple((bm, bn) for bm in block_m for bn in block_n if not (bm > 128 and bn > 128))
     return MeasuredCase(
@@ -178,6 +184,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
         tiles=tiles,
         swap_ab=bool(impl.get("swap_ab", False)),
         streams_all_experts=bool(raw.get("streams_all_experts", False)),
+        kernel_family=family,
     )
 
 
@@ -212,6 +219,7 @@ def _call_options(case: MeasuredCase) -> dict[str, Any]:
         "out_dtype": case.out_dtype,
         "swap_ab": case.swap_ab,
         "streams_all_experts": case.streams_all_experts,
+        "family": case.kernel_family,
     }
     if case.op == "k_grouped":
         options["m"] = case.m

@@ -319,11 +319,12 @@ class Rates:
     basis: Mapping[str, str]
 
     @classmethod
-    def of(cls, hw: Any, dtype: str, op: str, t_fixed: float | None = None) -> Rates:
+    def of(cls, hw: Any, dtype: str, op: str, t_fixed: float | None = None, family: str | None = None) -> Rates:
         """The rates of ``hw`` (a :class:`~moe_hal.perf.Hardware`): its implementation's achieved
         fractions of the datasheet figures where its table knows them, otherwise its peak and
         bandwidth as given (and the basis says the prediction is then optimistic). ``t_fixed``
-        given overrides the launch time."""
+        given overrides the launch time. ``family``: the kernel family whose compute fraction
+        applies (default: the grouped family of ``op``; ``dense`` for a plain GEMM)."""
         table, device, arch, impl = hw.efficiency, hw.name, hw.architecture, hw.impl
         who = impl or "any implementation"
         datasheet_peak = (hw.datasheet_peak_flops or {}).get(dtype, hw.peak(dtype))
@@ -331,7 +332,7 @@ class Rates:
         peak_word = _source_word(hw.sources.get(f"peak.{dtype}"))
         bw_word = _source_word(hw.sources.get("bandwidth"))
         basis = {"roofline": f"{dtype} peak: {peak_word}; bandwidth: {bw_word}"}
-        compute = table.compute(device, arch, impl, dtype, FAMILY_OF_OP[op])
+        compute = table.compute(device, arch, impl, dtype, family or FAMILY_OF_OP[op])
         if compute is not None:
             flops = compute.value * datasheet_peak
             basis["compute"] = (

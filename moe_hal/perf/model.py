@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..backend import OPS
 from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive_number, positive_int
 from ..errors import ArgumentError
-from .efficiency import Rates
+from .efficiency import FAMILIES, Rates
 from .hardware import Hardware, resolve_hardware
 from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
@@ -120,6 +120,7 @@ def estimate(
     measured: bool = True,
     impl: str | None = None,
     swap_ab: bool = False,
+    family: str | None = None,
 ) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
@@ -138,6 +139,8 @@ def estimate(
     for this device and kernel family); the plain roofline stays in ``t_roofline``.
     ``swap_ab``: the kernel puts tokens on the MMA's N side, so a tile is floored at the
     hardware's ``mma_min_n`` rows instead of ``mma_min_m``.
+    ``family``: the kernel family whose achieved compute fraction applies (default: the grouped
+    family of ``op``); ``"dense"`` models a plain GEMM as one contiguous group run by a dense kernel.
     """
     call = Call.build(
         counts,
@@ -157,6 +160,7 @@ def estimate(
         measured=measured,
         impl=impl,
         swap_ab=swap_ab,
+        family=family,
     )
     return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
 
@@ -204,9 +208,12 @@ class Call:
         measured: bool = True,
         impl: str | None = None,
         swap_ab: bool = False,
+        family: str | None = None,
     ) -> "Call":
         if op not in OPS:
             raise ArgumentError("op", f"one of {OPS}", op)
+        if family is not None and family not in FAMILIES:
+            raise ArgumentError("family", f"None or one of {FAMILIES}", family)
         if hw is None:
             raise ArgumentError("hw", "a hardware-DB id or alias, a hwdb entry or a perf.Hardware", None)
         h = resolve_hardware(hw, measured=measured)
@@ -239,7 +246,7 @@ class Call:
         hist: dict[int, int] = {}
         for c in values:
             hist[c] = hist.get(c, 0) + 1
-        rates = Rates.of(h, dt, op, t_fixed)
+        rates = Rates.of(h, dt, op, t_fixed, family)
         return cls(
             h,
             values,
