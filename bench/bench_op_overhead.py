@@ -1,12 +1,16 @@
 """Host overhead the custom-op path (``torch.ops.moe_hal.*``) adds to a plain ``moe_hal.grouped_gemm``.
 
-``moe_hal.grouped_gemm`` runs the backend directly when no gradient, autocast or compiled graph is
-involved; otherwise it goes through the ``torch.library`` ops (:mod:`moe_hal.ops`). This script
-times, at tiny sizes where the call is all host overhead, in one process and interleaved:
+``moe_hal.grouped_gemm`` runs the checked path (:func:`moe_hal.execution.run`) directly when no
+gradient, autocast or compiled graph is involved; otherwise it goes through the ``torch.library``
+ops (:mod:`moe_hal.ops`). This script times, at tiny sizes where the call is all host overhead, in
+one process and interleaved:
 
-* ``plain``: ``moe_hal.grouped_gemm(a, b, layout)`` with nothing requiring grad,
+* ``direct``: ``moe_hal.execution.run(a, b, layout)``, the checked path itself,
+* ``plain``: ``moe_hal.grouped_gemm(a, b, layout)`` with nothing requiring grad (the direct path
+  plus the API's decision, ``api_added_us = plain - direct``),
 * ``op``: the same call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
-  dispatcher, the autograd kernel's no-grad branch, and rebuilding the host layout,
+  flattening the layout, the dispatcher, the Autograd kernel's no-grad branch and finding the
+  host layout again (what each op call in a compiled graph pays),
 * ``op_autograd``: the op with operands that require grad (records the backward node; the
   backward itself is not timed),
 
@@ -27,7 +31,7 @@ import warnings
 import torch
 
 import moe_hal
-from moe_hal import ops
+from moe_hal import execution, ops
 from moe_hal.timing import host_seconds_per_call, machine_record
 
 
@@ -55,10 +59,12 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
     }
     if not isinstance(lay, moe_hal.PsumLayout):  # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
+        fns["direct"] = lambda: execution.run(a, b, lay, c=c)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
     if "plain" in t:
+        row["api_added_us"] = (t["plain"] - t["direct"]) * 1e6
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
     return row

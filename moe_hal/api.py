@@ -4,45 +4,61 @@ from __future__ import annotations
 
 import torch
 
+from . import execution as _execution
 from . import ops as _ops
 from . import plugins
 from . import selection as _select
 from .backend import Backend, BackendSpec
 from .device_layout import PsumLayout
-from .errors import BackendRunError, BackendUnavailableError, MoeHalError, NoBackendError
+from .errors import BackendUnavailableError, NoBackendError
 from .problem import Operand, Problem
 from .quant import QuantizedTensor
 from .selection import Preference, Selection
 
-# Module-level bindings keep the per-call path to two plain calls.
-_build = Problem.build
-_select_backend = _select.select
+# Module-level bindings keep the per-call path to plain calls.
+_run = _execution.run
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch.is_autocast_enabled
 _PsumLayout = PsumLayout
 
 
-def _needs_ops(a, b, layout, c) -> bool:
-    """True when the call must go through the custom ops: inside a compiled graph, with a
-    device-only layout, when a gradient is needed, or under autocast."""
-    if _is_compiling() or type(layout) is _PsumLayout:
-        return True
+def _op_reason(a, b, layout, c) -> str | None:
+    """Why the call goes through the custom ops ``torch.ops.moe_hal.*``, or None when it runs the
+    checked path directly: inside a compiled graph, with a device-only layout, when a gradient is
+    recorded, or under autocast. Both paths run the same validation, selection and backend call
+    (:func:`moe_hal.execution.run`), so they give equal results."""
+    if _is_compiling():
+        return "inside a compiled graph"
+    if type(layout) is _PsumLayout:
+        return "a PsumLayout (device-only group bounds)"
     if _is_grad_enabled() and (
         getattr(a, "requires_grad", False)
         or getattr(b, "requires_grad", False)
         or getattr(c, "requires_grad", False)
         or (type(a) is QuantizedTensor and (a.data.requires_grad or a.scale.requires_grad))
+        or (type(b) is QuantizedTensor and (b.data.requires_grad or b.scale.requires_grad))
     ):
-        return True
+        return "an operand requires grad (the gradient is recorded)"
     # Operands of other types are refused later, by Problem.build.
     if not isinstance(a, (torch.Tensor, QuantizedTensor)):
-        return False
+        return None
     device_type = a.device.type
     has_autocast = _HAS_AUTOCAST.get(device_type)
     if has_autocast is None:
         has_autocast = _HAS_AUTOCAST[device_type] = torch.amp.is_autocast_available(device_type)
-    return has_autocast and _is_autocast_enabled(device_type)
+    if has_autocast and _is_autocast_enabled(device_type):
+        return f"autocast is enabled for {device_type}"
+    return None
+
+
+def call_path(a: Operand, b: Operand, layout, *, c: torch.Tensor | None = None) -> str:
+    """Which path :func:`grouped_gemm` takes for these arguments in the current state (grad mode,
+    autocast, compiling), in words: the custom op and why, or the direct checked call."""
+    reason = _op_reason(a, b, layout, c)
+    if reason is None:
+        return "direct call of the selected backend (no gradient recorded, no autocast, not compiling)"
+    return f"custom op torch.ops.moe_hal.grouped_gemm ({reason})"
 
 
 #: device type -> whether torch has autocast for it (asking a type without raises, e.g. "meta")
@@ -89,48 +105,9 @@ def grouped_gemm(
     (the original exception chained; ``out`` may then be partially written) or returns a result
     that breaks the output contract.
     """
-    if _needs_ops(a, b, layout, c):
+    if _op_reason(a, b, layout, c) is not None:
         return _ops.call(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend)
-    problem = _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
-    return run_checked(_select_backend(problem, backend).backend, problem, out)
-
-
-def run_checked(backend: Backend, problem: Problem, out: torch.Tensor | None) -> torch.Tensor:
-    """``backend.run(problem, out)`` with its result checked at constant cost: ``out`` itself when
-    given, else a tensor of the problem's output shape, dtype and device. Errors the library
-    defines pass through; any other exception from the backend becomes a
-    :class:`~moe_hal.errors.BackendRunError` naming it, with the original chained."""
-    try:
-        result = backend.run(problem, out)
-    except MoeHalError:
-        raise
-    except Exception as exc:
-        raise BackendRunError(
-            backend.name,
-            f"failed while running {problem.summary()}: {type(exc).__name__}: {exc} (out may be partially written)",
-        ) from exc
-    if out is not None:
-        if result is not out:
-            raise BackendRunError(backend.name, f"returned {_describe(result)} instead of the out tensor it was given")
-        return result
-    if (
-        not isinstance(result, torch.Tensor)
-        or result.shape != problem.out_shape()
-        or result.dtype != problem.out_dtype
-        or result.device != problem.device
-    ):
-        raise BackendRunError(
-            backend.name,
-            f"returned {_describe(result)}; expected a tensor of shape "
-            f"{problem.out_shape()}, dtype {problem.out_dtype}, on {problem.device}",
-        )
-    return result
-
-
-def _describe(x: object) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}, dtype {x.dtype}, on {x.device}"
-    return f"a {type(x).__name__}"
+    return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=backend)
 
 
 def select(
@@ -145,9 +122,12 @@ def select(
 ) -> Selection:
     """The :class:`~moe_hal.selection.Selection` :func:`grouped_gemm` would use for these arguments.
 
-    ``sel.name`` is the backend, ``sel.explain()`` says why each other backend was not used.
+    ``sel.name`` is the backend, ``sel.explain()`` says why each other backend was not used. A
+    :class:`~moe_hal.PsumLayout` is read on the host here (one sync).
     Raises like :func:`grouped_gemm` when the call is invalid or no backend can run it.
     """
+    if type(layout) is _PsumLayout:  # what the op's eager kernel rebuilds (reads the psum: one sync)
+        layout = layout.to_host((a.data if isinstance(a, QuantizedTensor) else a).shape[0])
     return _select.select(Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype), backend)
 
 
@@ -162,11 +142,13 @@ def explain(
     backend: Preference = None,
 ) -> str:
     """Like ``select(...).explain()``, but returns the explanation instead of raising when no
-    backend can run the call (invalid arguments still raise)."""
+    backend can run the call (invalid arguments still raise). Ends with the call path
+    (:func:`call_path`: the custom op or the direct call, and why)."""
+    path = f"\ncall path: {call_path(a, b, layout, c=c)}"
     try:
-        return select(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend).explain()
+        return select(a, b, layout, out=out, out_dtype=out_dtype, c=c, backend=backend).explain() + path
     except (BackendUnavailableError, NoBackendError) as exc:
-        return str(exc)
+        return str(exc) + path
 
 
 def backends() -> list[BackendSpec]:

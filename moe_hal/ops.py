@@ -3,7 +3,8 @@
     moe_hal.grouped_gemm(a, b, layout)  ──(autograd / autocast / torch.compile)──►
         torch.ops.moe_hal.grouped_gemm(a, b, groups, layout, alignment, ...)   functional, all layouts
         torch.ops.moe_hal.grouped_gemm_masked_out(a, b, masked_m, out, ...)    writes out[g, :masked_m[g]]
-    ──(eager kernel)──► host layout ─► Problem.build ─► select ─► Backend.run
+        torch.ops.moe_hal.grouped_gemm_k_grouped_acc(a, b, psum, alignment, acc)  acc += K-grouped (main_grad)
+    ──(eager kernel)──► host layout ─► moe_hal.execution.run (Problem.build ─► select ─► Backend.run)
 
 Layouts are flattened into tensors, ints and strings: ``groups`` is the int32 psum ``[G]``
 (contiguous, K-grouped) or ``masked_m`` ``[G]`` (masked), on the operands' device; ``layout`` names
@@ -13,8 +14,9 @@ scales), ``a_block``/``b_block`` and ``scale_format``.
 
 The fake (meta) kernels compute output shapes from operand shapes only, for every dtype the API
 takes (fp32, bf16, fp16, fp8 data), so compiled graphs never read group sizes. The eager kernel
-rebuilds the host layout: for a layout object the caller made it is found again through its
-cached psum tensor (no sync); otherwise the psum values are read (one sync).
+needs the host layout: a host layout's psum tensor tagged by :func:`layout_args` gives it back
+without a read; any other psum is read on the host once and the rebuilt layout remembered on the
+tensor (see :func:`host_layout`).
 
 Gradients (fp32/bf16/fp16; fp8 operands raise :class:`~moe_hal.errors.GradientError`), with
 ``psum``/``alignment`` shared by every product:
@@ -26,10 +28,11 @@ Gradients (fp32/bf16/fp16; fp8 operands raise :class:`~moe_hal.errors.GradientEr
 * K-grouped ``out[g] = c[g] + a_g.T @ b_g``: ``dc = dout``, ``da = contiguous(b, dout)``,
   ``db = contiguous(a, dout.transpose(1, 2))``.
 
-A weight ``b`` with a ``main_grad`` attribute (an fp32 tensor of ``b``'s shape, Megatron style)
-gets its contiguous-layout gradient accumulated in place through the K-grouped ``c``
-(``main_grad += k_grouped(dy, a)``, no bf16 rounding) and ``b.grad`` stays ``None``; this
-attribute is only visible to eager autograd.
+A contiguous-layout weight ``b`` that requires grad and has a ``main_grad`` attribute (an fp32
+tensor of ``b``'s shape, Megatron style) gets its gradient accumulated in place
+(``main_grad += k_grouped(dy, a)`` through ``grouped_gemm_k_grouped_acc``, no bf16 rounding) and
+``b.grad`` stays ``None``. :func:`call` reads the attribute and passes it as the op's
+``main_grad`` argument, so compiled graphs see it too.
 
 Importing this module registers the ops; :mod:`moe_hal.api` imports it, so ``import moe_hal``
 alone still imports no torch.
@@ -42,13 +45,10 @@ from typing import Any
 
 import torch
 
-# api imports this module, so api is partly initialised here: its names are read at call time.
-from . import api as _api
-from . import selection as _selection
+from . import execution as _execution
 from .device_layout import PsumLayout
-from .errors import DTypeError, GradientError, LayoutError, ShapeError
+from .errors import ArgumentError, DeviceError, DTypeError, GradientError, LayoutError, ShapeError
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout, SegmentLayout
-from .problem import Problem
 from .quant import QuantizedTensor
 
 NAMESPACE = "moe_hal"
@@ -61,57 +61,100 @@ _OPERAND_ARGS = (
 )
 _lib.define(
     "grouped_gemm(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
-    f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> Tensor"
+    f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None, "
+    "Tensor? main_grad=None) -> Tensor"
 )
 _lib.define(
     "grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
     f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()"
 )
+_lib.define(
+    "grouped_gemm_k_grouped_acc(Tensor a, Tensor b, Tensor psum, int alignment, Tensor(a!) acc, "
+    "str? backend=None) -> ()"
+)
 
 grouped_gemm_op = torch.ops.moe_hal.grouped_gemm.default
 grouped_gemm_masked_out_op = torch.ops.moe_hal.grouped_gemm_masked_out.default
+grouped_gemm_k_grouped_acc_op = torch.ops.moe_hal.grouped_gemm_k_grouped_acc.default
+
+# Module-level bindings: the per-call path reads no module attribute chains.
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_AFTER_AUTOGRAD = torch._C._after_autograd_keyset
+_run = _execution.run
 
 
 # -- host layouts -------------------------------------------------------------------------------------
-#: (id(psum tensor), op) -> the host layout whose cached psum tensor it is. Weak values: an entry
-#: lives as long as the layout, which keeps the tensor (and so its id) alive.
-_host_layouts: weakref.WeakValueDictionary[tuple[int, str], SegmentLayout] = weakref.WeakValueDictionary()
+#: Attribute of a groups tensor: ``{(op, alignment, num_rows): (tensor version, layout)}``, the host
+#: layouts known for its values, so the eager kernel reads a psum on the host at most once per
+#: tensor (never for a host layout's own cached psum). A host layout is held weakly (its device
+#: cache holds the tensor); layouts derived or rebuilt here are held strongly (they do not
+#: reference the tensor). An in-place write to the tensor bumps its version and voids the entries.
+_TAG = "_moe_hal_host_layouts"
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
+_OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t``'s in-place version counter; -1 for an inference tensor, which has none."""
+    return -1 if t.is_inference() else t._version
 
 
 def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, int | None]:
-    """``(groups, layout name, alignment, expected_m)`` of a layout object, groups on ``device``."""
+    """``(groups, layout name, alignment, expected_m)`` of a layout object, groups on ``device``.
+
+    Outside compiled graphs a host segment layout's psum tensor is tagged with the layout, so the
+    op's eager kernel recovers the host bounds without reading the tensor, also when the tensor
+    later enters a compiled graph as an input."""
     if isinstance(layout, MaskedLayout):
         return layout.masked_m, "masked", 0, layout.expected_m
     if isinstance(layout, PsumLayout):
         return layout.psum, layout.op, layout.alignment, None
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
-        if not torch.compiler.is_compiling():
-            _host_layouts[(id(psum), layout.op)] = layout
+        if not _is_compiling() and _TAG not in psum.__dict__:
+            key = (layout.op, layout.alignment, layout.num_rows)
+            setattr(psum, _TAG, {key: (_version(psum), weakref.ref(layout))})
         return psum, layout.op, layout.alignment, None
     raise LayoutError("layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__)
 
 
+def _known(tags: dict, key: tuple, version: int):
+    hit = tags.get(key)
+    if hit is None or hit[0] != version:
+        return None
+    return hit[1]() if type(hit[1]) is weakref.ref else hit[1]
+
+
 def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, expected_m: int | None):
-    """The host layout object a backend takes for the op's flattened layout arguments."""
+    """The host layout object a backend takes for the op's flattened layout arguments: one known
+    for ``groups`` (see :data:`_TAG`) or derived from the one known for the other segment op, else
+    one built from ``groups`` read on the host (one device sync), then remembered."""
     if layout == "masked":
         return MaskedLayout(groups, num_rows, expected_m, check=False)
-    if layout not in _SEGMENT_CLASSES:
+    cls = _SEGMENT_CLASSES.get(layout)
+    if cls is None:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
-    cls = _SEGMENT_CLASSES[layout]
-    for op in _SEGMENT_CLASSES:
-        known = _host_layouts.get((id(groups), op))
-        if (
-            known is not None
-            and known.psum_on(groups.device) is groups
-            and known.alignment == alignment
-            and known.num_rows == num_rows
-        ):
-            if op == layout:
-                return known
-            return cls(known.counts_list, known.starts, known.alignment, known.num_rows)
-    return cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
+    tags = groups.__dict__.get(_TAG)
+    version = _version(groups)
+    lay = None
+    if tags is not None:
+        lay = _known(tags, (layout, alignment, num_rows), version)
+        if lay is not None:
+            return lay
+        other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version)
+        if other is not None:
+            lay = cls(other.counts_list, other.starts, alignment, num_rows)
+    else:
+        tags = {}
+    if lay is None:
+        lay = cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
+    if version >= 0:  # an inference tensor may change unseen: nothing is remembered for it
+        tags[(layout, alignment, num_rows)] = (version, lay)
+        setattr(groups, _TAG, tags)
+    return lay
 
 
 # -- operands -----------------------------------------------------------------------------------------
@@ -145,13 +188,6 @@ def _backend(backend: str | None):
     return tuple(backend.split(","))
 
 
-def run_plain(a, b, layout, *, c=None, out=None, out_dtype=None, backend=None) -> torch.Tensor:
-    """Validate and run one call on the selected backend, its result checked (the path without
-    custom ops)."""
-    problem = Problem.build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
-    return _api.run_checked(_selection.select(problem, backend).backend, problem, out)
-
-
 # -- eager kernels --------------------------------------------------------------------------------------
 def _grouped_gemm_kernel(
     a,
@@ -168,17 +204,13 @@ def _grouped_gemm_kernel(
     scale_format="fp32",
     expected_m=None,
     backend=None,
+    main_grad=None,
 ):
     num_rows = a.shape[1] if layout == "masked" else a.shape[0]
     lay = host_layout(layout, groups, alignment, num_rows, expected_m)
-    return run_plain(
-        _operand(a, a_scale, a_block, scale_format),
-        _operand(b, b_scale, b_block, scale_format),
-        lay,
-        c=c,
-        out_dtype=out_dtype,
-        backend=_backend(backend),
-    )
+    if a_scale is not None:
+        a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
+    return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=_backend(backend))
 
 
 def _masked_out_kernel(
@@ -195,17 +227,19 @@ def _masked_out_kernel(
     backend=None,
 ):
     lay = MaskedLayout(masked_m, a.shape[1], expected_m, check=False)
-    run_plain(
-        _operand(a, a_scale, a_block, scale_format),
-        _operand(b, b_scale, b_block, scale_format),
-        lay,
-        out=out,
-        backend=_backend(backend),
-    )
+    if a_scale is not None:
+        a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
+    _run(a, b, lay, out=out, backend=_backend(backend))
+
+
+def _k_grouped_acc_kernel(a, b, psum, alignment, acc, backend=None):
+    lay = host_layout("k_grouped", psum, alignment, a.shape[0], None)
+    _run(a, b, lay, c=acc, out=acc, backend=_backend(backend))
 
 
 _lib.impl("grouped_gemm", _grouped_gemm_kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_masked_out", _masked_out_kernel, "CompositeExplicitAutograd")
+_lib.impl("grouped_gemm_k_grouped_acc", _k_grouped_acc_kernel, "CompositeExplicitAutograd")
 
 
 # -- fake kernels ---------------------------------------------------------------------------------------
@@ -234,6 +268,7 @@ def _grouped_gemm_fake(
     scale_format="fp32",
     expected_m=None,
     backend=None,
+    main_grad=None,
 ):
     dtype = result_dtype(a, a_scale, c, out_dtype)
     if layout == "contiguous":
@@ -264,16 +299,76 @@ def _masked_out_fake(
     return None
 
 
+@torch.library.register_fake("moe_hal::grouped_gemm_k_grouped_acc", lib=_lib)
+def _k_grouped_acc_fake(a, b, psum, alignment, acc, backend=None):
+    return None
+
+
 # -- autograd -------------------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
-    a, b, groups, layout, alignment, c, _out_dtype, a_scale, *_rest = inputs
-    ctx.layout, ctx.alignment, ctx.fp8 = layout, alignment, a_scale is not None
-    ctx.has_c = c is not None
-    ctx.backend = inputs[-1]  # the gradient products run where the forward did
-    ctx.main_grad = None
-    if layout == "contiguous" and isinstance(getattr(b, "main_grad", None), torch.Tensor):
-        ctx.main_grad = b.main_grad
-    ctx.save_for_backward(a, b, groups)
+# A hand-written Autograd kernel rather than torch.library.register_autograd's generic one, which
+# flattens, re-fills and redispatches every argument per call. Where the next dispatch key is a
+# plain device (eager tensors, no tracing mode or subclass) it calls the eager kernel the
+# dispatcher would pick (CompositeExplicitAutograd) directly instead of redispatching — the same
+# function, one Python crossing less; anything else (fake/functional tensors, dispatch modes)
+# redispatches.
+_EAGER_KEYS = frozenset(
+    getattr(torch._C.DispatchKey, k) for k in ("CPU", "CUDA", "PrivateUse1", "XPU") if hasattr(torch._C.DispatchKey, k)
+)
+
+
+def _below(keyset, args: tuple) -> torch.Tensor:
+    """The op below autograd for ``args``: the eager kernel directly on plain devices, else a
+    redispatch. Callers hold no gradient-recording state (autograd.Function.forward, or nothing
+    requires grad)."""
+    below = keyset & _AFTER_AUTOGRAD
+    if below.highestPriorityTypeId() in _EAGER_KEYS:
+        return _grouped_gemm_kernel(*args)
+    with _below_autograd():
+        return grouped_gemm_op.redispatch(below, *args)
+
+
+def _autograd_kernel(
+    keyset,
+    a,
+    b,
+    groups,
+    layout,
+    alignment=1,
+    c=None,
+    out_dtype=None,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+    expected_m=None,
+    backend=None,
+    main_grad=None,
+):
+    args = (a, b, groups, layout, alignment, c, out_dtype, a_scale, b_scale, a_block, b_block, scale_format)
+    args += (expected_m, backend, main_grad)
+    if _is_grad_enabled() and _any_requires_grad(a, b, c, a_scale, b_scale):
+        return _GroupedGemmFunction.apply(keyset, *args)
+    return _below(keyset, args)
+
+
+class _GroupedGemmFunction(torch.autograd.Function):
+    """The gradient of ``torch.ops.moe_hal.grouped_gemm`` (formulas in the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, keyset, *args):
+        result = _below(keyset, args)
+        a, b, groups, layout, alignment, c, _out_dtype, a_scale = args[:8]
+        ctx.layout, ctx.alignment, ctx.fp8, ctx.has_c = layout, alignment, a_scale is not None, c is not None
+        ctx.backend = args[13]  # the gradient products run where the forward did
+        main_grad = args[14] if layout == "contiguous" else None
+        ctx.has_main_grad = main_grad is not None
+        ctx.save_for_backward(a, b, groups, main_grad)
+        return result
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (None, *_backward(ctx, grad))
 
 
 def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -282,22 +377,22 @@ def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return grad.to(dtype).contiguous()
 
 
-def _backward(ctx, grad):
+def _backward(ctx, grad) -> tuple:
+    """Gradients for the op's 15 arguments (``a``, ``b`` and ``c`` only)."""
     if ctx.fp8:
         raise GradientError(
             "a, b", "fp32/bf16/fp16 operands for a gradient", "fp8 QuantizedTensor operands (forward only)"
         )
-    a, b, groups = ctx.saved_tensors
-    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    a, b, groups, main_grad = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     da = db = dc = None
     op, align, backend = ctx.layout, ctx.alignment, ctx.backend
     if op == "contiguous":
         dy = _grad_input(grad, a.dtype)
         if need_a:
             da = grouped_gemm_op(dy, b.transpose(1, 2), groups, "contiguous", align, backend=backend)
-        if ctx.main_grad is not None:
-            lay = host_layout("k_grouped", groups, align, dy.shape[0], None)
-            run_plain(dy, a, lay, c=ctx.main_grad, out=ctx.main_grad, backend=_backend(backend))
+        if need_b and ctx.has_main_grad:  # b's gradient goes into main_grad, in fp32; b.grad stays None
+            grouped_gemm_k_grouped_acc_op(dy, a, groups, align, main_grad, backend)
         elif need_b:
             db = grouped_gemm_op(dy, a, groups, "k_grouped", align, backend=backend)
     elif op == "masked":
@@ -315,12 +410,12 @@ def _backward(ctx, grad):
             da = grouped_gemm_op(b, dout, groups, "contiguous", align, backend=backend)
         if need_b:
             db = grouped_gemm_op(a, dout.transpose(1, 2), groups, "contiguous", align, backend=backend)
-        if ctx.has_c and ctx.needs_input_grad[5]:
+        if ctx.has_c and ctx.needs_input_grad[6]:
             dc = grad
-    return (da, db, None, None, None, dc) + (None,) * 8
+    return (da, db, None, None, None, dc) + (None,) * 9
 
 
-torch.library.register_autograd("moe_hal::grouped_gemm", _backward, setup_context=_setup_context, lib=_lib)
+_lib.impl("grouped_gemm", _autograd_kernel, "Autograd", with_keyset=True)
 
 
 # -- autocast -------------------------------------------------------------------------------------------
@@ -340,6 +435,7 @@ def _autocast_kernel(device_type: str):
         scale_format="fp32",
         expected_m=None,
         backend=None,
+        main_grad=None,
     ):
         if a_scale is None:
             dtype = torch.get_autocast_dtype(device_type)
@@ -360,6 +456,7 @@ def _autocast_kernel(device_type: str):
                 scale_format,
                 expected_m,
                 backend,
+                main_grad,
             )
 
     return kernel
@@ -371,20 +468,29 @@ _lib.impl("grouped_gemm", _autocast_kernel("cuda"), "AutocastCUDA")
 
 # -- the user API's op path -------------------------------------------------------------------------------
 def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> torch.Tensor:
-    """:func:`moe_hal.grouped_gemm` through the custom ops (autograd, autocast, compiled graphs)."""
-    if (
-        isinstance(a, QuantizedTensor)
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in (a.data, a.scale, getattr(b, "data", b), getattr(b, "scale", b)))
-    ):
-        raise GradientError(
-            "a, b",
-            "fp32/bf16/fp16 operands for a gradient",
-            "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
-        )
-    data_a = a.data if isinstance(a, QuantizedTensor) else a
-    groups, name, alignment, expected_m = layout_args(layout, data_a.device)
+    """:func:`moe_hal.grouped_gemm` through the custom ops (autograd, autocast, compiled graphs).
+
+    A contiguous-layout weight ``b`` with a ``main_grad`` attribute passes it to the op, which
+    accumulates ``b``'s gradient there (eager and compiled)."""
+    if isinstance(a, QuantizedTensor):
+        parts = (a.data, a.scale, getattr(b, "data", b), getattr(b, "scale", b))
+        if _is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in parts):  # also traced
+            raise GradientError(
+                "a, b",
+                "fp32/bf16/fp16 operands for a gradient",
+                "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
+            )
+        groups, name, alignment, expected_m = layout_args(layout, a.data.device)
+    else:
+        groups, name, alignment, expected_m = layout_args(layout, a.device)
     ta, tb, fp8 = operand_args(a, b)
+    if not (
+        isinstance(ta, torch.Tensor)
+        and isinstance(tb, torch.Tensor)
+        and (c is None or isinstance(c, torch.Tensor))
+        and (out_dtype is None or isinstance(out_dtype, torch.dtype))
+    ):  # the op's schema would refuse these untyped: the checked path names the argument
+        return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=backend)
     if backend is not None and not isinstance(backend, str):
         backend = ",".join(backend)
     if name == "masked" and out is not None:
@@ -392,9 +498,20 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
             raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
         grouped_gemm_masked_out_op(ta, tb, groups, out, expected_m=expected_m, backend=backend, **fp8)
         return out
-    result = grouped_gemm_op(
-        ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
-    )
+    if fp8:
+        result = grouped_gemm_op(
+            ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
+        )
+    else:
+        # main_grad matters only to a weight whose gradient is recorded
+        main_grad = None
+        if name == "contiguous" and getattr(b, "requires_grad", False):
+            main_grad = getattr(b, "main_grad", None)
+            if main_grad is not None:
+                _check_main_grad(main_grad, b)
+        result = grouped_gemm_op(
+            ta, tb, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
+        )
     if out is not None:
         if out.shape != result.shape:
             raise ShapeError("out", f"shape {tuple(result.shape)}", tuple(out.shape))
@@ -402,3 +519,15 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
             raise DTypeError("out", f"{result.dtype} (out_dtype)", out.dtype)
         return out.copy_(result)
     return result
+
+
+def _check_main_grad(main_grad, b) -> None:
+    """``main_grad`` must be an fp32 tensor of ``b``'s shape on ``b``'s device."""
+    if not isinstance(main_grad, torch.Tensor):
+        raise ArgumentError("b.main_grad", "None or an fp32 tensor of b's shape", type(main_grad).__name__)
+    if main_grad.dtype != torch.float32:
+        raise DTypeError("b.main_grad", "torch.float32", main_grad.dtype)
+    if main_grad.shape != b.shape:
+        raise ShapeError("b.main_grad", f"shape {tuple(b.shape)} (that of b)", tuple(main_grad.shape))
+    if main_grad.device != b.device:
+        raise DeviceError("b.main_grad", f"device {b.device} (that of b)", main_grad.device)

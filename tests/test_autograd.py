@@ -138,6 +138,39 @@ def test_main_grad_accumulates_weight_gradients_in_fp32(gen):
     assert bool((w.main_grad[1] == 0).all())
 
 
+def test_main_grad_accumulates_also_under_compile(gen):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 4], alignment=1)
+    a = randn(gen, 7, 16, dtype=torch.bfloat16).requires_grad_()
+    w = torch.nn.Parameter(randn(gen, 3, 8, 16, dtype=torch.bfloat16))
+    dy = randn(gen, 7, 8, dtype=torch.bfloat16)
+    counter = CompileCounterWithBackend("aot_eager")
+    run = torch.compile(lambda a, w: moe_hal.grouped_gemm(a, w, lay), backend=counter, fullgraph=True)
+    w.main_grad = torch.zeros(3, 8, 16, dtype=torch.float32)
+    moe_hal.grouped_gemm(a, w, lay).backward(dy)
+    eager = w.main_grad.clone()
+    for step in (1, 2):
+        run(a, w).backward(dy)
+        assert w.grad is None
+        torch.testing.assert_close(w.main_grad, eager * (step + 1), rtol=0, atol=0)
+    assert counter.frame_count == 1
+
+
+def test_main_grad_of_the_wrong_dtype_or_shape_is_refused(gen):
+    from moe_hal.errors import DTypeError, ShapeError
+
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 4], alignment=1)
+    a = randn(gen, 7, 16).requires_grad_()
+    w = torch.nn.Parameter(randn(gen, 3, 8, 16))
+    w.main_grad = torch.zeros(3, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(DTypeError, match="main_grad"):
+        moe_hal.grouped_gemm(a, w, lay)
+    w.main_grad = torch.zeros(3, 16, 8)
+    with pytest.raises(ShapeError, match="main_grad"):
+        moe_hal.grouped_gemm(a, w, lay)
+
+
 def test_fp8_operands_are_forward_only(gen):
     lay = moe_hal.ContiguousLayout.from_counts([3, 0, 5], alignment=4)
     x = randn(gen, lay.num_rows, 128).requires_grad_()

@@ -284,6 +284,16 @@ def test_compiled_from_hf_matches_the_transformers_block(gen, name):
     assert counter.frame_count <= 2
 
 
+def test_nn_from_hf_is_moe_from_hf(gen):
+    import moe_hal.nn
+
+    block, _ = _hf_block("qwen3_moe")
+    moe = moe_hal.nn.from_hf(block, alignment=4)
+    assert isinstance(moe, MoE) and moe.alignment == 4
+    x = randn(gen, 1, 5, 32)
+    torch.testing.assert_close(moe(x), MoE.from_hf(block, alignment=4)(x), rtol=0, atol=0)
+
+
 def test_from_hf_refuses_a_gated_shared_expert():
     block, _ = _hf_block("mixtral")
     block.shared_expert_gate = torch.nn.Linear(32, 1)

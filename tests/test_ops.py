@@ -250,3 +250,96 @@ def test_compile_fp8_forward(gen):
         qa, qb = quantize_fp8(a, (1, 128)), quantize_fp8(b, (128, 128))
         assert torch.equal(run(qa, qb, moe_hal.PsumLayout(lay.psum, "contiguous", 4)), _double(qa, qb, lay))
     assert counter.frame_count <= 2
+
+
+# -- which path runs, and host reads of the group bounds ----------------------------------------------------
+def test_explain_names_the_call_path(gen):
+    a, b, lay = _contiguous(gen, [3, 0, 5])
+    assert "call path: direct call" in moe_hal.explain(a, b, lay)
+    assert "custom op torch.ops.moe_hal.grouped_gemm (an operand requires grad" in moe_hal.explain(
+        a, b.requires_grad_(), lay
+    )
+    with torch.no_grad():
+        assert "call path: direct call" in moe_hal.explain(a, b, lay)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert "autocast is enabled for cpu" in moe_hal.explain(a.detach(), b.detach(), lay)
+    assert "PsumLayout" in moe_hal.explain(a, b.detach(), moe_hal.PsumLayout(lay.psum, "contiguous", 4))
+
+
+def test_a_recorded_gradient_goes_through_the_op_and_equals_the_direct_call(gen):
+    a, b, lay = _contiguous(gen, [3, 0, 5])
+    direct = moe_hal.grouped_gemm(a, b, lay)
+    assert direct.grad_fn is None
+    y = moe_hal.grouped_gemm(a, b.clone().requires_grad_(), lay)
+    assert type(y.grad_fn).__name__ == "_GroupedGemmFunctionBackward"
+    assert torch.equal(y, direct)
+
+
+def test_the_op_path_refuses_bad_operands_with_typed_errors(gen):
+    a, b, lay = _contiguous(gen, [3, 0, 5], requires_grad=True)
+    with pytest.raises(moe_hal.errors.ArgumentError, match="^b: "):
+        moe_hal.grouped_gemm(a, [1, 2], lay)
+    with pytest.raises(DTypeError, match="out_dtype"):
+        moe_hal.grouped_gemm(a, b, lay, out_dtype="bf16")
+
+
+def _count_host_reads(monkeypatch) -> list[int]:
+    """Counts the rebuilds of a host layout from a psum tensor (each one reads it on the host)."""
+    from moe_hal.layouts import SegmentLayout
+
+    reads, original = [0], SegmentLayout.from_psum.__func__
+
+    def counting(cls, *args, **kwargs):
+        reads[0] += 1
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SegmentLayout, "from_psum", classmethod(counting))
+    return reads
+
+
+def test_compiled_host_layout_reads_no_group_bounds_on_the_host(gen, monkeypatch):
+    reads = _count_host_reads(monkeypatch)
+    run, counter = _compiled(_double)
+    for counts in HISTOGRAMS:
+        a, b, lay = _contiguous(gen, counts, requires_grad=True)
+        ops.layout_args(lay, a.device)  # outside the graph: tags the layout's psum tensor
+        reads[0] = 0
+        torch.autograd.grad(run(a, b, lay).sum(), (a, b))
+        assert reads[0] == 0
+    assert counter.frame_count <= 2
+    a, b, lay = _contiguous(gen, [2, 2, 2], requires_grad=True)
+    reads[0] = 0
+    torch.autograd.grad(run(a, b, lay).sum(), (a, b))
+    assert reads[0] == 1  # untagged: the forward reads it once, the backward finds it again
+
+
+def test_a_device_psum_is_read_once_per_tensor_forward_and_backward(gen, monkeypatch):
+    reads = _count_host_reads(monkeypatch)
+    run, _ = _compiled(_double)
+    for fn in (_double, run):
+        a, b, lay = _contiguous(gen, [3, 0, 5], requires_grad=True)
+        reads[0] = 0
+        torch.autograd.grad(fn(a, b, moe_hal.PsumLayout(lay.psum, "contiguous", 4)).sum(), (a, b))
+        assert reads[0] == 1  # the forward; the two backward products find it again
+
+
+def test_an_in_place_write_to_a_psum_voids_what_was_remembered_for_it(gen):
+    a, b, _ = _contiguous(gen, [3, 0, 5])
+    buf = moe_hal.ContiguousLayout.from_counts([3, 0, 5], alignment=4).psum
+    first = moe_hal.grouped_gemm(a, b, moe_hal.PsumLayout(buf, "contiguous", 4))
+    buf.copy_(moe_hal.ContiguousLayout.from_counts([1, 6, 0], alignment=4, num_rows=12).psum)
+    again = moe_hal.grouped_gemm(a, b, moe_hal.PsumLayout(buf, "contiguous", 4))
+    host = moe_hal.ContiguousLayout.from_counts([1, 6, 0], alignment=4, num_rows=12)
+    assert torch.equal(again, moe_hal.grouped_gemm(a, b, host))
+    assert not torch.equal(again, first)
+
+
+def test_inference_mode_tensors_have_no_version_and_are_never_remembered(gen):
+    a, b, lay = _contiguous(gen, [3, 0, 5])
+    with torch.inference_mode():
+        buf = lay.psum
+        y = ops.call(a, b, moe_hal.PsumLayout(buf, "contiguous", 4))
+        fresh = moe_hal.ContiguousLayout.from_counts([3, 0, 5], alignment=4)
+        assert torch.equal(ops.call(a, b, fresh), y)
+    assert ops._TAG not in buf.__dict__
+    assert torch.equal(y, moe_hal.grouped_gemm(a, b, lay))

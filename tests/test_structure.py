@@ -14,19 +14,10 @@ CORE = ROOT / "moe_hal"
 
 #: Function-level imports that close a cycle, each left on purpose and named here so that no new
 #: one goes unnoticed. Module-level imports have no cycle at all.
-ALLOWED_LAZY_EDGES = {
-    # MoE.from_hf is a classmethod forwarding to nn.hf, which builds MoE objects. To break: the
-    # classmethod goes, nn.from_hf stays.
-    ("moe_hal.nn.moe", "moe_hal.nn.hf"),
-}
+ALLOWED_LAZY_EDGES: set[tuple[str, str]] = set()
 
 #: Module-level imports that close a cycle (the same rule: named, with how to break it).
-ALLOWED_TOP_LEVEL_EDGES = {
-    # grouped_gemm (api) sends compiled, autograd and autocast calls through the custom ops, whose
-    # eager kernels run the API's checked path. To break: the checked path moves to a module both
-    # import.
-    ("moe_hal.api", "moe_hal.ops"),
-}
+ALLOWED_TOP_LEVEL_EDGES: set[tuple[str, str]] = set()
 
 #: Names only plugins may know: their packages, distributions, variables and vendor stacks.
 PLUGIN_KNOWLEDGE = re.compile(

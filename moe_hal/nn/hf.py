@@ -8,10 +8,9 @@ Expert weights come in three layouts (``{e}`` is the expert index):
   (transformers >= 5).
 
 :func:`expert_weights` turns any of them into ``(w13 [E, 2I, H], w2 [E, H, I])``;
-:func:`from_hf` builds a :class:`~moe_hal.nn.MoE` from a transformers block by duck typing (the
-router's ``weight``, ``top_k``, ``norm_topk_prob``, ``e_score_correction_bias``, ``n_group``/
-``num_group``, ``topk_group``, ``routed_scaling_factor``; the experts; ``shared_experts``).
-A block with parts this does not model (a gated shared expert, a non-SwiGLU activation) is refused.
+:func:`parts_from_hf` reads a transformers block by duck typing (the router's ``weight``, ``top_k``, ``norm_topk_prob``, ``e_score_correction_bias``, ``n_group``/
+``num_group``, ``topk_group``, ``routed_scaling_factor``; the experts; ``shared_experts``) into the parts
+:meth:`moe_hal.nn.MoE.from_hf` assembles (this module knows nothing of ``MoE``). A block with parts this does not model (a gated shared expert, a non-SwiGLU activation) is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from torch import nn
 
 from ..errors import ArgumentError, ShapeError
 from .experts import GroupedExperts
-from .moe import MoE
 from .router import TopKRouter
 
 _PER_EXPERT = (("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2"))
@@ -120,9 +118,10 @@ def experts_from_hf(experts: nn.Module, num_experts: int) -> GroupedExperts:
     return out
 
 
-def from_hf(block: nn.Module, layout: str = "contiguous", alignment: int = 1, masked_capacity: int = 32) -> MoE:
-    """A :class:`MoE` computing what ``block`` (a transformers MoE block) computes, in eval mode
-    (router jitter noise is a training-time perturbation and is not reproduced)."""
+def parts_from_hf(block: nn.Module) -> tuple[TopKRouter, GroupedExperts, nn.Module | None]:
+    """``(router, experts, shared_expert)`` computing what ``block`` (a transformers MoE block)
+    computes, in eval mode (router jitter noise is a training-time perturbation and is not
+    reproduced), each holding copies of the block's weights."""
     if getattr(block, "shared_expert_gate", None) is not None:
         raise ArgumentError(
             "block.shared_expert_gate",
@@ -132,11 +131,4 @@ def from_hf(block: nn.Module, layout: str = "contiguous", alignment: int = 1, ma
     router = router_from_hf(block)
     experts = experts_from_hf(block.experts, router.num_experts)
     shared = getattr(block, "shared_experts", None)
-    return MoE(
-        router,
-        experts,
-        shared_expert=copy.deepcopy(shared) if shared is not None else None,
-        layout=layout,
-        alignment=alignment,
-        masked_capacity=masked_capacity,
-    )
+    return router, experts, copy.deepcopy(shared) if shared is not None else None

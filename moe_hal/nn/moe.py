@@ -8,6 +8,7 @@ from torch import nn
 from ..errors import ArgumentError, CapacityError
 from .dispatch import Dispatched, combine, dispatch_contiguous, dispatch_masked
 from .experts import GroupedExperts
+from .hf import parts_from_hf
 from .router import TopKRouter
 
 LAYOUTS = ("contiguous", "masked", "auto")
@@ -146,11 +147,11 @@ class MoE(nn.Module):
     def from_hf(
         cls, block: nn.Module, layout: str = "contiguous", alignment: int = 1, masked_capacity: int = 32
     ) -> MoE:
-        """An equivalent MoE from a transformers MoE block (Mixtral, Qwen2/3-MoE, DeepSeek-V3;
-        fused or per-expert weights), with copies of its weights. See :mod:`moe_hal.nn.hf`."""
-        from .hf import from_hf
-
-        return from_hf(block, layout=layout, alignment=alignment, masked_capacity=masked_capacity)
+        """An MoE computing what a transformers MoE block (Mixtral, Qwen2/3-MoE, DeepSeek-V3; fused
+        or per-expert weights) computes in eval mode, with copies of its weights. Also available as
+        :func:`moe_hal.nn.from_hf`. See :mod:`moe_hal.nn.hf`."""
+        router, experts, shared = parts_from_hf(block)
+        return cls(router, experts, shared, layout=layout, alignment=alignment, masked_capacity=masked_capacity)
 
     def extra_repr(self) -> str:
         text = f"layout={self.layout!r}, alignment={self.alignment}, masked_capacity={self.masked_capacity}"
