@@ -192,7 +192,7 @@ def test_the_hardware_db_is_pure_data():
 #: design notes): a reader cannot follow them. Cite docs/design.md or the public source instead.
 UNPUBLISHED_NOTES = re.compile(r"\breference/[\w-]+\.md\b|\bDESIGN\.md\b")
 #: Areas whose citations are still being replaced (each by its owner); remove an entry once it is clean.
-CITATIONS_PENDING = ("hwdb/", "backends/cuda/", "bench/published/")
+CITATIONS_PENDING = ("backends/cuda/",)
 
 
 def _tracked_text_files() -> list[Path]:
