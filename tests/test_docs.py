@@ -54,3 +54,18 @@ def test_every_python_block_of_the_docs_runs(name, index, block, tmp_path, monke
     # files), as a reader would paste it.
     monkeypatch.chdir(tmp_path)
     exec(compile(block, f"docs/{name} block {index}", "exec"), {"__name__": f"docs_{index}"})
+
+
+@pytest.mark.filterwarnings("ignore::moe_hal.errors.PathWarning")
+def test_the_sample_explain_output_is_what_explain_prints(capsys):
+    # docs/plugins.md shows a call and what explain() prints for it with the CUDA plugin alone.
+    pytest.importorskip("moe_hal_cuda")
+    from moe_hal.testing import only_plugins
+
+    text = (README.parent / "docs" / "plugins.md").read_text()
+    code = next((m for m in re.finditer(r"```python\n(.*?)```", text, flags=re.S) if ".explain()" in m.group(1)), None)
+    printed = code and re.compile(r"```text\n(.*?)```", flags=re.S).search(text, code.end())
+    assert printed, "docs/plugins.md lost its explain() sample (a python block, then a text block)"
+    with only_plugins("cuda"):
+        exec(compile(code.group(1), "docs/plugins.md explain sample", "exec"), {"__name__": "docs_explain"})
+    assert capsys.readouterr().out == printed.group(1)

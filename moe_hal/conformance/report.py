@@ -36,7 +36,8 @@ CONFORMANT, WITH_WAIVERS, NONCONFORMANT, UNAVAILABLE = (
     "non-conformant",
     "unavailable",
 )
-VERDICTS = (CONFORMANT, WITH_WAIVERS, NONCONFORMANT, UNAVAILABLE)
+#: The verdicts of runs that could run, best first (``overall_verdict`` takes the worst).
+VERDICTS = (CONFORMANT, WITH_WAIVERS, NONCONFORMANT)
 
 
 def _version(dist: str) -> str | None:
@@ -183,12 +184,7 @@ def run_record(runner: Any, results: list[Any], tiers: list[str], duration_s: fl
 def overall_verdict(runs: list[dict[str, Any]]) -> str:
     """The worst verdict over the runs that could run; ``unavailable`` when none could."""
     ran = [r["summary"]["verdict"] for r in runs if r["summary"]["verdict"] != UNAVAILABLE]
-    if not ran:
-        return UNAVAILABLE
-    for v in (NONCONFORMANT, WITH_WAIVERS):
-        if v in ran:
-            return v
-    return CONFORMANT
+    return max(ran, key=VERDICTS.index) if ran else UNAVAILABLE
 
 
 def build(
