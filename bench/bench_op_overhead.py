@@ -8,9 +8,11 @@ one process and interleaved:
 * ``direct``: ``moe_hal.execution.run(a, b, layout)``, the checked path itself,
 * ``plain``: ``moe_hal.grouped_gemm(a, b, layout)`` with nothing requiring grad (the direct path
   plus the API's decision, ``api_added_us = plain - direct``),
-* ``op``: the same call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
-  flattening the layout, the dispatcher, the Autograd kernel's no-grad branch and finding the
-  host layout again (what each op call in a compiled graph pays),
+* ``op_graph``: ``torch.ops.moe_hal.grouped_gemm`` on the already flattened arguments, nothing
+  requiring grad, as a compiled graph calls it: the dispatcher, the Autograd kernel's no-grad
+  branch and finding the host layout again (``graph_added_us = op_graph - direct``),
+* ``op``: the API call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
+  ``op_graph`` plus flattening the layout and operands (``added_us = op - plain``),
 * ``op_autograd``: the op with operands that require grad (records the backward node; the
   backward itself is not timed),
 
@@ -53,7 +55,9 @@ def cases(gen: torch.Generator) -> dict[str, tuple]:
 
 def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+    groups, op_name, alignment, _ = ops.layout_args(lay, a.device)
     fns = {
+        "op_graph": lambda: ops.grouped_gemm_op(a, b, groups, op_name, alignment, c),
         "op": lambda: ops.call(a, b, lay, c=c),
         "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
     }
@@ -65,6 +69,7 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
     if "plain" in t:
         row["api_added_us"] = (t["plain"] - t["direct"]) * 1e6
+        row["graph_added_us"] = (t["op_graph"] - t["direct"]) * 1e6
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
     return row

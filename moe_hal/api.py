@@ -95,8 +95,11 @@ def grouped_gemm(
 
     Differentiable for fp32/bf16/fp16 operands, autocast-aware and ``torch.compile(fullgraph=True)``
     safe: those calls (and a :class:`~moe_hal.device_layout.PsumLayout`) go through the custom ops
-    ``torch.ops.moe_hal.*`` (:mod:`moe_hal.ops`); other calls run the backend directly. fp8
-    operands are forward only (:class:`~moe_hal.errors.GradientError`).
+    ``torch.ops.moe_hal.*`` (:mod:`moe_hal.ops`); other calls run the same checked path
+    (:func:`moe_hal.execution.run`) directly, without the dispatcher. :func:`explain` ends with
+    the path a call takes and why. fp8 operands are forward only
+    (:class:`~moe_hal.errors.GradientError`). A contiguous-layout weight ``b`` with an fp32
+    ``main_grad`` attribute gets its gradient accumulated there instead of ``b.grad``.
 
     Raises a :mod:`moe_hal.errors` ``ArgumentError`` subclass for invalid input (``out`` is then
     untouched), :class:`~moe_hal.errors.BackendUnavailableError` when a named backend cannot run

@@ -80,7 +80,6 @@ grouped_gemm_k_grouped_acc_op = torch.ops.moe_hal.grouped_gemm_k_grouped_acc.def
 # Module-level bindings: the per-call path reads no module attribute chains.
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
-_any_requires_grad = torch._C._any_requires_grad
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
@@ -99,7 +98,10 @@ _OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
 
 def _version(t: torch.Tensor) -> int:
     """``t``'s in-place version counter; -1 for an inference tensor, which has none."""
-    return -1 if t.is_inference() else t._version
+    try:
+        return t._version
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return -1
 
 
 def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, int | None]:
@@ -314,17 +316,23 @@ def _k_grouped_acc_fake(a, b, psum, alignment, acc, backend=None):
 _EAGER_KEYS = frozenset(
     getattr(torch._C.DispatchKey, k) for k in ("CPU", "CUDA", "PrivateUse1", "XPU") if hasattr(torch._C.DispatchKey, k)
 )
+#: keyset.raw_repr() -> whether the next key below autograd is in _EAGER_KEYS (hashing a
+#: DispatchKey costs microseconds; a keyset's raw int does not).
+_eager_keysets: dict[int, bool] = {}
 
 
 def _below(keyset, args: tuple) -> torch.Tensor:
     """The op below autograd for ``args``: the eager kernel directly on plain devices, else a
     redispatch. Callers hold no gradient-recording state (autograd.Function.forward, or nothing
     requires grad)."""
-    below = keyset & _AFTER_AUTOGRAD
-    if below.highestPriorityTypeId() in _EAGER_KEYS:
+    raw = keyset.raw_repr()
+    eager = _eager_keysets.get(raw)
+    if eager is None:
+        eager = _eager_keysets[raw] = (keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _EAGER_KEYS
+    if eager:
         return _grouped_gemm_kernel(*args)
     with _below_autograd():
-        return grouped_gemm_op.redispatch(below, *args)
+        return grouped_gemm_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
 def _autograd_kernel(
@@ -345,9 +353,14 @@ def _autograd_kernel(
     backend=None,
     main_grad=None,
 ):
-    args = (a, b, groups, layout, alignment, c, out_dtype, a_scale, b_scale, a_block, b_block, scale_format)
-    args += (expected_m, backend, main_grad)
-    if _is_grad_enabled() and _any_requires_grad(a, b, c, a_scale, b_scale):
+    args = (a, b, groups, layout, alignment, c, out_dtype, a_scale, b_scale, a_block, b_block, scale_format, expected_m)
+    args += (backend, main_grad)
+    if _is_grad_enabled() and (
+        a.requires_grad
+        or b.requires_grad
+        or (c is not None and c.requires_grad)
+        or (a_scale is not None and (a_scale.requires_grad or b_scale.requires_grad))
+    ):  # attribute reads: cheaper than torch._C._any_requires_grad's argument parsing
         return _GroupedGemmFunction.apply(keyset, *args)
     return _below(keyset, args)
 

@@ -52,6 +52,16 @@ def test_opcheck_k_grouped_with_c(gen):
     torch.library.opcheck(ops.grouped_gemm_op, (x, dy, lay.psum_on("cpu"), "k_grouped", 4, c))
 
 
+def test_opcheck_k_grouped_accumulate(gen):
+    lay = moe_hal.KGroupedLayout.from_counts([3, 0, 5], alignment=4)
+    x, dy = randn(gen, lay.num_rows, 5), randn(gen, lay.num_rows, 6)
+    acc = randn(gen, 3, 5, 6)
+    expected = acc + moe_hal.grouped_gemm(x, dy, lay, backend="reference")
+    torch.library.opcheck(ops.grouped_gemm_k_grouped_acc_op, (x, dy, lay.psum_on("cpu"), 4, acc.clone()))
+    ops.grouped_gemm_k_grouped_acc_op(x, dy, lay.psum_on("cpu"), 4, acc)
+    torch.testing.assert_close(acc, expected)
+
+
 def test_opcheck_fp8(gen):
     a, b, lay = _contiguous(gen, [3, 0, 5], k=128)
     qa, qb = quantize_fp8(a, (1, 128)), quantize_fp8(b, (128, 128))
