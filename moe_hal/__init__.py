@@ -10,8 +10,9 @@ torch.Size([12, 32])
 The public names below load on first access (PEP 562), so ``import moe_hal`` itself imports
 neither torch nor any plugin, and never a vendor stack (torch_npu, triton, cuda-python); plugins
 are discovered on the first call that needs them. Submodules: ``layouts``, ``quant``,
-``routing``, ``hwdb``, ``devices``, ``perf``, ``workloads``, ``timing``, ``prepared``, ``conformance``, ``errors``,
-``plugins``, ``ops`` (the ``torch.ops.moe_hal`` custom ops), ``nn`` (MoE layers).
+``routing``, ``hwdb``, ``devices`` (recognising a real device), ``perf``, ``workloads``, ``timing``,
+``prepared``, ``conformance``, ``testing`` (checks for plugins' test suites), ``errors``, ``plugins``,
+``ops`` (the ``torch.ops.moe_hal`` custom ops), ``nn`` (MoE layers).
 """
 
 from __future__ import annotations
