@@ -2,25 +2,34 @@
 
 W local processes join one gloo group on 127.0.0.1 (:func:`moe_hal.ep.spawn_local`). Each rank
 routes ``--tokens`` tokens of ``--hidden`` bf16 features to ``--topk`` of ``--experts`` experts
-(uniform, distinct per token), then times, interleaved round by round so both see the same load:
+(uniform, distinct per token), then times, interleaved round by round so all see the same load:
 
 * **ep** — :func:`moe_hal.ep.dispatch` then :func:`moe_hal.ep.combine` with an identity expert
-  (``expert_out = d.a``), so only the movement is timed: planning, the count all-gather, the row
-  gathers, two all-to-alls, the fixed-order fp32 combine;
-* **bare** — two ``torch.distributed.all_to_all_single`` calls moving the same rows with the same
-  split sizes (rows to the experts, rows back): the strongest honest peer on the same group.
+  (``expert_out = d.a``), so only the movement is timed: routing and planning, the count
+  all-gather, the row gathers, the all-to-alls both ways, combine's status all-gather and its
+  fixed-order fp32 weighted sum;
+* **bare** — two ``torch.distributed.all_to_all_single`` calls into preallocated buffers moving the
+  rows the user needs moved — each routed (token, expert) row to its expert's rank and back, with
+  the same per-rank split sizes — the strongest honest peer on the same group.
 
-Bytes per call count the payload rows each rank sends and receives in both all-to-alls (capacity
-mode moves its padded fixed-size blocks, and its bare peer moves the same blocks). bytes/s uses the
-slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s. **host s/call** is the time a
-dispatch + combine spends outside the transport's collectives (measured by timing the transport's
-two methods). The 1-minute load average before and after is stored: on a shared host absolute
-figures move with it. A measurement script, not a test.
+Capacity mode moves more than that: fixed blocks of ``capacity`` rows per (source rank, expert),
+padding included. Its ``ratio`` is against the same bare peer (the bytes needed), and
+``ratio_vs_padded`` against a bare all-to-all moving its padded blocks (the bytes it moves): the
+first says what the mode costs the user, the second how much it adds to its own traffic.
+
+Bytes per call count the payload rows each rank sends and receives in both directions (bf16 rows).
+bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
+so bare time / ep time). **host s/call** is the time a dispatch + combine spends outside the
+transport's collectives (measured by timing the transport's two methods; waiting for a peer inside
+a collective counts as collective time). ``--trials`` repeats the whole measurement in fresh
+processes and reports the median ratio. The 1-minute load average before and after each trial is
+stored: on a shared host absolute figures move with it. ``--profile`` prints each rank's top
+operators (torch.profiler) for a few dispatch + combine calls. A measurement script, not a test.
 
 Usage::
 
     python bench/bench_ep.py                                        # W=2, T=2048, H=1024, top-4 of 16
-    python bench/bench_ep.py --world 4 --json bench/results/ep_gloo_cpu.json
+    python bench/bench_ep.py --trials 3 --json bench/results/ep_gloo_cpu_w2.json
 """
 
 from __future__ import annotations
@@ -39,18 +48,54 @@ import torch.distributed as dist
 
 from moe_hal import ep, timing, workloads
 
+MODES = ("exact", "capacity")
+
 
 def _rank(rank: int, world: int, cfg: dict) -> dict:
     torch.manual_seed(rank)
     g = ep.EPGroup(None, cfg["experts"])
     ids, weights = workloads.route_tokens(cfg["tokens"], cfg["experts"], cfg["topk"], "uniform", seed=rank)
     x = torch.randn(cfg["tokens"], cfg["hidden"]).to(torch.bfloat16)
-    return {mode: _measure(mode, g, x, ids, weights, cfg) for mode in ("exact", "capacity")}
+    out = {mode: _measure(mode, g, x, ids, weights, cfg) for mode in MODES}
+    if cfg["profile"]:
+        out["profile"] = {mode: _profile(mode, g, x, ids, weights, cfg) for mode in MODES}
+    return out
 
 
-def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, cfg: dict) -> dict:
+def _call(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict):
     kw = {"capacity": cfg["capacity"]} if mode == "capacity" else {}
-    d = ep.dispatch(x, ids, weights, g, mode=mode, alignment=1, overflow="drop", **kw)
+
+    def run():
+        d = ep.dispatch(x, ids, weights, g, mode=mode, alignment=1, overflow="drop", **kw)
+        ep.combine(d.a, d)
+        return d
+
+    return run
+
+
+def _bare(x: torch.Tensor, send: list[int], recv: list[int]):
+    """Rows to the experts and back with ``all_to_all_single`` into preallocated buffers."""
+    s_buf = torch.empty(sum(send), x.shape[1], dtype=x.dtype)
+    r_buf = torch.empty(sum(recv), x.shape[1], dtype=x.dtype)
+
+    def run():
+        dist.all_to_all_single(r_buf, s_buf, recv, send)
+        dist.all_to_all_single(s_buf, r_buf, send, recv)
+
+    return run
+
+
+def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict) -> dict:
+    run_ep = _call(mode, g, x, ids, weights, cfg)
+    d = run_ep()
+    row_bytes = x.shape[1] * x.element_size()
+    needed = d.send_counts.tolist(), d.recv_counts.tolist()  # rows routed (capacity mode: kept)
+    fns = {"ep": run_ep, "bare": _bare(x, *needed)}
+    moved = needed
+    if mode == "capacity":  # the padded blocks capacity mode moves
+        cap = cfg["capacity"]
+        moved = [len(e) * cap for e in g.experts_of_rank], [g.num_local_experts * cap] * g.world_size
+        fns["bare_padded"] = _bare(x, *moved)
     transport = ep.select(g, mode).transport
     inside = [0.0]
     for name in ("all_to_all", "all_gather"):  # time spent inside the collectives
@@ -62,36 +107,58 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids: torch.Tensor, weigh
             inside[0] += time.perf_counter() - t0
 
         setattr(transport, name, timed)
-    if mode == "exact":
-        send, recv = d.send_counts.tolist(), d.recv_counts.tolist()
-    else:  # the padded blocks capacity mode moves
-        send = [len(e) * cfg["capacity"] for e in g.experts_of_rank]
-        recv = [g.num_local_experts * cfg["capacity"]] * g.world_size
-    s_buf = torch.empty(sum(send), x.shape[1], dtype=x.dtype)
-    r_buf = torch.empty(sum(recv), x.shape[1], dtype=x.dtype)
-
-    def run_ep():
-        dd = ep.dispatch(x, ids, weights, g, mode=mode, alignment=1, overflow="drop", **kw)
-        ep.combine(dd.a, dd)
-
-    def run_bare():
-        dist.all_to_all_single(r_buf, s_buf, recv, send)
-        dist.all_to_all_single(s_buf, r_buf, send, recv)
-
-    for _ in range(cfg["warmup"]):
-        run_ep()
-        run_bare()
-    inside[0] = 0.0
-    times = timing.interleaved_wall_seconds({"ep": run_ep, "bare": run_bare}, "cpu", warmup=0, repeat=cfg["repeat"])
-    del transport.all_to_all, transport.all_gather  # the class's methods again
+    try:
+        for fn in fns.values():
+            for _ in range(cfg["warmup"]):
+                fn()
+        inside[0] = 0.0
+        times = timing.interleaved_wall_seconds(fns, "cpu", warmup=0, repeat=cfg["repeat"])
+    finally:
+        del transport.all_to_all, transport.all_gather  # the class's methods again
     return {
-        "ep_s": statistics.median(times["ep"]),
-        "bare_s": statistics.median(times["bare"]),
-        "bytes": 2 * (sum(send) + sum(recv)) * x.shape[1] * x.element_size(),
+        **{f"{name}_s": statistics.median(t) for name, t in times.items()},
+        "bytes_needed": 2 * (sum(needed[0]) + sum(needed[1])) * row_bytes,
+        "bytes_moved": 2 * (sum(moved[0]) + sum(moved[1])) * row_bytes,
         "dropped": int(d.dropped),
-        # outside the transport's collectives: planning, gathers, the fp32 combine
+        # outside the transport's collectives: routing, planning, gathers, the fp32 combine
         "host_s_per_call": max(0.0, (sum(times["ep"]) - inside[0]) / cfg["repeat"]),
     }
+
+
+def _profile(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    run = _call(mode, g, x, ids, weights, cfg)
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            run()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+
+
+def _summary(per_rank: list[dict]) -> dict:
+    modes = {}
+    for mode in MODES:
+        ep_s = max(r[mode]["ep_s"] for r in per_rank)
+        bare_s = max(r[mode]["bare_s"] for r in per_rank)
+        needed = sum(r[mode]["bytes_needed"] for r in per_rank)
+        m = {
+            "bytes_needed_per_call_all_ranks": needed,
+            "bytes_moved_per_call_all_ranks": sum(r[mode]["bytes_moved"] for r in per_rank),
+            "ep_s_per_call": ep_s,
+            "bare_s_per_call": bare_s,
+            "ep_gb_per_s": needed / ep_s / 1e9,
+            "bare_gb_per_s": needed / bare_s / 1e9,
+            "ratio": bare_s / ep_s,
+            "host_s_per_call": max(r[mode]["host_s_per_call"] for r in per_rank),
+            "dropped_slots": sum(r[mode]["dropped"] for r in per_rank),
+        }
+        if mode == "capacity":
+            padded_s = max(r[mode]["bare_padded_s"] for r in per_rank)
+            m["bare_padded_s_per_call"] = padded_s
+            m["ratio_vs_padded"] = padded_s / ep_s
+        modes[mode] = m
+    return modes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         help="capacity = factor * tokens * topk / experts rows per (source rank, expert)",
     )
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=10, help="timed rounds per trial (median per rank)")
+    p.add_argument("--trials", type=int, default=1, help="independent runs (fresh processes); median ratio")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--profile", action="store_true", help="print each rank's top operators")
     p.add_argument("--json", metavar="FILE", help="write the results here")
     args = p.parse_args(argv)
     capacity = math.ceil(args.capacity_factor * args.tokens * args.topk / args.experts)
@@ -121,47 +190,59 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "repeat": args.repeat,
         "capacity": capacity,
+        "profile": args.profile,
     }
-    load_before = os.getloadavg()[0]
-    per_rank = ep.spawn_local(_rank, args.world, (cfg,), timeout_s=900, threads=args.threads)
-    load_after = os.getloadavg()[0]
-    result = {
-        "benchmark": "bench/bench_ep.py",
-        "command": " ".join(["python", "bench/bench_ep.py", *sys.argv[1:]]),
-        "world": args.world,
-        "backend": "gloo (127.0.0.1, one process per rank)",
-        "dtype": "bf16",
-        "config": cfg,
-        "threads_per_rank": args.threads,
-        "torch": torch.__version__,
-        "cpu_count": os.cpu_count(),
-        "machine": platform.machine(),
-        "load_avg_1min": [load_before, load_after],
-        "timing": "wall time per call, rounds interleaved (ep, bare); median per rank; slowest rank",
-        "modes": {},
-    }
-    for mode in ("exact", "capacity"):
-        ep_s = max(r[mode]["ep_s"] for r in per_rank)
-        bare_s = max(r[mode]["bare_s"] for r in per_rank)
-        total_bytes = sum(r[mode]["bytes"] for r in per_rank)
-        result["modes"][mode] = {
-            "bytes_per_call_all_ranks": total_bytes,
-            "ep_s_per_call": ep_s,
-            "bare_s_per_call": bare_s,
-            "ep_gb_per_s": total_bytes / ep_s / 1e9,
-            "bare_gb_per_s": total_bytes / bare_s / 1e9,
-            "ratio": bare_s / ep_s,
-            "host_s_per_call": max(r[mode]["host_s_per_call"] for r in per_rank),
-            "dropped_slots": sum(r[mode]["dropped"] for r in per_rank),
+    trials = []
+    for trial in range(args.trials):
+        load_before = os.getloadavg()[0]
+        per_rank = ep.spawn_local(_rank, args.world, (cfg,), timeout_s=900, threads=args.threads)
+        load_after = os.getloadavg()[0]
+        modes = _summary(per_rank)
+        trials.append({"load_avg_1min": [load_before, load_after], "modes": modes})
+        for mode, m in modes.items():
+            extra = f", vs padded bare {m['ratio_vs_padded']:.2f}" if "ratio_vs_padded" in m else ""
+            print(
+                f"trial {trial} {mode:9s} ep {m['ep_gb_per_s']:.3f} GB/s vs bare all_to_all_single "
+                f"{m['bare_gb_per_s']:.3f} GB/s: ratio {m['ratio']:.2f}{extra}; ep {m['ep_s_per_call'] * 1e3:.1f} "
+                f"ms/call, host (outside collectives) {m['host_s_per_call'] * 1e3:.1f} ms/call"
+            )
+        print(f"trial {trial} load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
+        if args.profile:
+            for rank, r in enumerate(per_rank):
+                for mode, table in r["profile"].items():
+                    print(f"--- rank {rank}, {mode}: top operators over 3 dispatch + combine calls\n{table}")
+    medians = {
+        mode: {
+            key: statistics.median(t["modes"][mode][key] for t in trials)
+            for key in ("ratio", "ratio_vs_padded", "ep_s_per_call", "bare_s_per_call", "host_s_per_call")
+            if key in trials[0]["modes"][mode]
         }
-    for mode, m in result["modes"].items():
+        for mode in MODES
+    }
+    for mode, m in medians.items():
+        extra = f", vs padded bare {m['ratio_vs_padded']:.2f}" if "ratio_vs_padded" in m else ""
         print(
-            f"{mode:9s} ep {m['ep_gb_per_s']:.3f} GB/s vs bare all_to_all_single {m['bare_gb_per_s']:.3f} GB/s: "
-            f"ratio {m['ratio']:.2f}; ep {m['ep_s_per_call'] * 1e3:.2f} ms/call, host (outside collectives) "
-            f"{m['host_s_per_call'] * 1e3:.2f} ms/call"
+            f"median of {args.trials} trial(s) {mode:9s} ratio {m['ratio']:.2f}{extra}; "
+            f"host {m['host_s_per_call'] * 1e3:.1f} ms/call"
         )
-    print(f"load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
     if args.json:
+        result = {
+            "benchmark": "bench/bench_ep.py",
+            "command": " ".join(["python", "bench/bench_ep.py", *sys.argv[1:]]),
+            "world": args.world,
+            "backend": "gloo (127.0.0.1, one process per rank)",
+            "dtype": "bf16",
+            "config": cfg,
+            "threads_per_rank": args.threads,
+            "torch": torch.__version__,
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "timing": "wall time per call, rounds interleaved (ep, bare[, bare_padded]); median per rank; "
+            "slowest rank; bytes/s and ratio over the bytes needed (routed rows, both directions)",
+            "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",
+            "median_over_trials": medians,
+            "trials": trials,
+        }
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
             f.write("\n")

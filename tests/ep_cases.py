@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 import moe_hal
 from moe_hal import ep, routing
-from moe_hal.errors import EPCapacityError, LayoutError, PeerRankError, ShapeError
+from moe_hal.errors import DTypeError, EPCapacityError, LayoutError, PeerRankError, ShapeError
 from moe_hal.quant import quantize_fp8
 
 H, N = 32, 16
@@ -420,6 +420,25 @@ def cases(rank: int, world: int) -> dict:
                     raise AssertionError(f"{mode}/{kind}: rank {rank} did not fail")
         check(make(20, rank, tok, E, 2), g, E)  # the group still works afterwards
 
+    def broken_rank_in_combine_fails_everywhere():
+        for mode, cap in (("exact", None), ("capacity", 64)):
+            p = make(23, rank, tok, E, 2)
+            d = ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
+            bad = rank == W - 1
+            out = d.a
+            if bad:  # an integer output (exact), an extra dimension (capacity)
+                out = out.to(torch.int32) if mode == "exact" else out[..., None]
+            try:
+                ep.combine(out, d)
+            except (DTypeError, ShapeError) as exc:
+                assert bad, f"{mode}: healthy rank raised {exc!r}"
+                assert "expert_out" in str(exc)
+            except PeerRankError as exc:
+                assert not bad and exc.ranks == [W - 1] and exc.operation == "moe_hal.ep.combine", (mode, exc)
+            else:
+                raise AssertionError(f"{mode}: rank {rank} did not fail")
+        check(make(24, rank, tok, E, 2), g, E)  # the group still works afterwards
+
     def nn_moe_with_ep_group():
         from moe_hal.nn import GroupedExperts, MoE, TopKRouter
 
@@ -489,6 +508,7 @@ CASES = [
     "capacity_bf16",
     "capacity_fp8",
     "broken_rank_fails_everywhere",
+    "broken_rank_in_combine_fails_everywhere",
     "nn_moe_with_ep_group",
     "select_explains",
 ]

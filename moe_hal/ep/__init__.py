@@ -7,7 +7,8 @@ pluggable transport (built in: ``all_to_all_single`` on gloo, NCCL or HCCL).
 
 * :class:`EPGroup` — which rank holds which expert (:mod:`.group`).
 * :func:`dispatch` / :func:`combine` / :class:`EPDispatch` — the two modes, ordering, autograd and
-  the failure protocol (:mod:`.dispatch`).
+  the failure protocol (:mod:`.exchange`; not named ``dispatch`` so that importing it never
+  shadows the function).
 * :func:`select` / :class:`Transport` — transports, selection and their promises
   (:mod:`.transport`); :class:`TransportSpec` declares one (:mod:`.spec`); plugins add transports
   through the ``moe_hal_ep_transports`` hook.
@@ -23,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "EPGroup": "group",
-    "EPDispatch": "dispatch",
-    "dispatch": "dispatch",
-    "combine": "dispatch",
-    "OVERFLOW_POLICIES": "dispatch",
+    "EPDispatch": "exchange",
+    "dispatch": "exchange",
+    "combine": "exchange",
+    "OVERFLOW_POLICIES": "exchange",
     "select": "transport",
     "TransportSpec": "spec",
     "Transport": "transport",
@@ -63,7 +64,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .dispatch import OVERFLOW_POLICIES, EPDispatch, combine, dispatch
+    from .exchange import OVERFLOW_POLICIES, EPDispatch, combine, dispatch
     from .group import EPGroup
     from .launch import spawn_local
     from .spec import TransportSpec

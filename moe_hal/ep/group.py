@@ -21,7 +21,8 @@ class EPGroup:
 
     Rank ``r``'s **local experts** are the experts it holds in increasing global id; local index
     ``l`` is the position in that list, and ``w_local[l]`` is the weight of ``local_experts[l]``.
-    Everything here is host-side metadata; building an EPGroup communicates nothing.
+    Everything here is host-side metadata; building an EPGroup communicates nothing. The group also
+    keeps the reusable buffers for rows in flight (:meth:`scratch`).
     """
 
     def __init__(
@@ -57,7 +58,15 @@ class EPGroup:
         self.position_start: tuple[int, ...] = tuple(
             sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1)
         )
-        self._position_tensors: dict[torch.device, torch.Tensor] = {}
+        #: exact mode sends in rounds, one per local expert index: round i carries every rank's i-th
+        #: expert. Send key of expert e: (its local index) * world_size + (its rank).
+        self.max_local_experts: int = max(len(x) for x in self.experts_of_rank)
+        local_index = {e: i for rank_experts in self.experts_of_rank for i, e in enumerate(rank_experts)}
+        self.exchange_key: tuple[int, ...] = tuple(
+            local_index[e] * self.world_size + self.placement[e] for e in range(num_experts)
+        )
+        self._tensors: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._scratch: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     def _check_placement(self, placement) -> tuple[int, ...]:
         E, W = self.num_experts, self.world_size
@@ -91,11 +100,30 @@ class EPGroup:
 
     def positions(self, device: torch.device) -> torch.Tensor:
         """int64 ``[E]`` :attr:`expert_position` on ``device`` (cached)."""
-        t = self._position_tensors.get(device)
+        return self._cached("expert_position", device)
+
+    def exchange_keys(self, device: torch.device) -> torch.Tensor:
+        """int64 ``[E]`` :attr:`exchange_key` on ``device`` (cached)."""
+        return self._cached("exchange_key", device)
+
+    def _cached(self, name: str, device: torch.device) -> torch.Tensor:
+        t = self._tensors.get((name, device))
         if t is None:
-            t = torch.tensor(self.expert_position, dtype=torch.int64, device=device)
-            self._position_tensors[device] = t
+            t = torch.tensor(getattr(self, name), dtype=torch.int64, device=device)
+            self._tensors[(name, device)] = t
         return t
+
+    def scratch(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A reused uint8 buffer of at least ``nbytes`` for ``role`` on ``device``: rows in flight
+        between two collectives, which a fresh allocation would page in on every call (on the CPU
+        that costs about as much as copying them). Calls on one group never overlap — their
+        collectives must run in the same order on every rank — so one buffer per role suffices;
+        whatever is returned to the caller never lives in one."""
+        buf = self._scratch.get((role, device))
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self._scratch[(role, device)] = buf
+        return buf[:nbytes]
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,705 @@
+"""Expert-parallel dispatch and combine over a ``torch.distributed`` process group.
+
+Pipeline on each rank (``W`` ranks, ``E`` experts, rank ``r`` holds ``L`` of them)::
+
+    [route] -> count slots per expert -> all-gather counts [W, E] -> all-to-all rows to the experts
+            -> grouped GEMM -> status all-gather -> all-to-all rows back -> weighted sum (combine)
+
+A **slot** is one ``(token t, choice j)`` of ``topk_ids [T, k]``; slot ``t * k + j``. Each routed
+slot travels as one row to the rank holding its expert (``-1`` slots stay home and contribute 0).
+Every expert's segment on its rank holds its rows ordered by **(source rank, source token, k)** —
+the order of a single process that concatenates the ranks' tokens in rank order.
+
+* ``mode="exact"``: the all-gathered count matrix is read on the host (**one host sync**). Rows
+  move in *rounds*, one uneven all-to-all per local expert index ``i`` (``max(L)`` rounds, rounds
+  that carry no row on any rank skipped): round ``i`` carries every rank's ``i``-th expert, so what
+  a rank receives is exactly its ``i``-th expert's segment, in order, and lands in ``d.a`` without
+  a rearranging pass; on the way back each segment is sent straight from the expert output. ``d.a``
+  is ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local experts
+  (segments aligned to ``alignment``, padding rows zero). The price is ``max(L)`` collectives per
+  direction instead of one — right for the large messages of training and prefill.
+* ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
+  sizes are known without reading any count on the host (**no host sync**; shapes static, as CUDA
+  graphs need); the fixed blocks move with one all-to-all and are packed into ``d.a``
+  ``[L, W * capacity, H]`` — a :class:`~moe_hal.layouts.MaskedLayout` whose ``masked_m`` stays on
+  the device; rows past ``masked_m`` are zero — by one gather on the device (and unpacked by one on
+  the way back).
+
+Rows in flight between two collectives live in the group's scratch buffers
+(:meth:`EPGroup.scratch`); everything returned (``d.a``, combine's output, gradients) is fresh.
+
+Combine returns each token's ``sum_j w[t, j] * out(t, j)`` on its source rank, accumulated in fp32
+in the fixed order ``j = 0 .. k-1`` with separate multiply and add (no fused multiply-add whose use
+could depend on vector alignment), so the result does not depend on the world size or placement
+beyond the GEMM's own rounding, and is bit-identical when the inputs are small integers. It gathers
+the returned rows token chunk by token chunk (on the CPU), so the fp32 terms stay in cache.
+
+Failure protocol: every rank validates its arguments *before* the first collective of dispatch and
+of combine; a rank whose arguments are invalid still joins that call's first all-gather (dispatch's
+counts, combine's status flags) with an error flag and then raises its own error, and every other
+rank raises :class:`~moe_hal.errors.PeerRankError` naming it — nobody waits in a collective for a
+rank that has given up. Where the flags (and capacity mode's capacity check) may not be read on the
+host — capacity mode, and combine in both modes — they are checked with ``torch._assert_async``: on
+the CPU, where the values already are on the host, it raises at once and the typed error
+(:class:`~moe_hal.errors.EPCapacityError`, ``PeerRankError``) is raised in its place; on an
+accelerator it is a device-side assertion that stops the process at its next synchronisation with
+a message naming the check but no typed error (raising one there needs the host sync these paths
+avoid). ``overflow="drop"`` never raises.
+
+Autograd: dispatch's backward is a combine (sum of the k gradient rows, fp32, fixed order) and
+combine's backward a dispatch of ``w[t, j] * grad_y[t]`` plus ``grad w[t, j] = <grad_y[t],
+out(t, j)>``, in both modes. Backward runs collectives, so every rank must backpropagate through
+every dispatch and combine it ran, in the same order (as for any collective in a model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import (
+    ArgumentError,
+    DTypeError,
+    EPCapacityError,
+    PeerRankError,
+    ShapeError,
+)
+from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment
+from ..quant import QuantizedTensor
+from ..routing import _check_routing, _raise_bad_id
+from .group import EPGroup
+from .transport import TransportSelection, select
+
+Hidden = torch.Tensor | QuantizedTensor
+OVERFLOW_POLICIES = ("error", "drop")
+
+# Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
+_BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
+
+
+@dataclass(frozen=True, eq=False)
+class _Round:
+    """One all-to-all of exact mode: round ``i`` carries every rank's ``i``-th local expert, so the
+    rows a rank receives are its ``i``-th expert's segment of the layout, already in (source rank,
+    source token, k) order — they land in ``a`` directly, with no rearranging pass."""
+
+    send_start: int  # first send row of the round (send rows are ordered (round, destination, slot))
+    send_splits: tuple[int, ...]  # rows to each rank (for that rank's i-th expert)
+    recv_start: int  # first layout row of this rank's i-th expert
+    recv_splits: tuple[int, ...]  # rows from each rank (for this rank's i-th expert)
+
+
+@dataclass(frozen=True, eq=False)
+class _Maps:
+    """Where every row goes. ``S`` send rows; the rows coming back from the experts land in the same
+    order (row ``s`` of the returned buffer is send row ``s``), followed by one zero row (row ``S``)
+    that every slot not sent points to, so one plain gather reads every slot.
+
+    Exact mode moves the rows in :class:`_Round` s straight between the send rows and the layout.
+    Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert)) with one all-to-all and
+    gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
+    expert row uses) is never read on the other side, so its index is merely clamped into range."""
+
+    send_token: torch.Tensor  # int64 [S]: source token of each send row (clamped where empty)
+    send_slot: torch.Tensor  # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
+    slot_row: torch.Tensor  # int64 [T, k]: send row of each slot; S (the zero row) if not sent
+    kept_slots: torch.Tensor | None  # bool [T, k]: slots that were sent; None when all were
+    # exact mode
+    rounds: tuple[_Round, ...] = ()
+    gaps: tuple[tuple[int, int], ...] = ()  # [start, end) padding row ranges of the layout
+    # capacity mode
+    recv_of_row: torch.Tensor | None = None  # int64 [layout rows]: received row placed there; R on padding
+    row_of_recv: torch.Tensor | None = None  # int64 [R]: layout row of each received row (clamped)
+    send_splits: tuple[int, ...] = ()  # rows to each rank (fixed blocks)
+    recv_splits: tuple[int, ...] = ()  # rows from each rank (fixed blocks)
+
+
+@dataclass(frozen=True, eq=False)
+class EPDispatch:
+    """Result of :func:`dispatch`; feed ``moe_hal.grouped_gemm(d.a, w_local, d.layout)`` and pass
+    its output to :func:`combine`.
+
+    ``a``: exact mode ``[num_rows, H]``, capacity mode ``[L, W * capacity, H]``; dtype of ``x``
+    (a :class:`~moe_hal.QuantizedTensor` with its per-row scales when ``x`` was one; padding rows
+    have data 0 and scale 1.0). ``layout``: :class:`~moe_hal.ContiguousLayout` or
+    :class:`~moe_hal.MaskedLayout` over ``group.local_experts``. ``mode``, ``group``,
+    ``transport`` (name of the transport used), ``topk_weights`` (as given).
+    ``send_counts`` / ``recv_counts``: int64 ``[W]`` on the device of ``x``: rows sent to / received
+    from each rank (capacity mode: kept rows). ``dropped``: int64 0-dim device tensor, this rank's
+    slots dropped for capacity (always 0 unless ``overflow="drop"``; read it when convenient).
+    """
+
+    a: Hidden
+    layout: ContiguousLayout | MaskedLayout
+    mode: str
+    group: EPGroup
+    transport: str
+    topk_weights: torch.Tensor | None
+    send_counts: torch.Tensor
+    recv_counts: torch.Tensor
+    dropped: torch.Tensor
+    num_tokens: int
+    top_k: int
+    _maps: _Maps
+    _selection: TransportSelection
+
+
+# -- row movement --------------------------------------------------------------------------------
+#
+# Every payload travels as byte rows (bf16, fp32, fp8 data and its fp32 scales alike). Rows in
+# flight between two collectives live in the group's scratch buffers; what is returned to the
+# caller (``a``, ``y``, gradients) is always freshly allocated.
+
+
+def _byte_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows as a 2-D uint8 view ``[rows, row bytes]`` (a copy only if ``t`` is not contiguous)."""
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], math.prod(t.shape[1:]) * t.element_size())
+
+
+def _words(rows: torch.Tensor) -> torch.Tensor:
+    """Contiguous byte rows as the widest integer words dividing the row: gathers then move whole
+    words (several times faster than byte or bf16 element gathers on the CPU)."""
+    for word in (torch.int64, torch.int32, torch.int16):
+        if rows.shape[1] % word.itemsize == 0:
+            return rows.view(word)
+    return rows
+
+
+def _gather_into(out: torch.Tensor, src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``out[i] = src[index[i]]`` for byte rows (every index in range), written in place."""
+    if out.shape[0] and src.shape[0]:
+        torch.index_select(_words(src), 0, index, out=_words(out))
+    elif out.shape[0]:  # src empty: every index is an unread row
+        out.zero_()
+    return out
+
+
+def _pick(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``src[index]`` along dim 0; zeros when ``src`` has no row (then every index is an unread row)."""
+    if src.shape[0] == 0:
+        return src.new_zeros(index.shape[0], *src.shape[1:])
+    return src.index_select(0, index)
+
+
+def _rows_buffer(d: EPDispatch, role: str, rows: int, width: int, device: torch.device, keep: bool) -> torch.Tensor:
+    """``[rows, width]`` uint8: the group's scratch buffer for ``role``, or a fresh one to ``keep``."""
+    if keep:
+        return torch.empty(rows, width, dtype=torch.uint8, device=device)
+    return d.group.scratch(role, rows * width, device).view(rows, width)
+
+
+def _all_to_all(d: EPDispatch, out, inp, out_splits, in_splits) -> None:
+    d._selection.transport.all_to_all(out, inp, list(out_splits), list(in_splits), d.group.process_group)
+
+
+def _to_experts(d: EPDispatch, send: torch.Tensor) -> torch.Tensor:
+    """Send rows ``[S, B]`` (uint8) -> a fresh ``[*layout rows, B]`` in the local layout; padding
+    rows are zero."""
+    m, width = d._maps, send.shape[1]
+    if d.mode == "exact":
+        out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=send.device)
+        for start, end in m.gaps:
+            out[start:end].zero_()
+        for rd in m.rounds:
+            recv_end, send_end = rd.recv_start + sum(rd.recv_splits), rd.send_start + sum(rd.send_splits)
+            _all_to_all(
+                d, out[rd.recv_start : recv_end], send[rd.send_start : send_end], rd.recv_splits, rd.send_splits
+            )
+        return out
+    received = sum(m.recv_splits)
+    recv = _rows_buffer(d, "recv", received + 1, width, send.device, keep=False)
+    recv[received].zero_()
+    _all_to_all(d, recv[:received], send, m.recv_splits, m.send_splits)
+    out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=send.device)
+    return _gather_into(out, recv, m.recv_of_row).view(*_layout_rows(d), width)
+
+
+def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor:
+    """Layout rows ``[layout rows, B]`` (uint8) -> the rows of every send row back on this rank,
+    ``[S + 1, B]`` with the zero row last (a scratch buffer unless ``keep``)."""
+    m, width = d._maps, flat.shape[1]
+    sent = m.send_token.shape[0]
+    ret = _rows_buffer(d, "ret", sent + 1, width, flat.device, keep)
+    ret[sent].zero_()
+    if d.mode == "exact":
+        for rd in m.rounds:
+            recv_end, send_end = rd.recv_start + sum(rd.recv_splits), rd.send_start + sum(rd.send_splits)
+            _all_to_all(
+                d, ret[rd.send_start : send_end], flat[rd.recv_start : recv_end], rd.send_splits, rd.recv_splits
+            )
+        return ret
+    send = _gather_into(
+        _rows_buffer(d, "send", m.row_of_recv.shape[0], width, flat.device, keep=False), flat, m.row_of_recv
+    )
+    _all_to_all(d, ret[:sent], send, m.send_splits, m.recv_splits)
+    return ret
+
+
+#: fp32 working set of one chunk of the weighted sum on the CPU: small enough to stay in a core's
+#: cache, large enough that the per-chunk dispatch of a handful of ops stays negligible.
+_SUM_CHUNK_BYTES = 1 << 21
+
+
+def _sum_slots(
+    d: EPDispatch, rows: torch.Tensor, slot_row: torch.Tensor, weights: torch.Tensor | None, dtype
+) -> torch.Tensor:
+    """``[T, C]`` in ``dtype``: ``sum_j weights[t, j] * rows[slot_row[t, j]]`` accumulated in fp32
+    in the order j = 0 .. k-1, each product and each sum rounded separately (no fused multiply-add,
+    whose use could depend on vector alignment), so the result does not depend on T, the chunking
+    or the placement. ``rows`` ``[S + 1, C]`` (any float dtype); ``weights`` fp32 ``[T, k]`` or
+    None for a plain sum.
+
+    Token chunk by token chunk (on the CPU), each chunk's rows are gathered straight from ``rows``
+    into scratch buffers and converted there: no ``[T, k, C]`` copy, and no fresh allocation, whose
+    page faults cost more than the arithmetic (a fresh fp32 tensor costs about three times a
+    conversion into an existing one)."""
+    T, k = slot_row.shape
+    C = rows.shape[1]
+    out = torch.empty(T, C, dtype=dtype, device=rows.device)
+    if T == 0 or k == 0:
+        return out.zero_()
+    step = min(T, max(1, _SUM_CHUNK_BYTES // (4 * k * C))) if rows.device.type == "cpu" else T
+    words = _words(rows.view(torch.uint8))
+    group, device = d.group, rows.device
+    row_bytes = C * rows.element_size()
+    picked_buf = group.scratch("sum_rows", step * k * row_bytes, device)
+    terms_buf = group.scratch("sum_terms", step * k * C * 4, device).view(torch.float32)
+    acc_buf = group.scratch("sum_acc", step * C * 4, device).view(torch.float32)
+    for lo in range(0, T, step):
+        n = min(T, lo + step) - lo
+        picked = picked_buf[: n * k * row_bytes].view(n * k, row_bytes).view(words.dtype)
+        torch.index_select(words, 0, slot_row[lo : lo + n].reshape(-1), out=picked)
+        terms = terms_buf[: n * k * C].view(n, k, C)
+        terms.copy_(picked.view(rows.dtype).view(n, k, C))  # exact widening to fp32
+        if weights is not None:
+            terms.mul_(weights[lo : lo + n, :, None])
+        if k == 1:
+            out[lo : lo + n].copy_(terms[:, 0])
+            continue
+        acc = acc_buf[: n * C].view(n, C)
+        torch.add(terms[:, 0], terms[:, 1], out=acc)
+        for j in range(2, k):
+            acc.add_(terms[:, j])
+        out[lo : lo + n].copy_(acc)
+    return out
+
+
+def _layout_rows(d: EPDispatch) -> tuple[int, ...]:
+    if d.mode == "exact":
+        return (d.layout.num_rows,)
+    return (d.layout.num_groups, d.layout.max_m)
+
+
+def _padding_fill(d: EPDispatch, t: torch.Tensor, value: float) -> torch.Tensor:
+    """Set the padding rows of ``t`` (in the local layout) to ``value``, in place (no host sync)."""
+    if d.mode == "exact":
+        for start, end in d._maps.gaps:
+            t[start:end].fill_(value)
+        return t
+    past = torch.arange(d.layout.max_m, device=t.device)[None, :] >= d.layout.masked_m[:, None].to(t.device)
+    return t.masked_fill_(past.view(*past.shape, *([1] * (t.dim() - 2))), value)
+
+
+class _DispatchRows(torch.autograd.Function):
+    """x ``[T, H]`` -> ``a`` in the local layout; backward: sum of each token's k gradient rows."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, d: EPDispatch) -> torch.Tensor:
+        ctx.d = d
+        src = _byte_rows(x)
+        m = d._maps
+        send = _gather_into(
+            _rows_buffer(d, "send", m.send_token.shape[0], src.shape[1], x.device, keep=False), src, m.send_token
+        )
+        return _to_experts(d, send).view(x.dtype).view(*_layout_rows(d), *x.shape[1:])
+
+    @staticmethod
+    def backward(ctx, grad_a: torch.Tensor):
+        d = ctx.d
+        flat = grad_a.reshape(-1, grad_a.shape[-1])  # copies an expanded zero
+        ret = _from_experts(d, _byte_rows(flat), keep=False).view(grad_a.dtype)
+        return _sum_slots(d, ret, d._maps.slot_row, None, grad_a.dtype), None
+
+
+class _CombineRows(torch.autograd.Function):
+    """(expert_out in the local layout, topk_weights ``[T, k]``) -> y ``[T, N]`` on the source rank.
+
+    ``anchor`` is the dispatch's ``a`` when it is differentiable: combine's backward hands it a zero
+    gradient, so the dispatch's backward (a collective) runs on *every* rank even where the GEMM
+    between them left the graph (a rank whose experts received no row may get an output that does
+    not depend on ``a``) — otherwise the other ranks would wait in it forever."""
+
+    @staticmethod
+    def forward(
+        ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None, d: EPDispatch
+    ) -> torch.Tensor:
+        keep = ctx.needs_input_grad[1]  # the weights' gradient reads the returned rows again
+        flat = expert_out.reshape(-1, expert_out.shape[-1])
+        rows = _from_experts(d, _byte_rows(flat), keep).view(expert_out.dtype)
+        w = weights.to(torch.float32)
+        if d._maps.kept_slots is not None:
+            w = torch.where(d._maps.kept_slots, w, 0.0)
+        ctx.save_for_backward(rows if keep else None, w)
+        ctx.d, ctx.out_shape, ctx.out_dtype, ctx.w_dtype = d, expert_out.shape, expert_out.dtype, weights.dtype
+        ctx.anchor = None if anchor is None else (anchor.shape, anchor.dtype, anchor.device)
+        return _sum_slots(d, rows, d._maps.slot_row, w, expert_out.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        rows, w = ctx.saved_tensors
+        d, m = ctx.d, ctx.d._maps
+        g = grad_y.to(torch.float32)
+        grad_out = grad_w = grad_anchor = None
+        if rows is not None:
+            T, k = m.slot_row.shape
+            per_slot = rows.index_select(0, m.slot_row.reshape(-1)).view(T, k, rows.shape[1]).to(torch.float32)
+            grad_w = (per_slot * g[:, None, :]).sum(-1).to(ctx.w_dtype)
+        if ctx.needs_input_grad[0]:
+            # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
+            send = (_pick(g, m.send_token) * _pick(w.reshape(-1, 1), m.send_slot)).to(ctx.out_dtype)
+            grad_out = _to_experts(d, _byte_rows(send)).view(ctx.out_dtype).view(ctx.out_shape)
+        if ctx.anchor is not None:
+            shape, dtype, device = ctx.anchor
+            grad_anchor = torch.zeros((), dtype=dtype, device=device).expand(shape)
+        return grad_out, grad_w, grad_anchor, None
+
+
+# -- planning ------------------------------------------------------------------------------------
+
+
+def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow):
+    if mode not in ("exact", "capacity"):
+        raise ArgumentError("mode", "'exact' or 'capacity'", mode)
+    if overflow not in OVERFLOW_POLICIES:
+        raise ArgumentError("overflow", f"one of {OVERFLOW_POLICIES}", overflow)
+    if mode == "exact":
+        _check_alignment(alignment)
+        if capacity is not None:
+            raise ArgumentError("capacity", "None in mode='exact' (rows are sized by the counts)", capacity)
+    elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
+        raise ArgumentError(
+            "capacity", "a non-negative int (rows per source rank and expert) in mode='capacity'", capacity
+        )
+    flat, tokens, k, _ = _check_routing(x, topk_ids, group.num_experts, topk_weights)
+    return flat, tokens, k
+
+
+def _slot_keys(flat: torch.Tensor, group: EPGroup, mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each slot's expert position (E for skipped/invalid), this rank's row of the count matrix
+    (per-position counts, invalid ids, status 0) and the stable order in which slots are sent:
+    by position in capacity mode (its fixed blocks), by :attr:`EPGroup.exchange_key` in exact mode
+    (its rounds); skipped slots last."""
+    E = group.num_experts
+    routed = (flat >= 0) & (flat < E)
+    expert = flat.clamp(0, E - 1)
+    key = torch.where(routed, group.positions(flat.device)[expert], E)
+    # scatter_add instead of bincount: bincount sizes its output from the data (a host sync).
+    row = torch.zeros(E + 3, dtype=torch.int64, device=flat.device)
+    row.scatter_add_(0, key, torch.ones_like(key))
+    row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
+    row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
+    if mode == "exact":
+        skipped = group.max_local_experts * group.world_size
+        send_key = torch.where(routed, group.exchange_keys(flat.device)[expert], skipped)
+    else:
+        send_key = key
+    order = torch.sort(send_key, stable=True).indices
+    return key, row, order
+
+
+def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
+    return [s for s, row in enumerate(host) if row[E + _BAD_IDS] or row[E + _STATUS]]
+
+
+def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor, k: int, capacity: int | None) -> None:
+    """The error path: invalid ids (this rank's, or a peer's), then capacity (first source rank,
+    then lowest expert id)."""
+    E = group.num_experts
+    failed = _failed_ranks(host, E)
+    if group.rank in failed:
+        _raise_bad_id(flat, k, E)
+    if failed:
+        raise PeerRankError("moe_hal.ep.dispatch", failed, "invalid arguments or expert ids")
+    if capacity is None:
+        return
+    over = [(s, e) for s in range(group.world_size) for e in range(E) if host[s][group.expert_position[e]] > capacity]
+    if over:
+        s, e = over[0]
+        raise EPCapacityError(
+            e,
+            s,
+            group.placement[e],
+            host[s][group.expert_position[e]],
+            capacity,
+            f"{len(over)} (source rank, expert) pair(s) over capacity; overflow='drop' keeps "
+            f"the first {capacity} slots of each",
+        )
+
+
+def _exact_maps(
+    host: list[list[int]], group: EPGroup, order: torch.Tensor, k: int, alignment: int
+) -> tuple[_Maps, ContiguousLayout, list[int], list[int]]:
+    """Rounds, slot maps and layout from the host count matrix (identical on every rank, so every
+    rank runs the same rounds and skips the same empty ones). Also returns the rows sent to and
+    received from each rank."""
+    W, r, pos, held = group.world_size, group.rank, group.expert_position, group.experts_of_rank
+    mine = held[r]
+    layout = ContiguousLayout.from_counts([sum(host[s][pos[e]] for s in range(W)) for e in mine], alignment=alignment)
+    rounds, sent = [], 0
+    for i in range(group.max_local_experts):
+        experts = [held[d][i] if i < len(held[d]) else None for d in range(W)]
+        send_splits = tuple(0 if e is None else host[r][pos[e]] for e in experts)
+        if any(host[s][pos[e]] for s in range(W) for e in experts if e is not None):
+            recv_splits = tuple(host[s][pos[mine[i]]] if i < len(mine) else 0 for s in range(W))
+            rounds.append(_Round(sent, send_splits, layout.starts[i] if i < len(mine) else 0, recv_splits))
+        sent += sum(send_splits)
+    gaps, end = [], 0
+    for start, stop in zip(layout.starts, layout.ends):
+        if start > end:
+            gaps.append((end, start))
+        end = stop
+    if layout.num_rows > end:
+        gaps.append((end, layout.num_rows))
+    device = order.device
+    slot_of_send_row = order[:sent]
+    slot_row = torch.full_like(order, sent).scatter_(0, slot_of_send_row, torch.arange(sent, device=device))
+    maps = _Maps(
+        torch.div(slot_of_send_row, k, rounding_mode="floor"),
+        slot_of_send_row,
+        slot_row.view(-1, k),
+        None if sent == order.shape[0] else (slot_row < sent).view(-1, k),
+        rounds=tuple(rounds),
+        gaps=tuple(gaps),
+    )
+    to_rank = [sum(host[r][pos[e]] for e in held[d]) for d in range(W)]
+    from_rank = [sum(host[s][pos[e]] for e in mine) for s in range(W)]
+    return maps, layout, to_rank, from_rank
+
+
+def _capacity_maps(
+    gathered: torch.Tensor,
+    row: torch.Tensor,
+    key: torch.Tensor,
+    order: torch.Tensor,
+    group: EPGroup,
+    k: int,
+    capacity: int,
+) -> tuple[_Maps, MaskedLayout]:
+    """All on the device: no count is read on the host."""
+    W, r, E, L = group.world_size, group.rank, group.num_experts, group.num_local_experts
+    ps, cap, device = group.position_start, capacity, order.device
+    n_slots = order.shape[0]
+    counts = row[:E]
+    first = torch.cumsum(counts, 0) - counts  # first sorted index per position
+    # Send side: row p * cap + m holds the m-th slot (slot order) routed to position p, if m < cap.
+    key_sorted = key[order]
+    routed_sorted = key_sorted < E
+    m_sorted = torch.arange(n_slots, device=device) - first[key_sorted.clamp(max=E - 1)]
+    send_sorted = torch.where(routed_sorted & (m_sorted < cap), key_sorted * cap + m_sorted, E * cap)
+    send_row_of_slot = torch.empty_like(order).scatter_(0, order, send_sorted)
+    m = torch.arange(cap, device=device)
+    if n_slots:
+        at = (first[:, None] + m[None, :]).clamp_(max=n_slots - 1)
+        slot_of_send_row = order[at].reshape(-1)  # rows past a position's count: unread
+    else:
+        slot_of_send_row = torch.zeros(E * cap, dtype=torch.int64, device=device)
+    token_of_send_row = torch.div(slot_of_send_row, k, rounding_mode="floor")
+    # Receive side: [W, L, cap] rows; source s's kept rows for local expert l go after those of s' < s.
+    kept = gathered[:, ps[r] : ps[r] + L].clamp(max=cap)  # [W, L]
+    before = torch.cumsum(kept, 0) - kept
+    max_m = W * cap
+    # Rows m >= kept[s, l] are unused; their index stays in range (an unread row of the output).
+    row_of_recv = (
+        torch.arange(L, device=device)[None, :, None] * max_m
+        + (before[:, :, None] + m[None, None, :]).clamp(max=max(max_m - 1, 0))
+    ).reshape(-1)
+    masked_m = kept.sum(0)
+    if L and max_m:
+        i = torch.arange(max_m, device=device).expand(L, max_m).contiguous()
+        ends = torch.cumsum(kept, 0).t().contiguous()  # [L, W] inclusive ends
+        src = torch.searchsorted(ends, i, right=True).clamp_(max=W - 1)  # source rank of row i
+        within = i - before.t().gather(1, src)
+        recv = (src * L + torch.arange(L, device=device)[:, None]) * cap + within
+        recv_of_row = torch.where(i < masked_m[:, None], recv, W * L * cap).reshape(-1)
+    else:
+        recv_of_row = torch.full((L * max_m,), W * L * cap, dtype=torch.int64, device=device)
+    maps = _Maps(
+        token_of_send_row,
+        slot_of_send_row,
+        send_row_of_slot.view(-1, k),
+        (send_row_of_slot < E * cap).view(-1, k),
+        recv_of_row=recv_of_row,
+        row_of_recv=row_of_recv,
+        send_splits=tuple((ps[d + 1] - ps[d]) * cap for d in range(W)),
+        recv_splits=(L * cap,) * W,
+    )
+    return maps, MaskedLayout(masked_m.to(torch.int32), max_m, check=False)
+
+
+def _gather_rows(sel: TransportSelection, group: EPGroup, row: torch.Tensor) -> torch.Tensor:
+    """Every rank's 1-D int64 ``row`` as ``[W, n]`` (the small all-gather of counts and flags)."""
+    out = row.new_empty(group.world_size * row.shape[0])
+    sel.transport.all_gather(out, row, group.process_group)
+    return out.view(group.world_size, row.shape[0])
+
+
+def _require(ok: torch.Tensor, raise_typed, message: str) -> None:
+    """Stop unless the 0-dim bool ``ok`` holds, without reading it on the host.
+
+    ``torch._assert_async`` raises at once on the CPU, where the value already is on the host:
+    ``raise_typed()`` then raises the typed error (it reads the small tensors it needs). On an
+    accelerator it is a device-side assertion: the process stops at its next synchronisation with
+    ``message`` — a typed error there would cost the host sync this path exists to avoid."""
+    try:
+        torch._assert_async(ok, message)
+    except RuntimeError:
+        if ok.device.type != "cpu":
+            raise
+        raise_typed()
+        raise
+
+
+# -- public API ----------------------------------------------------------------------------------
+
+
+def dispatch(
+    x: Hidden,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    group: EPGroup,
+    mode: str = "exact",
+    alignment: int = 128,
+    capacity: int | None = None,
+    *,
+    overflow: str = "error",
+    transport: str | None = None,
+) -> EPDispatch:
+    """Send each routed copy of this rank's tokens to the rank holding its expert.
+
+    ``x``: ``[T, H]`` tensor (any float dtype; differentiable) or :class:`~moe_hal.QuantizedTensor`
+    with per-token scales (``block = (1, c)``; its fp8 bytes and fp32 scales travel as byte rows).
+    ``topk_ids``: int32/int64 ``[T, k]`` global expert ids, ``-1`` for no expert. ``topk_weights``:
+    ``[T, k]`` floats (differentiable) used by :func:`combine`, or None for an unweighted sum.
+    ``group``: the :class:`~moe_hal.ep.EPGroup`. ``mode``: ``"exact"`` (``alignment`` per expert
+    segment) or ``"capacity"`` (``capacity`` rows per (source rank, expert), required).
+    ``overflow`` (capacity mode): ``"error"`` raises :class:`~moe_hal.errors.EPCapacityError` on
+    every rank (expert, source rank, count, capacity); ``"drop"`` keeps the first ``capacity`` slots
+    of each (source rank, expert) in slot order and reports this rank's dropped slots in
+    ``d.dropped``. ``transport``: force a transport by name (see :func:`moe_hal.ep.select`).
+
+    Every rank of the group must call it with the same ``mode``/``alignment``/``capacity`` and the
+    same ``H`` and dtype (``T`` may differ, 0 included). See the module docstring for ordering,
+    host syncs and the failure protocol.
+    """
+    if not isinstance(group, EPGroup):  # without a group there is nobody to tell
+        raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
+    graph = isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    sel = select(group, mode if mode in ("exact", "capacity") else "exact", graph=graph, transport=transport)
+    local_error: Exception | None = None
+    try:
+        flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
+        key, row, order = _slot_keys(flat, group, mode)
+    except ArgumentError as exc:  # join the count exchange with an error flag, then raise
+        local_error = exc
+        device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
+        row = torch.zeros(group.num_experts + 2, dtype=torch.int64, device=device)
+        row[group.num_experts + _STATUS] = 1
+    gathered = _gather_rows(sel, group, row)
+    if local_error is not None:
+        raise local_error
+    E = group.num_experts
+    if mode == "exact":
+        host = gathered.tolist()  # the one host sync
+        _raise_for_counts(host, group, flat, k, None)
+        maps, layout, to_rank, from_rank = _exact_maps(host, group, order, k, alignment)
+        dropped = torch.zeros((), dtype=torch.int64, device=flat.device)
+        send_counts = torch.tensor(to_rank, device=flat.device)
+        recv_counts = torch.tensor(from_rank, device=flat.device)
+    else:
+        ok = (gathered[:, E:] == 0).all()
+        if overflow == "error":
+            ok = ok & (gathered[:, :E] <= capacity).all()
+        _require(
+            ok,
+            lambda: _raise_for_counts(gathered.tolist(), group, flat, k, capacity if overflow == "error" else None),
+            "moe_hal.ep.dispatch: a (source rank, expert) pair is over capacity, or a rank's arguments are invalid",
+        )
+        maps, layout = _capacity_maps(gathered[:, :E], row, key, order, group, k, capacity)
+        dropped = (row[:E] - row[:E].clamp(max=capacity)).sum()
+        ps, r = group.position_start, group.rank
+        kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)
+        send_counts = torch.stack([kept[r, ps[t] : ps[t + 1]].sum() for t in range(group.world_size)])
+        recv_counts = kept[:, ps[r] : ps[r + 1]].sum(1)
+    d = EPDispatch(
+        None, layout, mode, group, sel.name, topk_weights, send_counts, recv_counts, dropped, tokens, k, maps, sel
+    )
+    if isinstance(x, QuantizedTensor):  # not differentiable: fp8 bytes and fp32 scales in one row
+        src = torch.cat([_byte_rows(x.data.view(torch.uint8)), _byte_rows(x.scale)], dim=1)
+        send = _gather_into(
+            _rows_buffer(d, "send", maps.send_token.shape[0], src.shape[1], src.device, keep=False),
+            src,
+            maps.send_token,
+        )
+        rows = _to_experts(d, send)
+        lead, H = _layout_rows(d), x.data.shape[-1]
+        a = QuantizedTensor(
+            rows[..., :H].contiguous().view(torch.float8_e4m3fn),
+            _padding_fill(d, rows[..., H:].contiguous().view(torch.float32), 1.0).view(*lead, *x.scale.shape[1:]),
+            x.block,
+            x.scale_format,
+        )
+    else:
+        a = _DispatchRows.apply(x, d)
+    object.__setattr__(d, "a", a)
+    return d
+
+
+def _check_combine(expert_out, d: EPDispatch) -> None:
+    if not isinstance(expert_out, torch.Tensor) or not expert_out.dtype.is_floating_point:
+        got = expert_out.dtype if isinstance(expert_out, torch.Tensor) else type(expert_out).__name__
+        raise DTypeError("expert_out", "a floating-point tensor", got)
+    lead = _layout_rows(d)
+    if expert_out.dim() != len(lead) + 1 or tuple(expert_out.shape[:-1]) != lead:
+        raise ShapeError("expert_out", f"a tensor with leading dims {lead} (those of d.a)", tuple(expert_out.shape))
+
+
+def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
+    """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` on the token's source rank.
+
+    ``expert_out``: the grouped GEMM's output in ``d.layout`` — ``[num_rows, N]`` (exact) or
+    ``[L, max_m, N]`` (capacity; rows past ``masked_m`` are never read). Returns ``[T, N]`` in
+    ``expert_out.dtype``; skipped and dropped slots contribute 0. Differentiable in ``expert_out``
+    and in the ``topk_weights`` given to :func:`dispatch`. Every rank must call it.
+
+    Failure protocol (as dispatch's): every rank checks its arguments, then the ranks exchange one
+    status flag each before any row moves; a rank whose arguments are invalid raises its own error
+    and every other rank :class:`~moe_hal.errors.PeerRankError` naming it (on an accelerator: a
+    device-side assertion, see the module docstring) — nobody waits in a collective for it.
+    """
+    if not isinstance(d, EPDispatch):  # without a dispatch there is no group to tell
+        raise DTypeError("d", "a moe_hal.ep.EPDispatch (from moe_hal.ep.dispatch)", type(d).__name__)
+    local_error: Exception | None = None
+    try:
+        _check_combine(expert_out, d)
+    except ArgumentError as exc:
+        local_error = exc
+    status = torch.full((1,), int(local_error is not None), dtype=torch.int64, device=d.send_counts.device)
+    flags = _gather_rows(d._selection, d.group, status)
+    if local_error is not None:
+        raise local_error
+
+    def peers_failed() -> None:
+        failed = [s for s, (flag,) in enumerate(flags.tolist()) if flag]
+        raise PeerRankError("moe_hal.ep.combine", failed, "invalid arguments")
+
+    _require((flags == 0).all(), peers_failed, "moe_hal.ep.combine: a peer rank's arguments are invalid")
+    weights = d.topk_weights
+    if weights is None:
+        weights = torch.ones(d.num_tokens, d.top_k, dtype=torch.float32, device=expert_out.device)
+    anchor = d.a if isinstance(d.a, torch.Tensor) and d.a.requires_grad else None
+    return _CombineRows.apply(expert_out, weights, anchor, d)
+
+
+__all__ = ["OVERFLOW_POLICIES", "EPDispatch", "combine", "dispatch"]
