@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import errors
+from . import environment, errors
 from .backend import API_VERSION, OPS, TIERS, Backend, BackendSpec, DeviceInfo, PerfModel, Reason, Signature
 from .hookspecs import ENTRY_POINT_GROUP, hookimpl
 
@@ -47,6 +47,7 @@ __all__ = [
     "clear_cache",
     "device_info",
     "dtypes",
+    "environment",
     "ep",
     "errors",
     "hookimpl",

@@ -29,7 +29,7 @@ Weights ``b[G, N, K]`` reach the op as ``b.transpose(1, 2)`` — the transposed-
 recognises by strides, no copy — or, for a transposed view of ``[G, K, N]``, as that tensor.
 Other strides, fp32 upcasts, dequantized fp8, the 950's ``[G, K, N]`` fp8 layout with
 ``[G, K/128, N/128]`` scales and opt-in FRACTAL_NZ weights are built once through
-:data:`moe_hal.prepared.prepared_cache`.
+:data:`moe_hal.plugin_api.prepared_cache`.
 """
 
 from __future__ import annotations
@@ -41,12 +41,17 @@ from typing import Any, Callable
 
 import torch
 
-from moe_hal import dtypes, environment
-from moe_hal.backend import Backend, DeviceInfo, Reason
-from moe_hal.errors import DeviceError
-from moe_hal.notices import warn_once
-from moe_hal.problem import Problem
-from moe_hal.quant import QuantizedTensor
+from moe_hal.plugin_api import (
+    Backend,
+    DeviceInfo,
+    Problem,
+    QuantizedTensor,
+    Reason,
+    dtypes,
+    environment,
+    errors,
+    warn_once,
+)
 
 from . import emulation, runtime, soc
 
@@ -280,7 +285,7 @@ class AscendBackend(Backend):
     def run(self, p: Problem, out: torch.Tensor | None) -> torch.Tensor:
         if p.device.type == "cpu" and not emulation.config().enabled:
             # Called directly (not through selection): never emulate without being asked to.
-            raise DeviceError(
+            raise errors.DeviceError(
                 "a", f"tensors on an NPU (CPU tensors only in emulation mode, {emulation.ENV_EMULATE}=1)", p.device
             )
         plan = self.plan(p)
@@ -370,7 +375,7 @@ class AscendBackend(Backend):
     def _m_weight(self, p: Problem, plan: Plan, ops: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The weight (and G-B scale) in a form ``npu_grouped_matmul`` accepts, prepared once
         where a conversion is needed."""
-        from moe_hal.prepared import prepared_cache
+        from moe_hal.plugin_api import prepared_cache
 
         b = p.b
         if plan.compute == "fp8_gb":
@@ -409,7 +414,7 @@ class AscendBackend(Backend):
     def _dequantized_weight(self, b: QuantizedTensor, plan: Plan) -> torch.Tensor:
         """fp8 weights dequantized once and held as bf16 where that is exact or the output is bf16
         (else fp32), returned in the op's dtype (a bf16 copy is widened per call for an fp32 op)."""
-        from moe_hal.prepared import prepared_cache
+        from moe_hal.plugin_api import prepared_cache
 
         bf16 = prepared_cache.get(self.name, b, "npu_weight_bf16", lambda q: decode_fp8(q, torch.bfloat16))
         if plan.op_dtype == torch.bfloat16:
@@ -505,7 +510,7 @@ def _mib(nbytes: int) -> str:
 
 
 def _device_features(device: torch.device) -> frozenset[str]:
-    from moe_hal.selection import device_info
+    from moe_hal.plugin_api import device_info
 
     return device_info(device).features
 

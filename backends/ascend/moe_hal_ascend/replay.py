@@ -37,8 +37,8 @@ def backends_for(soc_name: str) -> tuple[str, ...]:
 def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
     """Run ``tiers`` on every backend eligible on each SoC (emulated); returns the report with
     every recorded call and every case that did not pass."""
-    from moe_hal import selection
     from moe_hal.conformance import runner, session, suite
+    from moe_hal.plugin_api import clear_cache
 
     tiers = list(tiers)
     cases = suite.load()
@@ -47,7 +47,7 @@ def run(socs: Iterable[str], tiers: Iterable[str]) -> dict:
     try:
         for soc_name in socs:
             emulation.enable(soc_name)
-            selection.clear_cache()
+            clear_cache()
             for backend in backends_for(soc_name):
                 target = runner.Target.resolve(backend)
                 entry = {

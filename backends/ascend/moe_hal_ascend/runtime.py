@@ -33,7 +33,7 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from moe_hal.backend import Reason
+from moe_hal.plugin_api import Reason
 
 #: Shared libraries of the CANN toolkit whose absence means "CANN is not installed / not sourced".
 _CANN_LIBRARY = re.compile(
