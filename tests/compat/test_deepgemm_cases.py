@@ -25,7 +25,6 @@ import torch
 
 import moe_hal.compat.deep_gemm as dg
 from moe_hal.conformance.tolerances import calc_diff
-from moe_hal.errors import BackendUnavailableError
 
 BACKENDS = os.environ.get("MOE_HAL_COMPAT_BACKENDS", "reference,torch").split(",")
 #: Smaller shapes for interpreted/emulated backends.
@@ -35,8 +34,6 @@ N, K = (32, 256) if SMALL else (48, 384)
 #: Alignments per backend: the CUDA kernels' K-grouped fp8 path takes 128-token scale blocks only.
 ALIGNMENTS = (224,) if SMALL else (128, 224, 96)
 K_GROUPED = {"cuda_sm90": [(128, 128)], "cuda_sm100": [(128, 128)]}
-#: Backends that refuse K-grouped fp8 by design (SM90's fp8 MMA reads only K-major operands).
-K_GROUPED_FP8_REFUSED = {"cuda_sm90"}
 #: Scale rules per backend: each CUDA backend under its own architecture's rules, others under both.
 ARCHS = {"cuda_sm90": ("sm90",), "cuda_sm100": ("sm100",)}
 PAIRS = [(backend, arch) for backend in BACKENDS for arch in ARCHS.get(backend, ("sm90", "sm100"))]
@@ -284,12 +281,6 @@ def test_k_grouped_contiguous(backend, arch, dtype):
                         else:
                             fn = dg.k_grouped_fp8_gemm_tn_contiguous
                         ks_cpu = None if use_psum and real_ks is variants[0] else aligned_ks  # unsynced psum path
-                        if backend in K_GROUPED_FP8_REFUSED:  # refused with a reason, d kept
-                            before = d.clone()
-                            with pytest.raises(BackendUnavailableError, match="layout_unsupported"):
-                                fn(qa, qb, d, ks_cpu, layout, c, recipe=(1, 1, gran_k), use_psum_layout=use_psum)
-                            assert torch.equal(d, before)
-                            continue
                         fn(qa, qb, d, ks_cpu, layout, c, recipe=(1, 1, gran_k), use_psum_layout=use_psum)
                         threshold = FP8_DIFF
                     diff = calc_diff(d, ref)

@@ -150,17 +150,6 @@ class CudaBackend(Backend):
         return None
 
     def unsupported(self, problem: Problem) -> list[Reason]:
-        if problem.quantized and problem.op == "k_grouped" and not self.MN_MAJOR_FP8:
-            return [
-                Reason(
-                    "layout_unsupported",
-                    "fp8 K-grouped operands are MN-major (tokens are the reduction "
-                    "axis); this architecture's fp8 MMA (wgmma) reads only K-major operands from shared "
-                    "memory, so they would go through registers every step (not pipelined)",
-                    "bf16/fp16 operands, or another backend",
-                    "fp8 K-grouped",
-                )
-            ]
         if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
             from moe_hal.selection import device_info
 
@@ -260,6 +249,10 @@ class CudaBackend(Backend):
         if plan.path != "triton":
             return f"{plan.path} ({plan.path_note})"
         parts = [f"{KERNEL_NOTES[problem.op]}, {plan.config.label()} ({plan.tile_note})"]
+        from . import launch
+
+        a, b, _, _ = self._operands(problem)
+        parts.append(launch.tma_note(problem.op, a, b, plan.config))
         if problem.quantized:
             parts.append(f"fp8 scales: {self.SCALE_NOTE}")
         parts.append(f"triton because {plan.path_note}")
@@ -291,7 +284,9 @@ class CudaBackend(Backend):
         if p.op == "masked":
             return launch.masked(a, b, out, p.layout.masked_m, config, sa=sa, sb=sb)
         c = p.c if p.c is None or p.c.stride(-1) == 1 else p.c.contiguous()
-        return launch.k_grouped(a, b, out, p.layout, config, c=c, sa=sa, sb=sb)
+        # SM90 fp8: wgmma reads fp8 only K-major, so the K-grouped kernel reads token-major copies.
+        k_major = p.quantized and not self.MN_MAJOR_FP8
+        return launch.k_grouped(a, b, out, p.layout, config, c=c, sa=sa, sb=sb, k_major=k_major)
 
     def _operands(self, p: Problem):
         """(a, b, a scales, b scales) as the kernels take them: data tensors with unit inner stride

@@ -52,6 +52,7 @@ INTERPRET: bool = mode.configure_triton()
 
 import triton  # noqa: E402 - TRITON_INTERPRET must be set before triton decorates the kernels
 import triton.language as tl  # noqa: E402 - after the environment set-up above, which must come first
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402, F401 - for launch.py, imported here after the set-up
 
 #: Groups scanned per vector step when a program looks for its tile.
 GROUP_CHUNK = 128
@@ -84,6 +85,43 @@ def _ue8m0_bytes(ptr, idx, kb, stride_idx, stride_k, mask, BLOCK_K: tl.constexpr
     word = tl.load(ptr + idx * stride_idx + (kb // 4) * stride_k, mask=mask, other=127)
     exponent = ((word >> ((kb % 4) * 8)) & 0xFF).to(tl.uint8)
     return tl.broadcast_to(exponent[:, None], (idx.shape[0], BLOCK_K // 32))
+
+
+@triton.jit
+def _load_b(
+    b_src,
+    g,
+    n0,
+    k0,
+    N,
+    K,
+    stride_bg,
+    stride_bn,
+    stride_bk,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    B_TMA: tl.constexpr,
+):
+    """One K step of group ``g``'s weight as the MMA's right operand, ``b[k0:+BLOCK_K, n0:+BLOCK_N]``
+    (zeros past N and K). ``B_TMA``: 0 — ``b_src`` points at ``[G, N, K]`` with the strides
+    given (masked loads, pipelined by cp.async); 1 — ``b_src`` is a TMA descriptor of the K-major
+    ``[G, N, K]`` weight, block ``[1, BLOCK_N, BLOCK_K]``; 2 — a TMA descriptor of the N-major
+    weight viewed as ``[G, K, N]``, block ``[1, BLOCK_K, BLOCK_N]``."""
+    if B_TMA == 1:
+        b = b_src.load([g, n0, k0])
+        b = tl.reshape(b, (BLOCK_N, BLOCK_K)).T
+    elif B_TMA == 2:
+        b = b_src.load([g, k0, n0])
+        b = tl.reshape(b, (BLOCK_K, BLOCK_N))
+    else:
+        cols = n0 + tl.arange(0, BLOCK_N)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        b = tl.load(
+            b_src + g.to(tl.int64) * stride_bg + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
+            mask=(cols < N)[None, :] & (ks < K)[:, None],
+            other=0.0,
+        )
+    return b
 
 
 @triton.jit
@@ -128,8 +166,8 @@ def _accumulate(
 
 @triton.jit(do_not_specialize=["num_groups", "alignment", "num_rows", "sb_rows"])
 def contiguous_kernel(
-    a_ptr,
-    b_ptr,
+    a_src,
+    b_src,
     out_ptr,
     sa_ptr,
     sb_ptr,
@@ -158,6 +196,8 @@ def contiguous_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     GROUP_CHUNK: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """M-grouped contiguous: ``out[r] = a[r] @ b[group(r)].T``; rows of no group get zeros.
@@ -166,7 +206,10 @@ def contiguous_kernel(
     group ``g`` starts at ``align(psum[g-1], alignment)``. Program ``p`` takes row tile ``t`` (in
     grouped order): the ``t``-th ``BLOCK_M`` chunk of the concatenated group spans (see the
     module docstring). ``sb_rows``: rows of ``b`` per weight scale (128 or 1; a runtime
-    value, so both weight recipes share one compiled variant).
+    value, so both weight recipes share one compiled variant). ``a_src``: a pointer to
+    ``a[num_rows, K]`` or, when ``A_TMA``, a TMA descriptor of it with block ``[BLOCK_M, BLOCK_K]``
+    (rows past the tile's group are read and their results dropped); ``b_src``: see
+    :func:`_load_b`.
     """
     num_n = (N + BLOCK_N - 1) // BLOCK_N
     bound = (num_rows + BLOCK_M - 1) // BLOCK_M + num_groups
@@ -201,24 +244,23 @@ def contiguous_kernel(
     rows64 = rows.to(tl.int64)
     cols = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    b_base = b_ptr + g64 * stride_bg
     sb_base = sb_ptr + g64 * stride_sb_g
     sb_idx = cols // sb_rows
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_steps = (K + BLOCK_K - 1) // BLOCK_K * (row0 < group_end).to(tl.int32)  # padding-only tiles skip
     for step in range(0, k_steps):
         k0 = step * BLOCK_K
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(
-            a_ptr + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
-        b = tl.load(
-            b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
-            mask=col_ok[None, :] & k_ok[:, None],
-            other=0.0,
+        if A_TMA:
+            a = a_src.load([row0, k0])
+        else:
+            ks = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(
+                a_src + rows64[:, None] * stride_am + ks[None, :] * stride_ak,
+                mask=row_ok[:, None] & (ks < K)[None, :],
+                other=0.0,
+            )
+        b = _load_b(
+            b_src, g_plus_one - 1, n_tile * BLOCK_N, k0, N, K, stride_bg, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA
         )
         acc = _accumulate(
             acc,
@@ -246,8 +288,8 @@ def contiguous_kernel(
 
 @triton.jit(do_not_specialize=["num_groups", "max_m", "sb_rows"])
 def masked_kernel(
-    a_ptr,
-    b_ptr,
+    a_src,
+    b_src,
     out_ptr,
     sa_ptr,
     sb_ptr,
@@ -277,6 +319,8 @@ def masked_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_CHUNK: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """M-grouped masked: ``out[g, r] = a[g, r] @ b[g].T`` for ``r < masked_m[g]`` (clamped to
@@ -285,7 +329,10 @@ def masked_kernel(
     Persistent: the programs share the ``sum_g cdiv(masked_m[g], BLOCK_M) * cdiv(N, BLOCK_N)``
     tiles that exist, read from the device ``masked_m`` (contiguous int32 ``[G]``), tile ``t``
     going to program ``t % num_programs``. No host synchronisation, so the launch can be captured
-    in a CUDA graph and replayed with new ``masked_m`` values.
+    in a CUDA graph and replayed with new ``masked_m`` values. ``a_src``: a pointer to
+    ``a[G, max_m, K]`` or, when ``A_TMA``, a TMA descriptor of it with block
+    ``[1, BLOCK_M, BLOCK_K]`` (rows past ``masked_m[g]`` are read, never stored); ``b_src``: see
+    :func:`_load_b`.
     """
     num_n = (N + BLOCK_N - 1) // BLOCK_N
     total = 0
@@ -317,24 +364,34 @@ def masked_kernel(
         row_ok = rows < rows_valid
         cols = (local % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = cols < N
-        a_base = a_ptr + g64 * stride_ag
-        b_base = b_ptr + g64 * stride_bg
         sa_base = sa_ptr + g64 * stride_sa_g
         sb_base = sb_ptr + g64 * stride_sb_g
         sb_idx = cols // sb_rows
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            a = tl.load(
-                a_base + rows[:, None] * stride_am + ks[None, :] * stride_ak,
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            b = tl.load(
-                b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk,
-                mask=col_ok[None, :] & k_ok[:, None],
-                other=0.0,
+            if A_TMA:
+                a = a_src.load([g_plus_one - 1, (local // num_n) * BLOCK_M, k0])
+                a = tl.reshape(a, (BLOCK_M, BLOCK_K))
+            else:
+                ks = k0 + tl.arange(0, BLOCK_K)
+                a = tl.load(
+                    a_src + g64 * stride_ag + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                    mask=row_ok[:, None] & (ks < K)[None, :],
+                    other=0.0,
+                )
+            b = _load_b(
+                b_src,
+                g_plus_one - 1,
+                (local % num_n) * BLOCK_N,
+                k0,
+                N,
+                K,
+                stride_bg,
+                stride_bn,
+                stride_bk,
+                BLOCK_N,
+                BLOCK_K,
+                B_TMA,
             )
             acc = _accumulate(
                 acc,
@@ -359,10 +416,77 @@ def masked_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def _k_grouped_edge(
+    acc,
+    a_ptr,
+    b_ptr,
+    t0,
+    start,
+    end,
+    rows,
+    row_ok,
+    cols,
+    col_ok,
+    stride_at,
+    stride_am,
+    stride_bt,
+    stride_bn,
+    sa_ptr,
+    stride_sa_m,
+    stride_sa_k,
+    sb_ptr,
+    stride_sb_n,
+    stride_sb_k,
+    SCALES: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    INTERPRET: tl.constexpr,
+):
+    """The partial first or last step of a group in the ``TOKEN_MAJOR`` K-grouped loop: tokens
+    ``[t0, t0 + BLOCK_K)`` of the MN-major operands, those outside the group's ``[start, end)``
+    masked. The loads are vectorised (the mask is constant along MN) but, K-major operands being
+    what SM90's fp8 wgmma reads, the tiles are transposed through registers: two steps per group.
+    (Named ``edge_*`` so that the compile check's rule for the pipelined ``a``/``b`` skips them.)"""
+    ts = t0 + tl.arange(0, BLOCK_K)
+    t_ok = (ts >= start) & (ts < end)
+    ts64 = ts.to(tl.int64)
+    edge_a = tl.load(
+        a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
+        mask=t_ok[:, None] & row_ok[None, :],
+        other=0.0,
+    )
+    edge_b = tl.load(
+        b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
+        mask=t_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    )
+    return _accumulate(
+        acc,
+        tl.trans(edge_a),
+        edge_b,
+        t0,
+        sa_ptr,
+        rows,
+        stride_sa_m,
+        stride_sa_k,
+        row_ok,
+        sb_ptr,
+        cols,
+        stride_sb_n,
+        stride_sb_k,
+        col_ok,
+        SCALES,
+        BLOCK_K,
+        INTERPRET,
+    )
+
+
 @triton.jit(do_not_specialize=["has_c"])
 def k_grouped_kernel(
     a_ptr,
     b_ptr,
+    at_ptr,
+    bt_ptr,
     c_ptr,
     out_ptr,
     sa_ptr,
@@ -374,6 +498,8 @@ def k_grouped_kernel(
     stride_am,
     stride_bt,
     stride_bn,
+    stride_atm,
+    stride_btn,
     stride_cg,
     stride_cm,
     stride_cn,
@@ -391,6 +517,7 @@ def k_grouped_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    TOKEN_MAJOR: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """K-grouped: ``out[g] = (c[g] if has_c else 0) + a[s_g:e_g].T @ b[s_g:e_g]`` (``has_c`` is a
@@ -402,6 +529,13 @@ def k_grouped_kernel(
     per 128 tokens and column, absolute along T), the token loop starts at a multiple of
     ``BLOCK_K`` (a divisor of 128) so that one step never straddles two scale blocks; tokens
     outside the group are masked. ``out`` may be ``c``.
+
+    ``TOKEN_MAJOR`` (SM90 fp8, whose wgmma reads only K-major operands): ``at_ptr``/``bt_ptr``
+    are token-major copies of ``a``/``b`` (token stride 1, MN strides ``stride_atm``/``stride_btn``).
+    A token mask there would vary along the contiguous axis and stop the loads from being
+    vectorised async copies, so a group runs its whole ``BLOCK_K`` steps on the copies with no
+    token mask (K-major, pipelined) and its partial first and last step on the MN-major operands
+    with the mask (:func:`_k_grouped_edge`; they pass through registers on their way to the MMA).
     """
     m_tiles = (M + BLOCK_M - 1) // BLOCK_M
     num_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -423,41 +557,53 @@ def k_grouped_kernel(
             other=0.0,
         )
         acc += c.to(tl.float32)
-    first = start
-    if SCALES != 0:
-        first = (start // BLOCK_K) * BLOCK_K
-    for t0 in range(first, end, BLOCK_K):
-        ts = t0 + tl.arange(0, BLOCK_K)
-        t_ok = (ts >= start) & (ts < end)
-        ts64 = ts.to(tl.int64)
-        a = tl.load(
-            a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
-            mask=t_ok[:, None] & row_ok[None, :],
-            other=0.0,
-        )
-        b = tl.load(
-            b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
-            mask=t_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
-        acc = _accumulate(
-            acc,
-            tl.trans(a),
-            b,
-            t0,
-            sa_ptr,
-            rows,
-            stride_sa_m,
-            stride_sa_k,
-            row_ok,
-            sb_ptr,
-            cols,
-            stride_sb_n,
-            stride_sb_k,
-            col_ok,
-            SCALES,
-            BLOCK_K,
-            INTERPRET,
-        )
+    if TOKEN_MAJOR:
+        whole_lo = (start + BLOCK_K - 1) // BLOCK_K  # first whole step, in steps
+        whole_hi = end // BLOCK_K  # one past the last whole step
+        if start % BLOCK_K != 0:  # partial first step (the whole group when it fits in one step)
+            acc = _k_grouped_edge(
+                acc, a_ptr, b_ptr, (start // BLOCK_K) * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
+                stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
+                stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
+            )  # fmt: skip
+        rows64 = rows.to(tl.int64)
+        cols64 = cols.to(tl.int64)
+        for step in range(whole_lo, whole_hi):
+            t0 = step * BLOCK_K
+            ts = t0 + tl.arange(0, BLOCK_K)
+            a = tl.load(at_ptr + ts[:, None] + rows64[None, :] * stride_atm, mask=row_ok[None, :], other=0.0)
+            b = tl.load(bt_ptr + ts[:, None] + cols64[None, :] * stride_btn, mask=col_ok[None, :], other=0.0)
+            acc = _accumulate(
+                acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok, sb_ptr, cols,
+                stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET,
+            )  # fmt: skip
+        if (end % BLOCK_K != 0) & (whole_hi >= whole_lo):  # partial last step, unless it was the first
+            acc = _k_grouped_edge(
+                acc, a_ptr, b_ptr, whole_hi * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
+                stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
+                stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
+            )  # fmt: skip
+    else:
+        first = start
+        if SCALES != 0:
+            first = (start // BLOCK_K) * BLOCK_K
+        for t0 in range(first, end, BLOCK_K):
+            ts = t0 + tl.arange(0, BLOCK_K)
+            t_ok = (ts >= start) & (ts < end)
+            ts64 = ts.to(tl.int64)
+            a = tl.load(
+                a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
+                mask=t_ok[:, None] & row_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
+                mask=t_ok[:, None] & col_ok[None, :],
+                other=0.0,
+            )
+            acc = _accumulate(
+                acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok, sb_ptr, cols,
+                stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET,
+            )  # fmt: skip
     out = out_ptr + g64 * stride_og + rows[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

@@ -88,6 +88,75 @@ def _check_config(config: KernelConfig, scaled: bool) -> None:
         raise ValueError(f"BLOCK_K={config.block_k} must divide 128 (the scale block along K) for fp8")
 
 
+#: Operand sources of the contiguous and masked kernels (the ``B_TMA`` constexpr).
+B_POINTER, B_TMA_K_MAJOR, B_TMA_N_MAJOR = 0, 1, 2
+
+
+def _descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> kernels.TensorDescriptor | None:
+    """A TMA descriptor of ``t`` seen as ``shape``/``strides``, or None when TMA cannot read it:
+    the base or an outer stride not a multiple of 16 bytes, an inner stride other than 1, or an
+    empty dimension (the hardware's rules for ``cuTensorMapEncodeTiled``)."""
+    size = t.element_size()
+    if (
+        t.data_ptr() % 16
+        or strides[-1] != 1
+        or any(s <= 0 or s * size % 16 for s in strides[:-1])
+        or any(d <= 0 for d in shape)
+    ):
+        return None
+    return kernels.TensorDescriptor(t, list(shape), list(strides), list(block))
+
+
+def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
+    """``(a source, A_TMA, b source, B_TMA)`` for the contiguous (``a[rows, K]``) and masked
+    (``a[G, max_m, K]``) kernels: TMA descriptors where the operand's alignment allows, else the
+    tensors themselves (pointer loads with masks, pipelined by cp.async). ``b[G, N, K]`` is
+    described K-major (stride 1 along K) or, for a 16-bit N-major weight, as ``[G, K, N]``."""
+    bm, bn, bk = config.block_m, config.block_n, config.block_k
+    a_desc = _descriptor(a, tuple(a.shape), tuple(a.stride()), (1,) * (a.dim() - 2) + (bm, bk))
+    g, n, k = b.shape
+    sg, sn, sk = b.stride()
+    if sk == 1:
+        b_desc, b_kind = _descriptor(b, (g, n, k), (sg, sn, 1), (1, bn, bk)), B_TMA_K_MAJOR
+    else:
+        b_desc, b_kind = _descriptor(b, (g, k, n), (sg, sk, sn), (1, bk, bn)), B_TMA_N_MAJOR
+    return (
+        a if a_desc is None else a_desc,
+        a_desc is not None,
+        b if b_desc is None else b_desc,
+        B_POINTER if b_desc is None else b_kind,
+    )
+
+
+def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig) -> str:
+    """How the kernel of ``op`` loads the operands ``a`` and ``b`` it is given (for ``explain()``)."""
+    if op == "k_grouped":
+        return (
+            "operands by cp.async, not TMA (a group's tokens start at any row and must be masked along the "
+            "reduction axis, which a TMA box cannot do)"
+        )
+    _, a_tma, _, b_tma = operand_sources(a, b, config)
+    fallback = "cp.async (base or stride not 16-byte aligned, so no TMA)"
+    return f"operands: a by {'TMA' if a_tma else fallback}, b by {'TMA' if b_tma else fallback}"
+
+
+#: Token stride of a token-major copy: a multiple of 16 elements, so every row of the copy
+#: starts 16-byte aligned (vectorised async copies for fp8).
+TOKEN_STRIDE_MULTIPLE = 16
+
+
+def token_major(x: torch.Tensor) -> torch.Tensor:
+    """``x[T, MN]`` with the same values, contiguous along T: a view of ``[MN, align(T, 16)]``
+    with strides ``(1, align(T, 16))``. The copy is a device operation queued on the current
+    stream (no host sync); its memory comes from torch's caching allocator, which keeps it
+    until the kernel that reads it is done."""
+    t, mn = x.shape
+    width = _cdiv(max(t, 1), TOKEN_STRIDE_MULTIPLE) * TOKEN_STRIDE_MULTIPLE
+    buf = torch.empty(mn, width, dtype=x.dtype, device=x.device)
+    buf[:, :t].copy_(x.t())
+    return buf[:, :t].t()
+
+
 def _launch_kwargs(config: KernelConfig) -> dict:
     return dict(
         BLOCK_M=config.block_m,
@@ -123,9 +192,10 @@ def contiguous(
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
     row_tiles = _cdiv(num_rows, config.block_m) + groups  # upper bound; the kernel finds the real ones
     grid = (row_tiles * _cdiv(n, config.block_n),)
+    a_src, a_tma, b_src, b_tma = operand_sources(a, b, config)
     kernels.contiguous_kernel[grid](
-        a,
-        b,
+        a_src,
+        b_src,
         out,
         sa_t,
         sb_t,
@@ -148,6 +218,8 @@ def contiguous(
         SCALES=kind,
         GROUP_M=config.group_m,
         GROUP_CHUNK=kernels.GROUP_CHUNK,
+        A_TMA=a_tma,
+        B_TMA=b_tma,
         **_launch_kwargs(config),
     )
     return out
@@ -177,9 +249,10 @@ def masked(
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
     most = g * _cdiv(max_m, config.block_m) * _cdiv(n, config.block_n)
     grid = (min(most, programs or resident_programs(a.device)),)
+    a_src, a_tma, b_src, b_tma = operand_sources(a, b, config)
     kernels.masked_kernel[grid](
-        a,
-        b,
+        a_src,
+        b_src,
         out,
         sa_t,
         sb_t,
@@ -202,6 +275,8 @@ def masked(
         sb_rows,
         SCALES=kind,
         GROUP_CHUNK=kernels.GROUP_CHUNK,
+        A_TMA=a_tma,
+        B_TMA=b_tma,
         **_launch_kwargs(config),
     )
     return out
@@ -217,9 +292,11 @@ def k_grouped(
     c: torch.Tensor | None = None,
     sa: Physical | None = None,
     sb: Physical | None = None,
+    k_major: bool = False,
 ) -> torch.Tensor:
     """``out[g] = (c[g] or 0) + a[rows_g].T @ b[rows_g]`` for ``a[T, M]``, ``b[T, N]``, ``out[G, M, N]``;
-    ``out`` may be ``c`` itself."""
+    ``out`` may be ``c`` itself. ``k_major``: feed the MMA K-major operands (SM90 fp8) — whole
+    steps read :func:`token_major` copies of ``a`` and ``b``, made here."""
     _check_config(config, sa is not None)
     m, n = a.shape[1], b.shape[1]
     groups = out.shape[0]
@@ -229,10 +306,13 @@ def k_grouped(
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, _ = _scale_args(sb, 2, a)
     c_t = c if c is not None else out
+    at, bt = (token_major(a), token_major(b)) if k_major else (a, b)
     grid = (groups * _cdiv(m, config.block_m) * _cdiv(n, config.block_n),)
     kernels.k_grouped_kernel[grid](
         a,
         b,
+        at,
+        bt,
         c_t,
         out,
         sa_t,
@@ -244,6 +324,8 @@ def k_grouped(
         a.stride(1),
         b.stride(0),
         b.stride(1),
+        at.stride(1) if k_major else 0,
+        bt.stride(1) if k_major else 0,
         c_t.stride(0),
         c_t.stride(1),
         c_t.stride(2),
@@ -256,6 +338,7 @@ def k_grouped(
         int(c is not None),
         SCALES=kind,
         GROUP_M=config.group_m,
+        TOKEN_MAJOR=k_major,
         **_launch_kwargs(config),
     )
     return out

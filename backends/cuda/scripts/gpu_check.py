@@ -440,15 +440,8 @@ def correctness(check: Check) -> None:
             _record(
                 check, f"k_grouped/{tag}/{str(dtype).removeprefix('torch.')}", k_grouped("cuda_sm90", dtype, with_c)
             )
-        _record(check, f"k_grouped/{tag}/fp8-sm90-refused", lambda: _kgrouped_fp8_refused(check))
+        _record(check, f"k_grouped/{tag}/fp8-sm90-fp32-scales", k_grouped("cuda_sm90", None, with_c, "fp32"))
         _record(check, f"k_grouped/{tag}/fp8-sm100-ue8m0-scales", k_grouped("sm100-format", None, with_c, "ue8m0"))
-
-
-def _kgrouped_fp8_refused(check: Check) -> dict[str, Any]:
-    lay = moe_hal.KGroupedLayout.from_counts([5, 7])
-    x = quantize_fp8(check.randn(12, 16, dtype=torch.float32), (128, 1))
-    reasons = backend_object("cuda_sm90").unsupported(moe_hal.Problem.build(x, x, lay, out_dtype=torch.float32))
-    return {"passed": [r.code for r in reasons] == ["layout_unsupported"], "reasons": [str(r) for r in reasons]}
 
 
 def gpu_only(check: Check) -> None:

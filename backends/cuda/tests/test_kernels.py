@@ -184,18 +184,15 @@ def test_k_grouped_in_place_bf16_out(gen, backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("with_c", [False, True])
 def test_k_grouped_fp8(gen, backend, with_c):
-    """Token groups that straddle 128-token scale blocks (alignment 1), an empty group. SM90
-    refuses the call (fp8 wgmma reads K-major operands only; these are MN-major)."""
-    lay = moe_hal.KGroupedLayout.from_counts([100, 0, 90, 70], alignment=1)
+    """Token groups that straddle 128-token scale blocks (alignment 1), an empty group. SM90 runs
+    on token-major copies (its fp8 wgmma reads K-major operands only): partial first and last
+    steps, whole steps, and a group inside one step."""
+    lay = moe_hal.KGroupedLayout.from_counts([100, 0, 90, 70, 300, 20], alignment=1)
     m, n = 24, 40
     ue8m0 = backend == "cuda_sm100"
     qx = quantize_fp8(randn(gen, lay.num_rows, m), (128, 1), ue8m0=ue8m0)
     qdy = quantize_fp8(randn(gen, lay.num_rows, n), (128, 1), ue8m0=ue8m0)
-    c = randn(gen, 4, m, n) if with_c else None
-    if backend == "cuda_sm90":
-        with pytest.raises(moe_hal.errors.BackendUnavailableError, match="layout_unsupported.*K-major"):
-            moe_hal.grouped_gemm(qx, qdy, lay, c=c, out_dtype=torch.float32, backend=backend)
-        return
+    c = randn(gen, 6, m, n) if with_c else None
     out = moe_hal.grouped_gemm(qx, qdy, lay, c=c, out_dtype=torch.float32, backend=backend)
     ref = reference(qx, qdy, lay, c=c, out_dtype=torch.float32)
     assert_matches(out, ref, magnitude(qx, qdy, lay, c), lay.num_rows, FP8_THRESHOLD)
@@ -299,6 +296,67 @@ def test_fp8_many_tiles_all_layouts(gen, arch):
     assert_matches(
         outk, reference(qx, qdy, kl, out_dtype=torch.float32), magnitude(qx, qdy, kl), kl.num_rows, FP8_THRESHOLD
     )
+    # K-major operands (SM90 fp8): whole steps on token-major copies, partial first/last steps on
+    # the MN-major operands; the same K steps in the same order as the MN-major loop, so the same result.
+    tx = launch.token_major(qx.data)
+    assert tx.stride(0) == 1 and tx.stride(1) % 16 == 0 and tx.shape == qx.data.shape
+    assert torch.equal(tx.view(torch.uint8), qx.data.view(torch.uint8))
+    outt = _poisoned((3, 24, n), torch.float32)
+    sa, sb = scales.activation(qx, arch), scales.activation(qdy, arch)
+    launch.k_grouped(qx.data, qdy.data, outt, kl, SMALL, sa=sa, sb=sb, k_major=True)
+    assert torch.equal(outt, outk)
+
+
+def _misaligned(x: torch.Tensor) -> torch.Tensor:
+    """A copy of contiguous ``x`` whose base sits one element past a 16-byte boundary: no TMA."""
+    flat = torch.empty(x.numel() + 16, dtype=x.dtype)[1 : 1 + x.numel()]
+    return flat.view(x.shape).copy_(x)
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100", None])
+def test_tma_and_pointer_paths_agree(gen, arch):
+    """Aligned operands go to the contiguous and masked kernels as TMA descriptors (weights K- and
+    N-major), misaligned ones as pointers; both paths match the reference, and each other exactly.
+    ``arch`` None: bf16; else fp8 with that architecture's scales."""
+    k, n = 256, 48
+    lay = moe_hal.ContiguousLayout.from_counts([21, 0, 9], alignment=4)
+    masked_m = torch.tensor([5, 0, 18], dtype=torch.int32)
+    ml = moe_hal.MaskedLayout(masked_m, 18)
+    if arch is None:
+        a, a3 = randn(gen, lay.num_rows, k, dtype=torch.bfloat16), randn(gen, 3, 18, k, dtype=torch.bfloat16)
+        weights = [randn(gen, 3, n, k, dtype=torch.bfloat16), randn(gen, 3, k, n, dtype=torch.bfloat16).transpose(1, 2)]
+        data, kw, kw3, tol = (lambda x: x), {}, {}, BF16_THRESHOLD
+    else:
+        ue8m0 = arch == "sm100"
+        a = quantize_fp8(randn(gen, lay.num_rows, k), (1, 128), ue8m0=ue8m0)
+        a3 = quantize_fp8(randn(gen, 3, 18, k), (1, 128), ue8m0=ue8m0)
+        weights = [quantize_fp8(randn(gen, 3, n, k), (128, 128), ue8m0=ue8m0)]
+        kw = {"sa": scales.activation(a, arch), "sb": scales.weight(weights[0], arch)}
+        kw3 = {"sa": scales.activation(a3, arch), "sb": kw["sb"]}
+        data, tol = (lambda x: x.data), FP8_THRESHOLD
+    for w in weights:
+        outs = []
+        for prepare in (lambda x: x, _misaligned):
+            x, x3 = prepare(data(a)), prepare(data(a3))
+            y = data(w) if data(w).stride(-1) != 1 else prepare(data(w))
+            sources = launch.operand_sources(x, y, SMALL)
+            tma = prepare is not _misaligned
+            assert sources[1] == tma and isinstance(sources[0], kernels.TensorDescriptor) == tma
+            if tma or data(w).stride(-1) == 1:
+                assert (sources[3] != launch.B_POINTER) == tma
+            out = launch.contiguous(x, y, _poisoned((lay.num_rows, n), torch.float32), lay, SMALL, **kw)
+            out3 = launch.masked(x3, y, torch.full((3, 18, n), 7.0), masked_m, SMALL, **kw3)
+            assert_matches(out, reference(a, w, lay, out_dtype=torch.float32), magnitude(a, w, lay), k, tol)
+            mag3 = reference(
+                a3.dequantize().abs() if arch else a3.float().abs(),
+                w.dequantize().abs() if arch else w.float().abs(),
+                ml,
+            )
+            ref3 = torch.full((3, 18, n), 7.0)
+            reference(a3, w, ml, out=ref3, out_dtype=torch.float32)
+            assert_matches(out3, ref3, mag3, k, tol)
+            outs.append((out, out3))
+        assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_sm100_kernel_decodes_packed_bytes(gen):
