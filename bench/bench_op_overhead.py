@@ -11,13 +11,17 @@ one process and interleaved:
 * ``op_graph``: ``torch.ops.moe_hal.grouped_gemm`` on the already flattened arguments, nothing
   requiring grad, as a compiled graph calls it: the dispatcher, the Autograd kernel's no-grad
   branch and finding the host layout again (``graph_added_us = op_graph - direct``),
+* ``floor``: a custom op with the same schema whose Python kernel does nothing (registered here,
+  namespace ``moe_hal_bench``): what any ``torch.library`` op with a Python kernel costs to call,
+  which no change inside moe_hal removes,
 * ``op``: the API call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
   ``op_graph`` plus flattening the layout and operands (``added_us = op - plain``),
 * ``op_autograd``: the op with operands that require grad (records the backward node; the
   backward itself is not timed),
 
 for the contiguous (host layout and :class:`~moe_hal.PsumLayout`), masked and K-grouped layouts.
-``added_us = op - plain``. Times are this thread's CPU time by default (``--clock thread``), which
+``own_us = op_graph - direct - floor`` is what moe_hal's own Autograd and eager kernels add to
+the checked path beyond the dispatcher's floor. Times are this thread's CPU time by default (``--clock thread``), which
 a shared, oversubscribed machine disturbs less than wall time. Never run as a test.
 
     python bench/bench_op_overhead.py [--json bench/results/op_overhead_cpu.json] [--repeats 15]
@@ -26,7 +30,9 @@ a shared, oversubscribed machine disturbs less than wall time. Never run as a te
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import statistics
 import time
 import warnings
 
@@ -35,6 +41,19 @@ import torch
 import moe_hal
 from moe_hal import execution, ops
 from moe_hal.timing import host_seconds_per_call, machine_record
+
+STATISTICS = {"median": statistics.median, "min": min}
+
+
+@functools.cache
+def noop_op():
+    """A custom op with ``torch.ops.moe_hal.grouped_gemm``'s schema and a Python kernel that
+    returns ``a``: the dispatcher's own cost for such an op (the ``floor`` row)."""
+    lib = torch.library.Library("moe_hal_bench", "DEF")
+    lib.define("noop" + ops.GROUPED_GEMM_SCHEMA)
+    lib.impl("noop", lambda a, *args: a, "CompositeExplicitAutograd")
+    noop_op.lib = lib  # the registration lives as long as its Library object
+    return torch.ops.moe_hal_bench.noop.default
 
 
 def cases(gen: torch.Generator) -> dict[str, tuple]:
@@ -53,23 +72,25 @@ def cases(gen: torch.Generator) -> dict[str, tuple]:
     }
 
 
-def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock) -> dict:
+def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic) -> dict:
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     groups, op_name, alignment, _ = ops.layout_args(lay, a.device)
     fns = {
         "op_graph": lambda: ops.grouped_gemm_op(a, b, groups, op_name, alignment, c),
+        "floor": lambda: noop_op()(a, b, groups, op_name, alignment, c),
         "op": lambda: ops.call(a, b, lay, c=c),
         "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
     }
     if not isinstance(lay, moe_hal.PsumLayout):  # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
         fns["direct"] = lambda: execution.run(a, b, lay, c=c)
-    t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock)
+    t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock, statistic=statistic)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
     if "plain" in t:
         row["api_added_us"] = (t["plain"] - t["direct"]) * 1e6
         row["graph_added_us"] = (t["op_graph"] - t["direct"]) * 1e6
+        row["own_us"] = (t["op_graph"] - t["direct"] - t["floor"]) * 1e6
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
     return row
@@ -86,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         default="thread",
         help="wall time, or this thread's CPU time (default: steadier on a shared, oversubscribed host)",
     )
+    p.add_argument(
+        "--stat",
+        choices=("median", "min"),
+        default="median",
+        help="per-call time over the rounds: median, or min (the least disturbed round; differences of a few "
+        "microseconds stay visible on a loaded host)",
+    )
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
     clock = time.thread_time if args.clock == "thread" else time.perf_counter
@@ -93,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", moe_hal.errors.MoeHalWarning)
     gen = torch.Generator().manual_seed(0)
     results = [
-        measure(name, *args_, iters=args.iters, repeats=args.repeats, clock=clock) for name, args_ in cases(gen).items()
+        measure(name, *args_, iters=args.iters, repeats=args.repeats, clock=clock, statistic=STATISTICS[args.stat])
+        for name, args_ in cases(gen).items()
     ]
     for r in results:
         text = "  ".join(f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
@@ -102,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         meta = {
             **machine_record(),
             "clock": args.clock,
+            "stat": args.stat,
             "command": "python bench/bench_op_overhead.py "
-            f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock}",
+            f"--repeats {args.repeats} --iters {args.iters} --threads {args.threads} --clock {args.clock} "
+            f"--stat {args.stat}",
         }
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)

@@ -20,6 +20,7 @@ _run = _execution.run
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch.is_autocast_enabled
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 _PsumLayout = PsumLayout
 
 
@@ -41,7 +42,7 @@ def _op_reason(a, b, layout, c) -> str | None:
     ):
         return "an operand requires grad (the gradient is recorded)"
     # Operands of other types are refused later, by Problem.build.
-    if not isinstance(a, (torch.Tensor, QuantizedTensor)):
+    if not _is_any_autocast_enabled() or not isinstance(a, (torch.Tensor, QuantizedTensor)):
         return None
     device_type = a.device.type
     has_autocast = _HAS_AUTOCAST.get(device_type)

@@ -59,11 +59,13 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 _OPERAND_ARGS = (
     'Tensor? a_scale=None, Tensor? b_scale=None, int[] a_block=[], int[] b_block=[], str scale_format="fp32"'
 )
-_lib.define(
-    "grouped_gemm(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
+#: The functional op's schema after its name (bench/bench_op_overhead.py times a no-op with it).
+GROUPED_GEMM_SCHEMA = (
+    "(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
     f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None, "
     "Tensor? main_grad=None) -> Tensor"
 )
+_lib.define("grouped_gemm" + GROUPED_GEMM_SCHEMA)
 _lib.define(
     "grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
     f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()"
@@ -92,6 +94,9 @@ _run = _execution.run
 #: cache holds the tensor); layouts derived or rebuilt here are held strongly (they do not
 #: reference the tensor). An in-place write to the tensor bumps its version and voids the entries.
 _TAG = "_moe_hal_host_layouts"
+#: Attribute of a MaskedLayout's masked_m tensor: a weak reference to that layout (it holds no
+#: values of the tensor, so no version check is needed; the kernels read masked_m themselves).
+_MASKED_TAG = "_moe_hal_masked_layout"
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
 _OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
 
@@ -110,16 +115,19 @@ def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, i
     Outside compiled graphs a host segment layout's psum tensor is tagged with the layout, so the
     op's eager kernel recovers the host bounds without reading the tensor, also when the tensor
     later enters a compiled graph as an input."""
-    if isinstance(layout, MaskedLayout):
-        return layout.masked_m, "masked", 0, layout.expected_m
-    if isinstance(layout, PsumLayout):
-        return layout.psum, layout.op, layout.alignment, None
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
         if not _is_compiling() and _TAG not in psum.__dict__:
             key = (layout.op, layout.alignment, layout.num_rows)
             setattr(psum, _TAG, {key: (_version(psum), weakref.ref(layout))})
         return psum, layout.op, layout.alignment, None
+    if isinstance(layout, MaskedLayout):
+        masked_m = layout.masked_m
+        if not _is_compiling() and _MASKED_TAG not in masked_m.__dict__:
+            setattr(masked_m, _MASKED_TAG, weakref.ref(layout))
+        return masked_m, "masked", 0, layout.expected_m
+    if isinstance(layout, PsumLayout):
+        return layout.psum, layout.op, layout.alignment, None
     raise LayoutError("layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__)
 
 
@@ -135,6 +143,10 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     for ``groups`` (see :data:`_TAG`) or derived from the one known for the other segment op, else
     one built from ``groups`` read on the host (one device sync), then remembered."""
     if layout == "masked":
+        ref = groups.__dict__.get(_MASKED_TAG)
+        known = ref() if ref is not None else None
+        if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
+            return known
         return MaskedLayout(groups, num_rows, expected_m, check=False)
     cls = _SEGMENT_CLASSES.get(layout)
     if cls is None:
@@ -335,32 +347,26 @@ def _below(keyset, args: tuple) -> torch.Tensor:
         return grouped_gemm_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-def _autograd_kernel(
-    keyset,
-    a,
-    b,
-    groups,
-    layout,
-    alignment=1,
-    c=None,
-    out_dtype=None,
-    a_scale=None,
-    b_scale=None,
-    a_block=(),
-    b_block=(),
-    scale_format="fp32",
-    expected_m=None,
-    backend=None,
-    main_grad=None,
-):
-    args = (a, b, groups, layout, alignment, c, out_dtype, a_scale, b_scale, a_block, b_block, scale_format, expected_m)
-    args += (backend, main_grad)
+#: The op's arguments from ``c`` on, at their defaults (the dispatcher may leave trailing
+#: defaulted arguments out of the call).
+_DEFAULT_TAIL = (1, None, None, None, None, (), (), "fp32", None, None, None)
+
+
+def _requires_grad(t) -> bool:
+    return t is not None and t.requires_grad
+
+
+def _autograd_kernel(keyset, *args):
+    """``args``: the op's arguments in schema order, trailing defaults possibly left out."""
+    if len(args) < 15:
+        args += _DEFAULT_TAIL[len(args) - 4 :]
     if _is_grad_enabled() and (
-        a.requires_grad
-        or b.requires_grad
-        or (c is not None and c.requires_grad)
-        or (a_scale is not None and (a_scale.requires_grad or b_scale.requires_grad))
-    ):  # attribute reads: cheaper than torch._C._any_requires_grad's argument parsing
+        args[0].requires_grad
+        or args[1].requires_grad
+        or _requires_grad(args[5])
+        or _requires_grad(args[7])
+        or _requires_grad(args[8])
+    ):  # attribute reads (a, b, c, a_scale, b_scale): cheaper than torch._C._any_requires_grad
         return _GroupedGemmFunction.apply(keyset, *args)
     return _below(keyset, args)
 
@@ -483,55 +489,72 @@ _lib.impl("grouped_gemm", _autocast_kernel("cuda"), "AutocastCUDA")
 def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> torch.Tensor:
     """:func:`moe_hal.grouped_gemm` through the custom ops (autograd, autocast, compiled graphs).
 
-    A contiguous-layout weight ``b`` with a ``main_grad`` attribute passes it to the op, which
-    accumulates ``b``'s gradient there (eager and compiled)."""
-    if isinstance(a, QuantizedTensor):
-        parts = (a.data, a.scale, getattr(b, "data", b), getattr(b, "scale", b))
-        if _is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in parts):  # also traced
-            raise GradientError(
-                "a, b",
-                "fp32/bf16/fp16 operands for a gradient",
-                "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
-            )
-        groups, name, alignment, expected_m = layout_args(layout, a.data.device)
-    else:
-        groups, name, alignment, expected_m = layout_args(layout, a.device)
-    ta, tb, fp8 = operand_args(a, b)
+    A contiguous-layout weight ``b`` that requires grad and has a ``main_grad`` attribute passes
+    it to the op, which accumulates ``b``'s gradient there (eager and compiled)."""
+    if backend is not None and not isinstance(backend, str):
+        backend = ",".join(backend)
+    if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
+        return _call_fp8(a, b, layout, out, out_dtype, c, backend)
     if not (
-        isinstance(ta, torch.Tensor)
-        and isinstance(tb, torch.Tensor)
+        isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
         and (c is None or isinstance(c, torch.Tensor))
         and (out_dtype is None or isinstance(out_dtype, torch.dtype))
     ):  # the op's schema would refuse these untyped: the checked path names the argument
-        return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=backend)
-    if backend is not None and not isinstance(backend, str):
-        backend = ",".join(backend)
+        return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=_backend(backend))
+    groups, name, alignment, expected_m = layout_args(layout, a.device)
     if name == "masked" and out is not None:
-        if c is not None:
-            raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
-        grouped_gemm_masked_out_op(ta, tb, groups, out, expected_m=expected_m, backend=backend, **fp8)
-        return out
-    if fp8:
-        result = grouped_gemm_op(
-            ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
-        )
+        return _masked_out(a, b, groups, out, c, expected_m, backend, {})
+    main_grad = None
+    if name == "contiguous" and b.requires_grad:  # main_grad matters only to a recorded gradient
+        main_grad = getattr(b, "main_grad", None)
+        if main_grad is not None:
+            _check_main_grad(main_grad, b)
+    if main_grad is None and expected_m is None and backend is None:
+        # trailing defaults left out: fewer arguments for the dispatcher to parse and box
+        result = grouped_gemm_op(a, b, groups, name, alignment, c, out_dtype)
     else:
-        # main_grad matters only to a weight whose gradient is recorded
-        main_grad = None
-        if name == "contiguous" and getattr(b, "requires_grad", False):
-            main_grad = getattr(b, "main_grad", None)
-            if main_grad is not None:
-                _check_main_grad(main_grad, b)
         result = grouped_gemm_op(
-            ta, tb, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
+            a, b, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
         )
-    if out is not None:
-        if out.shape != result.shape:
-            raise ShapeError("out", f"shape {tuple(result.shape)}", tuple(out.shape))
-        if out.dtype != result.dtype:
-            raise DTypeError("out", f"{result.dtype} (out_dtype)", out.dtype)
-        return out.copy_(result)
-    return result
+    return _into_out(result, out)
+
+
+def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c, backend) -> torch.Tensor:
+    """:func:`call` for fp8 operands (forward only)."""
+    parts = (a.data, a.scale, b.data, b.scale)
+    if _is_grad_enabled() and any(t.requires_grad for t in parts):
+        raise GradientError(
+            "a, b",
+            "fp32/bf16/fp16 operands for a gradient",
+            "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
+        )
+    groups, name, alignment, expected_m = layout_args(layout, a.data.device)
+    ta, tb, fp8 = operand_args(a, b)
+    if name == "masked" and out is not None:
+        return _masked_out(ta, tb, groups, out, c, expected_m, backend, fp8)
+    result = grouped_gemm_op(
+        ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
+    )
+    return _into_out(result, out)
+
+
+def _masked_out(a, b, masked_m, out, c, expected_m, backend, fp8: dict) -> torch.Tensor:
+    if c is not None:
+        raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
+    grouped_gemm_masked_out_op(a, b, masked_m, out, expected_m=expected_m, backend=backend, **fp8)
+    return out
+
+
+def _into_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``result``, or ``out`` holding it (checked first: ``out`` is untouched when it does not fit)."""
+    if out is None:
+        return result
+    if out.shape != result.shape:
+        raise ShapeError("out", f"shape {tuple(result.shape)}", tuple(out.shape))
+    if out.dtype != result.dtype:
+        raise DTypeError("out", f"{result.dtype} (out_dtype)", out.dtype)
+    return out.copy_(result)
 
 
 def _check_main_grad(main_grad, b) -> None:

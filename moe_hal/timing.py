@@ -155,12 +155,19 @@ def interleaved_wall_seconds(
 
 
 def host_seconds_per_call(
-    fns: Mapping[str, Callable[[], Any]], *, iters: int, repeats: int, clock: Callable[[], float] = time.perf_counter
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    iters: int,
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
+    statistic: Callable[[list[float]], float] = statistics.median,
 ) -> dict[str, float]:
     """Median host seconds per call of each function, without synchronising: every round times
     ``iters`` back-to-back calls of each function in turn (what a launch-overhead benchmark
     measures). ``max(3, iters // 10)`` warm-up calls each first. ``clock``: wall time by default;
-    ``time.thread_time`` counts only this thread's CPU time (steadier on an oversubscribed host)."""
+    ``time.thread_time`` counts only this thread's CPU time (steadier on an oversubscribed host).
+    ``statistic`` reduces the rounds (``min``: the least disturbed round, for differences of a few
+    microseconds on a loaded host)."""
     for fn in fns.values():
         for _ in range(max(3, iters // 10)):
             fn()
@@ -171,7 +178,7 @@ def host_seconds_per_call(
             for _ in range(iters):
                 fn()
             samples[name].append((clock() - t0) / iters)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    return {name: statistic(v) for name, v in samples.items()}
 
 
 def machine_record() -> dict[str, Any]:
