@@ -38,7 +38,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -234,9 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": "bf16",
             "config": cfg,
             "threads_per_rank": args.threads,
-            "torch": torch.__version__,
             "cpu_count": os.cpu_count(),
-            "machine": platform.machine(),
+            "machine": timing.machine_record(),
             "timing": "wall time per call, rounds interleaved (ep, bare[, bare_padded]); median per rank; "
             "slowest rank; bytes/s and ratio over the bytes needed (routed rows, both directions)",
             "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",

@@ -118,12 +118,17 @@ class EPGroup:
         between two collectives, which a fresh allocation would page in on every call (on the CPU
         that costs about as much as copying them). Calls on one group never overlap — their
         collectives must run in the same order on every rank — so one buffer per role suffices;
-        whatever is returned to the caller never lives in one."""
+        whatever is returned to the caller never lives in one. Each role keeps the largest size asked
+        for until :meth:`free_scratch`."""
         buf = self._scratch.get((role, device))
         if buf is None or buf.numel() < nbytes:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._scratch[(role, device)] = buf
         return buf[:nbytes]
+
+    def free_scratch(self) -> None:
+        """Drop the scratch buffers (the next call allocates them again)."""
+        self._scratch.clear()
 
     def __repr__(self) -> str:
         return (
