@@ -122,6 +122,37 @@ def test_moe_weight_gradients_match_the_loop_in_float64_on_the_reference_backend
         torch.testing.assert_close(g, w)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_moe_reads_its_routing_on_the_host_once_per_step_and_fills_main_grad(gen, monkeypatch, compiled):
+    """The dispatch's device psum serves both grouped GEMMs and their backward products: one host
+    read per forward + backward; experts with fp32 main_grad buffers get their gradients there."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from moe_hal.layouts import SegmentLayout
+
+    torch.manual_seed(0)
+    moe = MoE(TopKRouter(16, 5, 2), GroupedExperts(5, 16, 12), alignment=4)
+    x = randn(gen, 11, 16)
+    expected = torch.autograd.grad(moe(x).square().sum(), (moe.experts.w13, moe.experts.w2))
+    for w in (moe.experts.w13, moe.experts.w2):
+        w.main_grad = torch.zeros_like(w, dtype=torch.float32)
+    reads, original = [0], SegmentLayout.from_psum.__func__
+
+    def counting(cls, *args, **kwargs):
+        reads[0] += 1
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(SegmentLayout, "from_psum", classmethod(counting))
+    counter = CompileCounterWithBackend("aot_eager")
+    run = torch.compile(moe, backend=counter, fullgraph=True) if compiled else moe
+    run(x).square().sum().backward()
+    assert reads[0] == 1
+    assert moe.experts.w13.grad is None and moe.experts.w2.grad is None
+    for w, want in zip((moe.experts.w13, moe.experts.w2), expected):
+        torch.testing.assert_close(w.main_grad, want, rtol=1e-5, atol=1e-6)
+    assert counter.frame_count == (1 if compiled else 0)
+
+
 def test_masked_layout_refuses_more_tokens_than_its_capacity(gen):
     moe = MoE(TopKRouter(8, 4, 2), GroupedExperts(4, 8, 6), layout="masked", masked_capacity=4)
     with pytest.raises(CapacityError, match="masked_capacity"):
