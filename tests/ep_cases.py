@@ -176,6 +176,8 @@ def segments_match(d: ep.EPDispatch, p: Problem, g: ep.EPGroup, E: int, alignmen
             assert torch.equal(d.a.scale[s : s + n], ref.a.scale[rs : rs + n])
         covered[s : s + n] = True
     assert not a[~covered].any(), "padding rows are not zero"
+    if isinstance(d.a, moe_hal.QuantizedTensor):
+        assert (d.a.scale[~covered] == 1).all(), "padding rows' scales are not 1.0"
 
 
 def _expected_overflow(p: Problem, g: ep.EPGroup, tokens: list[int], capacity: int):

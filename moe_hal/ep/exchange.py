@@ -97,7 +97,8 @@ class _Maps:
     order (row ``s`` of the returned buffer is send row ``s``), followed by one zero row (row ``S``)
     that every slot not sent points to, so one plain gather reads every slot.
 
-    Exact mode moves the rows in :class:`_Round` s straight between the send rows and the layout.
+    Exact mode moves the rows in rounds (:class:`_Round`) straight between the send rows and the
+    layout.
     Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert)) with one all-to-all and
     gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
     expert row uses) is never read on the other side, so its index is merely clamped into range."""

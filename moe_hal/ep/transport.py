@@ -3,9 +3,10 @@
 A transport is declared by a :class:`~moe_hal.ep.spec.TransportSpec` (its own module, cheap to
 import) registered through the ``moe_hal_ep_transports`` hook — the built-in one by
 :mod:`moe_hal.builtin`, others (DeepEP, NVSHMEM / symmetric memory, Ascend MC2) by plugins, without
-changes to the core. Its
-implementation (:class:`Transport`, named lazily by ``spec.impl``) provides two collectives on
-byte rows: a variable-split all-to-all and an all-gather of the small count matrix.
+changes to the core. Its implementation (:class:`Transport`, named lazily by ``spec.impl``)
+provides two collectives: a variable-split all-to-all of byte rows (called once per round in exact
+mode, on row slices of larger contiguous buffers) and an all-gather of small int64 rows
+(dispatch's count matrix, combine's status flags).
 
 Each spec declares the promises selection relies on:
 
@@ -36,8 +37,9 @@ from .spec import BUILTIN, MODES, TransportSpec
 
 
 class Transport:
-    """Runtime side of a transport. Tensors are 2-D ``uint8`` byte rows (every payload — bf16,
-    fp32, fp8 data and its fp32 scales — travels as a byte view, which every engine accepts)."""
+    """Runtime side of a transport. The all-to-all moves 2-D ``uint8`` byte rows (every payload —
+    bf16, fp32, fp8 data and its fp32 scales — travels as a byte view, which every engine
+    accepts); the all-gather moves 1-D int64 rows."""
 
     def __init__(self, spec: TransportSpec):
         self.spec = spec
@@ -52,7 +54,9 @@ class Transport:
         group: dist.ProcessGroup,
     ) -> None:
         """Send ``inp`` rows ``[sum(in_splits), B]`` (``in_splits[r]`` rows to rank ``r``, in rank
-        order) and receive ``out`` ``[sum(out_splits), B]`` (``out_splits[r]`` rows from rank r)."""
+        order) and receive ``out`` ``[sum(out_splits), B]`` (``out_splits[r]`` rows from rank r).
+        Both are contiguous, often row slices of larger buffers (``out`` may be part of the tensor
+        returned to the caller): write exactly ``out``'s rows."""
         raise NotImplementedError("need all_to_all")
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> None:
