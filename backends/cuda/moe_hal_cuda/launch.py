@@ -92,19 +92,18 @@ def _check_config(config: KernelConfig, scaled: bool) -> None:
 B_POINTER, B_TMA_K_MAJOR, B_TMA_N_MAJOR = 0, 1, 2
 
 
-def _descriptor(t: torch.Tensor, shape: tuple, strides: tuple, block: tuple) -> kernels.TensorDescriptor | None:
+def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> kernels.TensorDescriptor | None:
     """A TMA descriptor of ``t`` seen as ``shape``/``strides``, or None when TMA cannot read it:
     the base or an outer stride not a multiple of 16 bytes, an inner stride other than 1, or an
-    empty dimension (the hardware's rules for ``cuTensorMapEncodeTiled``)."""
-    size = t.element_size()
-    if (
-        t.data_ptr() % 16
-        or strides[-1] != 1
-        or any(s <= 0 or s * size % 16 for s in strides[:-1])
-        or any(d <= 0 for d in shape)
-    ):
+    empty dimension (the hardware's rules for ``cuTensorMapEncodeTiled``). Plain loops: this runs
+    twice per launch, on the host-time budget."""
+    if t.data_ptr() % 16 or strides[-1] != 1 or 0 in shape:
         return None
-    return kernels.TensorDescriptor(t, list(shape), list(strides), list(block))
+    size = t.element_size()
+    for stride in strides[:-1]:
+        if stride <= 0 or stride * size % 16:
+            return None
+    return kernels.TensorDescriptor(t, shape, strides, block)
 
 
 def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
@@ -113,19 +112,17 @@ def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
     tensors themselves (pointer loads with masks, pipelined by cp.async). ``b[G, N, K]`` is
     described K-major (stride 1 along K) or, for a 16-bit N-major weight, as ``[G, K, N]``."""
     bm, bn, bk = config.block_m, config.block_n, config.block_k
-    a_desc = _descriptor(a, tuple(a.shape), tuple(a.stride()), (1,) * (a.dim() - 2) + (bm, bk))
+    a_block = [bm, bk] if a.dim() == 2 else [1, bm, bk]
+    a_desc = _descriptor(a, list(a.shape), list(a.stride()), a_block)
     g, n, k = b.shape
     sg, sn, sk = b.stride()
     if sk == 1:
-        b_desc, b_kind = _descriptor(b, (g, n, k), (sg, sn, 1), (1, bn, bk)), B_TMA_K_MAJOR
+        b_desc, b_kind = _descriptor(b, [g, n, k], [sg, sn, 1], [1, bn, bk]), B_TMA_K_MAJOR
     else:
-        b_desc, b_kind = _descriptor(b, (g, k, n), (sg, sk, sn), (1, bk, bn)), B_TMA_N_MAJOR
-    return (
-        a if a_desc is None else a_desc,
-        a_desc is not None,
-        b if b_desc is None else b_desc,
-        B_POINTER if b_desc is None else b_kind,
-    )
+        b_desc, b_kind = _descriptor(b, [g, k, n], [sg, sk, sn], [1, bk, bn]), B_TMA_N_MAJOR
+    if b_desc is None:
+        b_kind = B_POINTER
+    return (a if a_desc is None else a_desc, a_desc is not None, b if b_desc is None else b_desc, b_kind)
 
 
 def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig) -> str:
