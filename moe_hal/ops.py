@@ -88,15 +88,31 @@ _run = _execution.run
 
 
 # -- host layouts -------------------------------------------------------------------------------------
-#: Attribute of a groups tensor: ``{(op, alignment, num_rows): (tensor version, layout)}``, the host
-#: layouts known for its values, so the eager kernel reads a psum on the host at most once per
-#: tensor (never for a host layout's own cached psum). A host layout is held weakly (its device
-#: cache holds the tensor); layouts derived or rebuilt here are held strongly (they do not
-#: reference the tensor). An in-place write to the tensor bumps its version and voids the entries.
-_TAG = "_moe_hal_host_layouts"
-#: Attribute of a MaskedLayout's masked_m tensor: a weak reference to that layout (it holds no
-#: values of the tensor, so no version check is needed; the kernels read masked_m themselves).
-_MASKED_TAG = "_moe_hal_masked_layout"
+#: id(groups tensor) -> (weak reference to the tensor, memo): the host layouts known for the
+#: tensor's values, so the eager kernel reads a psum on the host at most once per tensor (never for
+#: a host layout's own cached psum). The weak reference's callback drops the entry when the tensor
+#: dies, before its id can be reused; a side table rather than a tensor attribute, so that
+#: ``torch.save`` / ``torch.load(weights_only=True)`` of the tensor never meet it. Memo entries:
+#: ``(op, alignment, num_rows) -> (tensor version, layout)`` for segment layouts — a host layout
+#: held weakly (its device cache holds the tensor), layouts derived or rebuilt here strongly (they
+#: do not reference the tensor); an in-place write bumps the version and voids them — and
+#: ``"masked" -> weak reference`` to the MaskedLayout owning the tensor (it holds no values of the
+#: tensor, so no version check).
+_memos: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _memo(t: torch.Tensor) -> dict | None:
+    entry = _memos.get(id(t))
+    return entry[1] if entry is not None else None
+
+
+def _new_memo(t: torch.Tensor) -> dict:
+    key = id(t)
+    memo: dict = {}
+    _memos[key] = (weakref.ref(t, lambda _ref, key=key: _memos.pop(key, None)), memo)
+    return memo
+
+
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
 _OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
 
@@ -117,14 +133,13 @@ def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, i
     later enters a compiled graph as an input."""
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
-        if not _is_compiling() and _TAG not in psum.__dict__:
-            key = (layout.op, layout.alignment, layout.num_rows)
-            setattr(psum, _TAG, {key: (_version(psum), weakref.ref(layout))})
+        if not _is_compiling() and id(psum) not in _memos:
+            _new_memo(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
         return psum, layout.op, layout.alignment, None
     if isinstance(layout, MaskedLayout):
         masked_m = layout.masked_m
-        if not _is_compiling() and _MASKED_TAG not in masked_m.__dict__:
-            setattr(masked_m, _MASKED_TAG, weakref.ref(layout))
+        if not _is_compiling() and id(masked_m) not in _memos:
+            _new_memo(masked_m)["masked"] = weakref.ref(layout)
         return masked_m, "masked", 0, layout.expected_m
     if isinstance(layout, PsumLayout):
         return layout.psum, layout.op, layout.alignment, None
@@ -140,10 +155,11 @@ def _known(tags: dict, key: tuple, version: int):
 
 def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, expected_m: int | None):
     """The host layout object a backend takes for the op's flattened layout arguments: one known
-    for ``groups`` (see :data:`_TAG`) or derived from the one known for the other segment op, else
+    for ``groups`` (see :data:`_memos`) or derived from the one known for the other segment op, else
     one built from ``groups`` read on the host (one device sync), then remembered."""
     if layout == "masked":
-        ref = groups.__dict__.get(_MASKED_TAG)
+        memo = _memo(groups)
+        ref = memo.get("masked") if memo is not None else None
         known = ref() if ref is not None else None
         if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
             return known
@@ -151,7 +167,7 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     cls = _SEGMENT_CLASSES.get(layout)
     if cls is None:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
-    tags = groups.__dict__.get(_TAG)
+    tags = _memo(groups)
     version = _version(groups)
     lay = None
     if tags is not None:
@@ -161,13 +177,10 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
         other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version)
         if other is not None:
             lay = cls(other.counts_list, other.starts, alignment, num_rows)
-    else:
-        tags = {}
     if lay is None:
         lay = cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
     if version >= 0:  # an inference tensor may change unseen: nothing is remembered for it
-        tags[(layout, alignment, num_rows)] = (version, lay)
-        setattr(groups, _TAG, tags)
+        (tags if tags is not None else _new_memo(groups))[(layout, alignment, num_rows)] = (version, lay)
     return lay
 
 
