@@ -341,8 +341,8 @@ def _k_grouped_acc_fake(a, b, psum, alignment, acc, backend=None):
 _EAGER_KEYS = frozenset(
     getattr(torch._C.DispatchKey, k) for k in ("CPU", "CUDA", "PrivateUse1", "XPU") if hasattr(torch._C.DispatchKey, k)
 )
-#: keyset.raw_repr() -> whether the next key below autograd is in _EAGER_KEYS (hashing a
-#: DispatchKey costs microseconds; a keyset's raw int does not).
+#: keyset.raw_repr() -> whether the next key below autograd is in _EAGER_KEYS (a DispatchKey hashes
+#: slowly through pybind11; a keyset's raw int is a plain dict key).
 _eager_keysets: dict[int, bool] = {}
 
 
@@ -360,8 +360,8 @@ def _below(keyset, args: tuple) -> torch.Tensor:
         return grouped_gemm_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-#: The op's arguments from ``c`` on, at their defaults (the dispatcher may leave trailing
-#: defaulted arguments out of the call).
+#: The op's arguments from ``alignment`` on, at their defaults (the dispatcher leaves trailing
+#: arguments equal to their defaults out of the call).
 _DEFAULT_TAIL = (1, None, None, None, None, (), (), "fp32", None, None, None)
 
 
