@@ -13,8 +13,9 @@ A call goes through :meth:`CudaBackend.plan`, which decides
 
 Plans are cached per (signature, coarse routing histogram) (:func:`histogram_bucket`;
 contiguous, K-grouped) or per (signature, max_m, expected_m) (masked): the advisor runs once per
-bucket, so a new routing every step costs a few host-tuple scans and a dictionary lookup, and the
-launch path reads nothing from the device (``backends/cuda/bench/host_time.py`` measures it).
+bucket, so a new routing every step costs a dictionary lookup and one packing of the group bounds
+for their upload, and the launch path reads nothing from the device
+(``bench/bench_cuda_host_time.py`` measures its host time).
 
 **Interpreter mode** (``MOE_HAL_CUDA_INTERPRET=1``): the backends accept CPU tensors (and CUDA
 tensors, which the interpreter copies to the host), say ``interpreted`` in ``execution_mode()``
@@ -68,6 +69,15 @@ def _triton_reason() -> Reason | None:
     return Reason("triton_missing", "triton is not installed", "triton >= 3.3", "not installed")
 
 
+@functools.cache
+def _launch_module():
+    """:mod:`moe_hal_cuda.launch`, imported at the first launch (it imports triton, which selection
+    must not) and then held: an import statement per call costs microseconds of host time."""
+    from . import launch
+
+    return launch
+
+
 @dataclass(frozen=True)
 class Plan:
     """How one call runs. ``path``: ``triton``, ``torch`` or ``deep_gemm``. ``config``: the Triton
@@ -80,14 +90,17 @@ class Plan:
     path_note: str
 
 
-def histogram_bucket(layout) -> tuple[int, ...]:
-    """Coarse key of a segment layout's routing histogram — group count and the bit lengths of
-    the row count, the largest group and the number of non-empty groups — so the tile advisor
-    runs once per bucket, not once per routing (every MoE step has a new one). O(G) on host
-    tuples; reads nothing from a device."""
-    counts = layout.counts_list
-    nonempty = len(counts) - counts.count(0)
-    return (len(counts), layout.num_rows.bit_length(), max(counts, default=0).bit_length(), nonempty.bit_length())
+def histogram_bucket(layout) -> tuple[int, int, int]:
+    """Coarse key of a segment layout's routing histogram, so the tile advisor runs once per
+    bucket, not once per routing (every MoE step has a new one): the bit lengths of the row count
+    and of the rows that belong to a group, and the share of rows in groups in eighths (the
+    M-occupancy at the layout's alignment; the group count is in the plan's key already).
+
+    O(1): three numbers the layout holds, so a fresh layout costs the same at 8 or 256 experts.
+    What it cannot see is how the rows spread over the groups: two routings with the same totals
+    share the plan the first of them got."""
+    rows, valid = layout.num_rows, layout.num_valid_rows
+    return (rows.bit_length(), valid.bit_length(), 8 * valid // rows if rows else 0)
 
 
 class CudaBackend(Backend):
@@ -167,6 +180,8 @@ class CudaBackend(Backend):
         """The path and tile for ``p`` (cached; see the module docstring)."""
         if p.op == "masked":
             key = (p.signature, p.layout.max_m, p.layout.expected_m)
+        elif p.op == "contiguous":
+            key = (p.signature, histogram_bucket(p.layout))
         else:  # not p.signature: it holds K-grouped calls' token count, new every step
             key = (
                 p.op,
@@ -174,10 +189,10 @@ class CudaBackend(Backend):
                 p.out_dtype_name,
                 p.scale_format,
                 p.scale_blocks,
+                p.num_groups,
                 p.n,
-                p.m if p.op == "k_grouped" else p.k,
+                p.m,
                 p.layout.alignment,
-                p.b_major,
                 p.device,
                 p.c is not None,
                 histogram_bucket(p.layout),
@@ -276,8 +291,7 @@ class CudaBackend(Backend):
     def launch(self, p: Problem, config: configs.KernelConfig, out: torch.Tensor) -> torch.Tensor:
         """Run ``p`` on the Triton kernels with ``config`` (the plan's, or any table entry: the
         compiled-target check drives every entry through here)."""
-        from . import launch
-
+        launch = _launch_module()
         a, b, sa, sb = self._operands(p)
         if p.op == "contiguous":
             return launch.contiguous(a, b, out, p.layout, config, sa=sa, sb=sb)

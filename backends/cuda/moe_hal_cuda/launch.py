@@ -16,8 +16,8 @@ layout tensors) is made contiguous first; everything else has its strides passed
 
 from __future__ import annotations
 
-import array
 import functools
+import struct
 import weakref
 
 import torch
@@ -26,7 +26,10 @@ from . import kernels  # first: it sets TRITON_INTERPRET before triton is import
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 
-_layout_tensors: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+#: Device tensors per layout object, keyed by ``id`` — never by the layout's value: hashing a
+#: layout walks its G group counts on every call (several microseconds at 256 experts). A weak
+#: reference drops the entry when the layout dies, before its ``id`` can be reused.
+_layout_tensors: dict[int, tuple[weakref.ref, dict]] = {}
 
 #: Programs per SM of the persistent masked kernel.
 PROGRAMS_PER_SM = 2
@@ -34,18 +37,24 @@ PROGRAMS_PER_SM = 2
 INTERPRETED_PROGRAMS = 3
 
 
+def _forget(key: int) -> None:
+    _layout_tensors.pop(key, None)
+
+
 def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
     """int32 device tensor of a segment layout, cached per layout object and device:
     ``"psum"`` — ``[G]`` exclusive group ends; ``"bounds"`` — ``[2, G]`` group starts and ends.
 
-    Built from the layout's host tuples (through ``array``: a C loop, not one Python int at a time)
-    and copied with ``non_blocking=True``: from pageable
+    Packed from the layout's host tuples with one ``struct.pack_into`` (a C loop over the G ints,
+    no tensor built element by element) and copied with ``non_blocking=True``: from pageable
     memory the driver stages the bytes before returning, so the host never waits for the device.
     Inside CUDA-graph capture a copy cannot be recorded: an uncached layout raises there.
     """
-    device = torch.device(device)
-    per_layout = _layout_tensors.setdefault(layout, {})
-    hit = per_layout.get((kind, device))
+    key = id(layout)
+    entry = _layout_tensors.get(key)
+    if entry is None:
+        entry = _layout_tensors[key] = (weakref.ref(layout, lambda _, key=key: _forget(key)), {})
+    hit = entry[1].get((kind, device))
     if hit is not None:
         return hit
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -53,11 +62,13 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
             "a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
             "make one call with this layout before capturing (its group bounds are uploaded then)"
         )
-    rows = layout.ends if kind == "psum" else (layout.starts + layout.ends)
-    host = torch.frombuffer(array.array("i", rows), dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
+    rows = layout.ends if kind == "psum" else (*layout.starts, *layout.ends)
+    buffer = bytearray(4 * len(rows))
+    struct.pack_into(f"={len(rows)}i", buffer, 0, *rows)
+    host = torch.frombuffer(buffer, dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
     if kind == "bounds":
         host = host.reshape(2, -1)
-    hit = per_layout[(kind, device)] = host.to(device, non_blocking=True)
+    hit = entry[1][(kind, device)] = host.to(device, non_blocking=True)
     return hit
 
 

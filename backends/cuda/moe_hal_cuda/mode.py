@@ -61,6 +61,7 @@ def interpreter_broken() -> str | None:
 
 
 _interpreter_lock = threading.RLock()
+_no_lock = contextlib.nullcontext()  # reusable: one object, not one per call
 
 
 def exclusive_in_interpreter() -> contextlib.AbstractContextManager:
@@ -70,4 +71,4 @@ def exclusive_in_interpreter() -> contextlib.AbstractContextManager:
     corrupt each other (``InterpreterError``) — first use included. Natively it holds nothing."""
     kernels = sys.modules.get("moe_hal_cuda.kernels")  # once imported, its mode is fixed (and cheap to read)
     interpreted = kernels.INTERPRET if kernels is not None else configure_triton()
-    return _interpreter_lock if interpreted else contextlib.nullcontext()
+    return _interpreter_lock if interpreted else _no_lock

@@ -236,3 +236,13 @@ def test_plan_is_shared_by_a_histogram_bucket(monkeypatch):
     be.plan(Problem.build(a, b, skewed))
     assert len(calls) == 2
     assert configs.candidates("sm90", "bf16", "contiguous")
+
+
+def test_histogram_bucket_reads_no_group_counts():
+    """The bucket of a fresh layout costs O(1): it reads the layout's row totals, never its G
+    group counts (the plan lookup must not scale with the number of experts)."""
+
+    class Totals:  # a layout that has only the totals: any read of the counts fails
+        num_rows, num_valid_rows = 4096, 3000
+
+    assert cuda_backend.histogram_bucket(Totals()) == (13, 12, 5)
