@@ -2,7 +2,8 @@
 
 cuda-python (``cuda.bindings.driver``) is optional: when it is not installed the same facts come
 from ``torch.cuda``. Without a driver, cuda-python imports fine but every driver call raises a
-Python exception (reference/torch_and_cuda_peers.md §7), so every call here is guarded and a
+Python exception (seen with ``cuda-bindings`` 13.5.0 on a machine without a driver: a
+``cuda.pathfinder`` ``DynamicLibNotFoundError``, not a ``CUresult``), so every call here is guarded and a
 failure becomes a :class:`~moe_hal.Reason` with a stable code:
 
 * ``cuda_driver_missing`` — no NVIDIA driver could be loaded or initialised;

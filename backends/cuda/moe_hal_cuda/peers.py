@@ -7,13 +7,16 @@ a given call; the backend then keeps the Triton path and says so in ``explain()`
 
 * ``torch`` — ``torch.nn.functional.grouped_mm``: CUTLASS grouped GEMM on compute capability 9.x
   and 10.x for bf16 operands *and* bf16 output, driven by device offsets (no host sync), fewer
-  than 1024 groups (reference/torch_and_cuda_peers.md §1.6). Used for contiguous (rows of no
+  than 1024 groups (pytorch/pytorch, torch 2.13.0, ``aten/src/ATen/native/cuda/GroupedBlas.cpp``,
+  ``_grouped_mm_cuda``). Used for contiguous (rows of no
   group zeroed afterwards, as our contract requires) and K-grouped calls. Not for masked calls:
   it would compute and rewrite every row, and our contract never writes rows past ``masked_m``.
-  ``scaled_grouped_mm`` has no 1x128/128x128 block-scaled recipe (§1.7), so it never applies.
+  ``scaled_grouped_mm`` has no 1x128/128x128 block-scaled recipe (same file,
+  ``scale_grouped_kernel_dispatch``), so it never applies.
 * ``deep_gemm`` — an installed DeepGEMM: ``m_grouped_fp8_gemm_nt_contiguous`` with the per-row
   ``m_indices`` layout for fp8 contiguous calls (rows of no group zeroed afterwards). Not for
-  masked calls: DeepGEMM writes whole row tiles past ``masked_m`` (reference/deepgemm.md §1.4).
+  masked calls: DeepGEMM writes whole row tiles past ``masked_m`` (deepseek-ai/DeepGEMM at 54e2261,
+  ``deep_gemm/include/deep_gemm/scheduler/gemm.cuh``: ``ceil(masked_m[g] / BLOCK_M)`` tiles per group).
   No machine this project has used has DeepGEMM installed, so this adapter has never run; it is
   reachable only through a path-table entry, which only a GPU run that checked it can write.
 """
