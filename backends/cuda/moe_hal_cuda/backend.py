@@ -267,7 +267,8 @@ class CudaBackend(Backend):
         from . import launch
 
         a, b, _, _ = self._operands(problem)
-        parts.append(launch.tma_note(problem.op, a, b, plan.config))
+        k_major = problem.quantized and not self.MN_MAJOR_FP8
+        parts.append(launch.tma_note(problem.op, a, b, plan.config, k_major))
         if problem.quantized:
             parts.append(f"fp8 scales: {self.SCALE_NOTE}")
         parts.append(f"triton because {plan.path_note}")

@@ -442,11 +442,12 @@ def _k_grouped_edge(
     BLOCK_K: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
-    """The partial first or last step of a group in the ``TOKEN_MAJOR`` K-grouped loop: tokens
+    """The partial first or last step of a group in the K-grouped loop: tokens
     ``[t0, t0 + BLOCK_K)`` of the MN-major operands, those outside the group's ``[start, end)``
-    masked. The loads are vectorised (the mask is constant along MN) but, K-major operands being
-    what SM90's fp8 wgmma reads, the tiles are transposed through registers: two steps per group.
-    (Named ``edge_*`` so that the compile check's rule for the pipelined ``a``/``b`` skips them.)"""
+    masked (the mask is constant along MN, so the loads are vectorised). Outside the pipelined
+    loop: the tiles reach shared memory through registers (for SM90 fp8 transposed there to the
+    K-major layout wgmma reads). Named ``edge_*`` so that the compile check's rule for the
+    pipelined ``a``/``b`` skips them."""
     ts = t0 + tl.arange(0, BLOCK_K)
     t_ok = (ts >= start) & (ts < end)
     ts64 = ts.to(tl.int64)
@@ -485,8 +486,8 @@ def _k_grouped_edge(
 def k_grouped_kernel(
     a_ptr,
     b_ptr,
-    at_ptr,
-    bt_ptr,
+    a_src,
+    b_src,
     c_ptr,
     out_ptr,
     sa_ptr,
@@ -498,8 +499,10 @@ def k_grouped_kernel(
     stride_am,
     stride_bt,
     stride_bn,
-    stride_atm,
-    stride_btn,
+    stride_src_at,
+    stride_src_am,
+    stride_src_bt,
+    stride_src_bn,
     stride_cg,
     stride_cm,
     stride_cn,
@@ -518,6 +521,8 @@ def k_grouped_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     TOKEN_MAJOR: tl.constexpr,
+    A_TMA: tl.constexpr,
+    B_TMA: tl.constexpr,
     INTERPRET: tl.constexpr,
 ):
     """K-grouped: ``out[g] = (c[g] if has_c else 0) + a[s_g:e_g].T @ b[s_g:e_g]`` (``has_c`` is a
@@ -525,17 +530,18 @@ def k_grouped_kernel(
 
     ``a[T, M]``, ``b[T, N]``; group ``g`` owns tokens ``[bounds[0, g], bounds[1, g])`` (device
     int32 ``[2, G]``, row stride ``stride_bounds``). Every ``(g, row tile, column tile)`` is a
-    program, empty groups included, so an empty group stores ``c[g]`` or zeros. With scales (one
-    per 128 tokens and column, absolute along T), the token loop starts at a multiple of
-    ``BLOCK_K`` (a divisor of 128) so that one step never straddles two scale blocks; tokens
-    outside the group are masked. ``out`` may be ``c``.
+    program, empty groups included, so an empty group stores ``c[g]`` or zeros. ``out`` may be
+    ``c``. Scales are one per 128 tokens and column, absolute along T.
 
-    ``TOKEN_MAJOR`` (SM90 fp8, whose wgmma reads only K-major operands): ``at_ptr``/``bt_ptr``
-    are token-major copies of ``a``/``b`` (token stride 1, MN strides ``stride_atm``/``stride_btn``).
-    A token mask there would vary along the contiguous axis and stop the loads from being
-    vectorised async copies, so a group runs its whole ``BLOCK_K`` steps on the copies with no
-    token mask (K-major, pipelined) and its partial first and last step on the MN-major operands
-    with the mask (:func:`_k_grouped_edge`; they pass through registers on their way to the MMA).
+    The token loop runs in steps of ``BLOCK_K`` (a divisor of 128) aligned to multiples of
+    ``BLOCK_K``, so no step straddles two scale blocks: a group's whole steps read ``a_src`` /
+    ``b_src`` with no token mask (TMA descriptors when ``A_TMA`` / ``B_TMA``, else pointers with
+    the ``stride_src_*`` strides; pipelined), its partial first
+    and last step read ``a_ptr`` / ``b_ptr`` with the tokens outside the group masked
+    (:func:`_k_grouped_edge`; not pipelined, two steps per group) — a token mask in the whole
+    steps would stop TMA (a box cannot mask) and, on token-major operands, the vectorised copies.
+    ``TOKEN_MAJOR`` (SM90 fp8, whose wgmma reads only K-major operands): the sources are
+    token-major copies of ``a`` and ``b`` (token stride 1), so the MMA gets K-major operands.
     """
     m_tiles = (M + BLOCK_M - 1) // BLOCK_M
     num_n = (N + BLOCK_N - 1) // BLOCK_N
@@ -557,53 +563,48 @@ def k_grouped_kernel(
             other=0.0,
         )
         acc += c.to(tl.float32)
-    if TOKEN_MAJOR:
-        whole_lo = (start + BLOCK_K - 1) // BLOCK_K  # first whole step, in steps
-        whole_hi = end // BLOCK_K  # one past the last whole step
-        if start % BLOCK_K != 0:  # partial first step (the whole group when it fits in one step)
-            acc = _k_grouped_edge(
-                acc, a_ptr, b_ptr, (start // BLOCK_K) * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
-                stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
-                stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
-            )  # fmt: skip
-        rows64 = rows.to(tl.int64)
-        cols64 = cols.to(tl.int64)
-        for step in range(whole_lo, whole_hi):
-            t0 = step * BLOCK_K
-            ts = t0 + tl.arange(0, BLOCK_K)
-            a = tl.load(at_ptr + ts[:, None] + rows64[None, :] * stride_atm, mask=row_ok[None, :], other=0.0)
-            b = tl.load(bt_ptr + ts[:, None] + cols64[None, :] * stride_btn, mask=col_ok[None, :], other=0.0)
-            acc = _accumulate(
-                acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok, sb_ptr, cols,
-                stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET,
-            )  # fmt: skip
-        if (end % BLOCK_K != 0) & (whole_hi >= whole_lo):  # partial last step, unless it was the first
-            acc = _k_grouped_edge(
-                acc, a_ptr, b_ptr, whole_hi * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
-                stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
-                stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
-            )  # fmt: skip
-    else:
-        first = start
-        if SCALES != 0:
-            first = (start // BLOCK_K) * BLOCK_K
-        for t0 in range(first, end, BLOCK_K):
-            ts = t0 + tl.arange(0, BLOCK_K)
-            t_ok = (ts >= start) & (ts < end)
-            ts64 = ts.to(tl.int64)
+    whole_lo = (start + BLOCK_K - 1) // BLOCK_K  # first whole step, in steps
+    whole_hi = end // BLOCK_K  # one past the last whole step
+    if start % BLOCK_K != 0:  # partial first step (the whole group when it fits in one step)
+        acc = _k_grouped_edge(
+            acc, a_ptr, b_ptr, (start // BLOCK_K) * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
+            stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
+            stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
+        )  # fmt: skip
+    m0 = (tile % m_tiles) * BLOCK_M
+    n0 = n_tile * BLOCK_N
+    rows64 = rows.to(tl.int64)
+    cols64 = cols.to(tl.int64)
+    for step in range(whole_lo, whole_hi):
+        # Whole step: tokens [t0, t0 + BLOCK_K) all in the group; tiles [BLOCK_K, BM] and
+        # [BLOCK_K, BN] (a TMA source is seen [MN, T] when TOKEN_MAJOR, else [T, MN]).
+        t0 = step * BLOCK_K
+        ts = (t0 + tl.arange(0, BLOCK_K)).to(tl.int64)
+        if A_TMA and TOKEN_MAJOR:
+            a = tl.trans(a_src.load([m0, t0]))
+        elif A_TMA:
+            a = a_src.load([t0, m0])
+        else:
             a = tl.load(
-                a_ptr + ts64[:, None] * stride_at + rows[None, :] * stride_am,
-                mask=t_ok[:, None] & row_ok[None, :],
-                other=0.0,
+                a_src + ts[:, None] * stride_src_at + rows64[None, :] * stride_src_am, mask=row_ok[None, :], other=0.0
             )
+        if B_TMA and TOKEN_MAJOR:
+            b = tl.trans(b_src.load([n0, t0]))
+        elif B_TMA:
+            b = b_src.load([t0, n0])
+        else:
             b = tl.load(
-                b_ptr + ts64[:, None] * stride_bt + cols[None, :] * stride_bn,
-                mask=t_ok[:, None] & col_ok[None, :],
-                other=0.0,
+                b_src + ts[:, None] * stride_src_bt + cols64[None, :] * stride_src_bn, mask=col_ok[None, :], other=0.0
             )
-            acc = _accumulate(
-                acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok, sb_ptr, cols,
-                stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET,
-            )  # fmt: skip
+        acc = _accumulate(
+            acc, tl.trans(a), b, t0, sa_ptr, rows, stride_sa_m, stride_sa_k, row_ok, sb_ptr, cols,
+            stride_sb_n, stride_sb_k, col_ok, SCALES, BLOCK_K, INTERPRET,
+        )  # fmt: skip
+    if (end % BLOCK_K != 0) & (whole_hi >= whole_lo):  # partial last step, unless it was the first
+        acc = _k_grouped_edge(
+            acc, a_ptr, b_ptr, whole_hi * BLOCK_K, start, end, rows, row_ok, cols, col_ok,
+            stride_at, stride_am, stride_bt, stride_bn, sa_ptr, stride_sa_m, stride_sa_k, sb_ptr,
+            stride_sb_n, stride_sb_k, SCALES, BLOCK_K, INTERPRET,
+        )  # fmt: skip
     out = out_ptr + g64 * stride_og + rows[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])

@@ -136,15 +136,24 @@ def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
     return (a if a_desc is None else a_desc, a_desc is not None, b if b_desc is None else b_desc, b_kind)
 
 
-def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig) -> str:
-    """How the kernel of ``op`` loads the operands ``a`` and ``b`` it is given (for ``explain()``)."""
+def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig, k_major: bool = False) -> str:
+    """How the kernel of ``op`` loads the operands ``a`` and ``b`` it is given (for ``explain()``;
+    ``k_major`` as for :func:`k_grouped`: its token-major copies are aligned by construction)."""
+    fallback = "cp.async (base or stride not 16-byte aligned, so no TMA)"
     if op == "k_grouped":
+        a_tma = (k_major and a.numel() > 0) or _descriptor(
+            a, list(a.shape), list(a.stride()), [config.block_k, config.block_m]
+        ) is not None
+        b_tma = (k_major and b.numel() > 0) or _descriptor(
+            b, list(b.shape), list(b.stride()), [config.block_k, config.block_n]
+        ) is not None
+        copies = "token-major copies of " if k_major else ""
         return (
-            "operands by cp.async, not TMA (a group's tokens start at any row and must be masked along the "
-            "reduction axis, which a TMA box cannot do)"
+            f"operands: whole steps of {copies}a by {'TMA' if a_tma else fallback}, of {copies}b by "
+            f"{'TMA' if b_tma else fallback}{' (K-major for the fp8 MMA)' if k_major else ''}; "
+            "a group's partial first and last step by masked loads"
         )
     _, a_tma, _, b_tma = operand_sources(a, b, config)
-    fallback = "cp.async (base or stride not 16-byte aligned, so no TMA)"
     return f"operands: a by {'TMA' if a_tma else fallback}, b by {'TMA' if b_tma else fallback}"
 
 
@@ -163,6 +172,21 @@ def token_major(x: torch.Tensor) -> torch.Tensor:
     buf = torch.empty(mn, width, dtype=x.dtype, device=x.device)
     buf[:, :t].copy_(x.t())
     return buf[:, :t].t()
+
+
+def _k_grouped_source(x: torch.Tensor, k_major: bool, block_mn: int, block_k: int):
+    """``(source, TMA?, (token stride, MN stride))`` of the K-grouped kernel's whole steps for
+    the operand ``x[T, MN]``: with ``k_major`` a :func:`token_major` copy, seen ``[MN, T]``, else
+    ``x`` seen ``[T, MN]``; a TMA descriptor with a box of one step where the alignment allows,
+    else the tensor (pointer loads; the strides are for those)."""
+    src = token_major(x) if k_major else x
+    t, mn = src.shape
+    st, smn = src.stride()
+    if k_major:
+        desc = _descriptor(src, [mn, t], [smn, st], [block_mn, block_k])
+    else:
+        desc = _descriptor(src, [t, mn], [st, smn], [block_k, block_mn])
+    return (src, False, (st, smn)) if desc is None else (desc, True, (0, 0))
 
 
 def _launch_kwargs(config: KernelConfig) -> dict:
@@ -304,7 +328,8 @@ def k_grouped(
 ) -> torch.Tensor:
     """``out[g] = (c[g] or 0) + a[rows_g].T @ b[rows_g]`` for ``a[T, M]``, ``b[T, N]``, ``out[G, M, N]``;
     ``out`` may be ``c`` itself. ``k_major``: feed the MMA K-major operands (SM90 fp8) — whole
-    steps read :func:`token_major` copies of ``a`` and ``b``, made here."""
+    steps read :func:`token_major` copies of ``a`` and ``b``, made here. Whole steps read
+    through TMA where the (copied) operand's alignment allows (:func:`_k_grouped_source`)."""
     _check_config(config, sa is not None)
     m, n = a.shape[1], b.shape[1]
     groups = out.shape[0]
@@ -314,13 +339,14 @@ def k_grouped(
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, _ = _scale_args(sb, 2, a)
     c_t = c if c is not None else out
-    at, bt = (token_major(a), token_major(b)) if k_major else (a, b)
+    a_src, a_tma, a_strides = _k_grouped_source(a, k_major, config.block_m, config.block_k)
+    b_src, b_tma, b_strides = _k_grouped_source(b, k_major, config.block_n, config.block_k)
     grid = (groups * _cdiv(m, config.block_m) * _cdiv(n, config.block_n),)
     kernels.k_grouped_kernel[grid](
         a,
         b,
-        at,
-        bt,
+        a_src,
+        b_src,
         c_t,
         out,
         sa_t,
@@ -332,8 +358,8 @@ def k_grouped(
         a.stride(1),
         b.stride(0),
         b.stride(1),
-        at.stride(1) if k_major else 0,
-        bt.stride(1) if k_major else 0,
+        *a_strides,
+        *b_strides,
         c_t.stride(0),
         c_t.stride(1),
         c_t.stride(2),
@@ -347,6 +373,8 @@ def k_grouped(
         SCALES=kind,
         GROUP_M=config.group_m,
         TOKEN_MAJOR=k_major,
+        A_TMA=a_tma,
+        B_TMA=b_tma,
         **_launch_kwargs(config),
     )
     return out

@@ -23,8 +23,9 @@ step), whether the PTX issues TMA copies at all (``cp.async.bulk.tensor``), and 
 launch it. The check fails (exit 1) when a variant does not compile,
 spills, needs more than 227 KiB of shared memory, is an SM100 fp8 variant without the
 block-scaled MMA (``tcgen05.mma ... block_scale``), or — for tiles of 64+ rows — lacks wgmma
-(sm90a) / tcgen05 (sm100a), loads an operand without async copy / TMA, or — contiguous and
-masked kernels, whose operands the stand-in shapes let TMA read — loads one without TMA.
+(sm90a) / tcgen05 (sm100a), loads an operand without async copy / TMA, or loads one without
+TMA (the stand-in shapes let TMA read every operand; the K-grouped kernel's masked partial
+steps at a group's edges load ``edge_a``/``edge_b``, which these rules do not cover).
 
     python backends/cuda/scripts/compile_check.py --json ci-out/compile_check.json \\
         [--docs backends/cuda/docs/cuda-backend.md] [--jobs 2]
@@ -219,7 +220,7 @@ _MMA = re.compile(r"\b(wgmma\.mma_async[\w.:]*|tcgen05\.mma[\w.:]*|mma\.sync[\w.
 _TTGIR_LOAD = re.compile(r"^\s*%([A-Za-z]+)\w* = (tt\.load|ttg\.async_copy_global_to_local|tt\.descriptor_load)\b")
 # A TMA copy has no result: it names its destination buffer after the descriptor and coordinates.
 _TTGIR_TMA = re.compile(r"^\s*(ttng\.async_tma_copy_global_to_local) %\w+\[[^\]]*\] %([A-Za-z]+)")
-TMA_KERNELS = ("contiguous_kernel", "masked_kernel")
+TMA_KERNELS = ("contiguous_kernel", "masked_kernel", "k_grouped_kernel")
 
 
 def operand_feeds(ttgir: str) -> dict[str, list[str]]:

@@ -359,6 +359,33 @@ def test_tma_and_pointer_paths_agree(gen, arch):
         assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
+@pytest.mark.parametrize("arch", ["sm90", "sm100", None])
+def test_k_grouped_tma_and_pointer_paths_agree(gen, arch):
+    """K-grouped whole steps read TMA descriptors of aligned operands and pointers otherwise
+    (a misaligned base); both match the reference and each other exactly. ``arch`` None: bf16;
+    else fp8 with that architecture's scales and, for sm90, K-major (token-major) operands."""
+    kl = moe_hal.KGroupedLayout.from_counts([150, 0, 61, 96], alignment=1)
+    m, n = 32, 48
+    if arch is None:
+        x, dy = randn(gen, kl.num_rows, m, dtype=torch.bfloat16), randn(gen, kl.num_rows, n, dtype=torch.bfloat16)
+        data, kw, tol = (lambda q: q), {}, BF16_THRESHOLD
+    else:
+        x = quantize_fp8(randn(gen, kl.num_rows, m), (128, 1), ue8m0=arch == "sm100")
+        dy = quantize_fp8(randn(gen, kl.num_rows, n), (128, 1), ue8m0=arch == "sm100")
+        kw = {"sa": scales.activation(x, arch), "sb": scales.activation(dy, arch), "k_major": arch == "sm90"}
+        data, tol = (lambda q: q.data), FP8_THRESHOLD
+    outs = []
+    for prepare in (lambda q: q, _misaligned):
+        a, b = prepare(data(x)), prepare(data(dy))
+        if not kw.get("k_major"):  # the K-major copies are aligned whatever the input
+            tma = prepare is not _misaligned
+            assert launch._k_grouped_source(a, False, SMALL.block_m, SMALL.block_k)[1] == tma
+        out = launch.k_grouped(a, b, _poisoned((4, m, n), torch.float32), kl, SMALL, **kw)
+        assert_matches(out, reference(x, dy, kl, out_dtype=torch.float32), magnitude(x, dy, kl), kl.num_rows, tol)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_sm100_kernel_decodes_packed_bytes(gen):
     """Raising one exponent byte of the packed A scales by one doubles exactly the products of
     that row and K-block: the kernel reads the int32 UE8M0 words, not fp32 values."""
