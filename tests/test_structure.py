@@ -191,8 +191,6 @@ def test_the_hardware_db_is_pure_data():
 #: Citations of notes that are not in the repository (the project's working notes on peers and its
 #: design notes): a reader cannot follow them. Cite docs/design.md or the public source instead.
 UNPUBLISHED_NOTES = re.compile(r"\breference/[\w-]+\.md\b|\bDESIGN\.md\b")
-#: Areas whose citations are still being replaced (each by its owner); remove an entry once it is clean.
-CITATIONS_PENDING = ("backends/cuda/",)
 
 
 def _tracked_text_files() -> list[Path]:
@@ -214,8 +212,6 @@ def test_no_file_cites_notes_outside_the_repository():
     offenders = []
     for path in _tracked_text_files():
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(CITATIONS_PENDING):
-            continue
         text = path.read_text(encoding="utf-8", errors="replace")
         for lineno, line in enumerate(text.splitlines(), 1):
             if UNPUBLISHED_NOTES.search(line):
