@@ -3,7 +3,7 @@
 A call goes through :meth:`CudaBackend.plan`, which decides
 
 1. the **path**: our Triton kernels, or a peer library (``torch`` grouped_mm, ``deep_gemm``) where
-   the measured path table (:func:`moe_hal_cuda.configs.path_table`) says it is faster and
+   the measured path table (:mod:`moe_hal_cuda.paths`, keyed by a shape bucket) says it is faster and
    :func:`moe_hal_cuda.peers.blocker` finds nothing against it;
 2. the **tile**: the performance model's advisor ranks the tile heights the config table offers
    for the operation (:func:`moe_hal.perf.advise_problem`) — from the host-side group counts for
@@ -40,7 +40,7 @@ import torch  # noqa: E402 - after the environment set-up above, which must come
 from moe_hal import Backend, DeviceInfo, QuantizedTensor, Reason  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
 
-from . import configs, peers, scales  # noqa: E402 - after the environment set-up above, which must come first
+from . import configs, paths, peers, scales  # noqa: E402 - after the environment set-up above, which must come first
 from . import device as cuda_device  # noqa: E402 - after the environment set-up above, which must come first
 
 INTERPRETED_NOTE = "INTERPRETED (Triton interpreter on CPU)"
@@ -92,15 +92,18 @@ class Plan:
 
 def histogram_bucket(layout) -> tuple[int, int, int]:
     """Coarse key of a segment layout's routing histogram, so the tile advisor runs once per
-    bucket, not once per routing (every MoE step has a new one): the bit lengths of the row count
-    and of the rows that belong to a group, and the share of rows in groups in eighths (the
-    M-occupancy at the layout's alignment; the group count is in the plan's key already).
+    bucket, not once per routing (every MoE step has a new one): the bit lengths of the rows per
+    group and of the rows that belong to a group, and the share of rows in groups in eighths (the
+    M-occupancy at the layout's alignment; the group count is in the plan's key already). The
+    first also fixes the rows-per-group range of :func:`moe_hal_cuda.paths.shape_bucket`, so one
+    plan never spans two path-table buckets.
 
-    O(1): three numbers the layout holds, so a fresh layout costs the same at 8 or 256 experts.
-    What it cannot see is how the rows spread over the groups: two routings with the same totals
-    share the plan the first of them got."""
+    O(1): numbers the layout holds, so a fresh layout costs the same at 8 or 256 experts. What it
+    cannot see is how the rows spread over the groups: two routings with the same totals share
+    the plan the first of them got."""
     rows, valid = layout.num_rows, layout.num_valid_rows
-    return (rows.bit_length(), valid.bit_length(), 8 * valid // rows if rows else 0)
+    per_group = rows // max(layout.num_groups, 1)
+    return (per_group.bit_length(), valid.bit_length(), 8 * valid // rows if rows else 0)
 
 
 class CudaBackend(Backend):
@@ -214,16 +217,17 @@ class CudaBackend(Backend):
     def _choose_path(self, p: Problem) -> tuple[str, str]:
         if self.interpreter_mode():
             return "triton", "peer libraries need a GPU"
-        pref = configs.path_table().get((self.ARCH, p.op, p.in_dtype))
+        pref = paths.lookup(self.ARCH, p)
         if pref is None:
             return "triton", (
-                "peer choice unmeasured: no committed GPU measurement compares torch grouped_mm or "
-                "DeepGEMM with this kernel for this case"
+                "peer choice unmeasured: no committed H200/B200 measurement compares torch grouped_mm or "
+                f"DeepGEMM with this kernel for {p.op} {p.in_dtype}, {paths.describe_bucket(paths.shape_bucket(p))}"
             )
+        where = f"{paths.describe_bucket(pref.bucket)}, on {pref.device or 'an unnamed device'} ({pref.source})"
         blocked = peers.blocker(pref.path, p)
         if blocked:
-            return "triton", f"{pref.path} was measured {pref.speedup:.2f}x faster here, but {blocked}"
-        return pref.path, f"measured {pref.speedup:.2f}x faster than our Triton kernel ({pref.source})"
+            return "triton", f"{pref.path} was measured {pref.speedup:.2f}x faster for {where}, but {blocked}"
+        return pref.path, f"measured {pref.speedup:.2f}x faster than our Triton kernel for {where}"
 
     def _model_hardware(self, device: torch.device):
         """(perf.Hardware, note) the advisor models for ``device``."""

@@ -23,9 +23,7 @@ straddles two scales.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
-from importlib import resources
 
 ARCHS = ("sm90", "sm100")
 
@@ -144,30 +142,3 @@ def candidates(arch: str, dtype_name: str, op: str) -> list[KernelConfig]:
 def default(arch: str, dtype_name: str, op: str) -> KernelConfig:
     """The candidate whose height is nearest :data:`DEFAULT_HEIGHT` (the fallback tile)."""
     return min(candidates(arch, dtype_name, op), key=lambda c: abs(c.block_m - DEFAULT_HEIGHT[op]))
-
-
-# -- measured path preferences -------------------------------------------------------------------
-@dataclass(frozen=True)
-class PathPreference:
-    """A measured verdict: for ``(arch, op, dtype)`` the peer path ``path`` beat our Triton kernel
-    by ``speedup`` (median time ratio) in ``source`` (a bench/results JSON)."""
-
-    arch: str
-    op: str
-    dtype: str
-    path: str
-    speedup: float
-    source: str
-
-
-def path_table() -> dict[tuple[str, str, str], PathPreference]:
-    """The packaged ``path_table.json``: cases where a peer library was measured faster than our
-    Triton kernels. ``backends/cuda/scripts/gpu_check.py`` writes the entries for its device; until a GPU run is
-    committed the table is empty and every case runs Triton."""
-    text = resources.files("moe_hal_cuda").joinpath("path_table.json").read_text(encoding="utf-8")
-    data = json.loads(text)
-    out = {}
-    for e in data.get("entries", []):
-        pref = PathPreference(e["arch"], e["op"], e["dtype"], e["path"], float(e["speedup"]), data.get("source", ""))
-        out[(pref.arch, pref.op, pref.dtype)] = pref
-    return out

@@ -1,7 +1,7 @@
 """Peer libraries the backends may call instead of their Triton kernels.
 
-A peer runs a call only when a measurement says it is faster: :func:`moe_hal_cuda.configs.path_table`
-lists the ``(arch, op, dtype)`` cases where ``backends/cuda/scripts/gpu_check.py`` timed it ahead of our kernel
+A peer runs a call only when a measurement says it is faster: :mod:`moe_hal_cuda.paths` lists the
+``(arch, op, dtype, shape bucket)`` cases where ``backends/cuda/scripts/gpu_check.py`` timed it ahead of our kernel
 (and checked it against the float64 reference first). :func:`blocker` says why a peer cannot take
 a given call; the backend then keeps the Triton path and says so in ``explain()``.
 

@@ -738,9 +738,9 @@ def k_grouped_timings(check: Check) -> None:
         if check.left() < 15:
             check.skip("k_grouped", name, "time budget")
             continue
-        row: dict[str, Any] = {"case": name, "M": m, "N": n, "paths": {}}
+        counts = perf.synthetic_counts("seed", tokens, 32)
+        row: dict[str, Any] = {"case": name, "M": m, "N": n, "T": sum(counts), "G": len(counts), "paths": {}}
         try:
-            counts = perf.synthetic_counts("seed", tokens, 32)
             lay = moe_hal.KGroupedLayout.from_counts(counts)
             x, dy = check.randn(lay.num_rows, m, scale=0.1), check.randn(lay.num_rows, n, scale=0.1)
             out = torch.empty(len(counts), m, n, dtype=torch.bfloat16, device=check.device)
@@ -917,22 +917,39 @@ def targets(check: Check) -> None:
 
 
 def path_table_suggestion(check: Check) -> None:
-    """Cases where torch grouped_mm beat our bf16 kernel: the entry configs.path_table would take
-    if most cases agree (the lead decides whether to commit it)."""
-    ratios = list(check.report["targets"].get("bf16_contiguous_vs_torch_grouped_mm", {}).get("per_case", {}).values())
-    entries = []
-    if ratios and statistics.median(ratios) < 1.0:
-        entries.append(
-            {
-                "arch": "sm90",
-                "op": "contiguous",
-                "dtype": "bf16",
-                "path": "torch",
-                "speedup": round(1 / statistics.median(ratios), 3),
-            }
-        )
+    """Entries for ``moe_hal_cuda/path_table.json`` (format in :mod:`moe_hal_cuda.paths`): the
+    shape buckets where torch grouped_mm beat our bf16 kernel by the median of this run's cases in
+    that bucket (the lead decides whether to commit them, with this run's JSON)."""
+    from moe_hal_cuda.paths import floor_pow2
+
+    targets_ = check.report["targets"]
+    by_bucket: dict[tuple, list[float]] = {}
+    sources = (
+        ("contiguous", check.report["timings"], "bf16_contiguous_vs_torch_grouped_mm", lambda r: r["rows"] // r["G"]),
+        ("k_grouped", check.report["k_grouped"], "k_grouped_bf16_vs_torch_grouped_mm_2d2d", lambda r: r["M"]),
+    )
+    for op, rows, target, rows_per_group in sources:
+        ratios = targets_.get(target, {}).get("per_case", {})
+        for r in rows:
+            if r["case"] in ratios:
+                k = r["K"] if op == "contiguous" else r["T"] // r["G"]
+                bucket = (floor_pow2(r["N"]), floor_pow2(k), floor_pow2(rows_per_group(r)))
+                by_bucket.setdefault((op, bucket), []).append(ratios[r["case"]])
+    entries = [
+        {
+            "arch": "sm90",
+            "op": op,
+            "dtype": "bf16",
+            "bucket": dict(zip(("n", "k", "rows_per_group"), bucket)),
+            "path": "torch",
+            "speedup": round(1 / statistics.median(ratios), 3),
+        }
+        for (op, bucket), ratios in sorted(by_bucket.items())
+        if statistics.median(ratios) < 1.0
+    ]
     check.report["path_table_suggestion"] = {
         "source": "backends/cuda/scripts/gpu_check.py on " + check.report["device"].get("name", "?"),
+        "device": check.report["device"].get("name", "?"),
         "entries": entries,
     }
 

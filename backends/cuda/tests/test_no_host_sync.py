@@ -243,6 +243,7 @@ def test_histogram_bucket_reads_no_group_counts():
     group counts (the plan lookup must not scale with the number of experts)."""
 
     class Totals:  # a layout that has only the totals: any read of the counts fails
-        num_rows, num_valid_rows = 4096, 3000
+        num_rows, num_valid_rows, num_groups = 4096, 3000, 4
 
-    assert cuda_backend.histogram_bucket(Totals()) == (13, 12, 5)
+    # 1024 rows per group -> 11 bits; 3000 rows in groups -> 12 bits; 3000 / 4096 -> 5 eighths
+    assert cuda_backend.histogram_bucket(Totals()) == (11, 12, 5)

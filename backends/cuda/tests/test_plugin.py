@@ -22,7 +22,7 @@ from cuda_helpers import randn
 import moe_hal
 from moe_hal import DeviceInfo, perf
 from moe_hal.quant import quantize_fp8
-from moe_hal_cuda import configs, device, peers, plugin
+from moe_hal_cuda import configs, device, paths, peers, plugin
 
 NAMES = ("cuda_sm90", "cuda_sm100")
 
@@ -271,27 +271,91 @@ def test_peer_blockers():
 
 
 def test_path_table_packaged_and_empty():
-    assert configs.path_table() == {}
+    assert paths.table() == {}
+
+
+def _bf16_contiguous(counts, n=32, k=64, alignment=16):
+    lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
+    return moe_hal.Problem.build(
+        torch.zeros(lay.num_rows, k, dtype=torch.bfloat16), torch.zeros(len(counts), n, k, dtype=torch.bfloat16), lay
+    )
+
+
+def test_shape_bucket_is_the_power_of_two_range_of_each_dimension():
+    # rows: align(30, 16) + align(50, 16) = 32 + 64 = 96 -> 48 per group -> [32, 64)
+    assert paths.shape_bucket(_bf16_contiguous([30, 50], n=48, k=200)) == (32, 128, 32)
+    assert paths.describe_bucket((32, 128, 32)) == "N in [32, 64), K in [128, 256), rows per group in [32, 64)"
+    masked = moe_hal.MaskedLayout(torch.tensor([3, 5], dtype=torch.int32), 64, expected_m=5, check=False)
+    p = moe_hal.Problem.build(
+        torch.zeros(2, 64, 256, dtype=torch.bfloat16), torch.zeros(2, 4096, 256, dtype=torch.bfloat16), masked
+    )
+    assert paths.shape_bucket(p) == (4096, 256, 4)  # expected_m, not max_m
+    klay = moe_hal.KGroupedLayout.from_counts([100, 300])
+    p = moe_hal.Problem.build(
+        torch.zeros(400, 24, dtype=torch.bfloat16), torch.zeros(400, 40, dtype=torch.bfloat16), klay
+    )
+    assert paths.shape_bucket(p) == (32, 128, 16)  # N=40, tokens per group 200, output M=24
+
+
+SYNTHETIC_TABLE = {
+    "source": "bench/results/synthetic.json",
+    "device": "nvidia-h200-sxm",
+    "entries": [
+        {
+            "arch": "sm90",
+            "op": "contiguous",
+            "dtype": "bf16",
+            "bucket": {"n": 32, "k": 64, "rows_per_group": 32},
+            "path": "torch",
+            "speedup": 1.3,
+        }
+    ],
+}
+
+
+def test_path_lookup_is_keyed_by_layout_dtype_and_shape_bucket():
+    entries = paths.parse(SYNTHETIC_TABLE)
+    covered = _bf16_contiguous([30, 50])  # N=32, K=64, 48 rows per group
+    hit = paths.lookup("sm90", covered, entries)
+    assert hit is not None and hit.path == "torch" and hit.speedup == 1.3 and hit.device == "nvidia-h200-sxm"
+    assert paths.lookup("sm100", covered, entries) is None  # another architecture
+    assert paths.lookup("sm90", _bf16_contiguous([30, 50], n=64), entries) is None  # N in another range
+    assert paths.lookup("sm90", _bf16_contiguous([30, 50], k=128), entries) is None  # K in another range
+    assert paths.lookup("sm90", _bf16_contiguous([100, 120]), entries) is None  # more rows per group
+    assert paths.lookup("sm90", _bf16_contiguous([20, 60, 10]), entries) is not None  # 96 / 3 = 32: same range
+    fp16 = _bf16_contiguous([30, 50])
+    fp16.in_dtype = "fp16"
+    assert paths.lookup("sm90", fp16, entries) is None  # another dtype
+
+
+def test_path_table_rejects_malformed_entries():
+    bad = json.loads(json.dumps(SYNTHETIC_TABLE))
+    bad["entries"][0]["bucket"]["n"] = 48
+    with pytest.raises(ValueError, match="entry 0.*powers of two"):
+        paths.parse(bad)
+    del bad["entries"][0]["bucket"]
+    with pytest.raises(ValueError, match="entry 0.*KeyError"):
+        paths.parse(bad)
 
 
 def test_peer_choice_is_unmeasured_without_a_committed_measurement(monkeypatch):
     """With the packaged (empty) path table a native plan runs Triton and says the peer choice is
-    unmeasured; an entry from a measurement routes the call when the peer can take it."""
+    unmeasured; an entry from a measurement covers only its shape bucket, and routes the call when
+    the peer can take it."""
     monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")
     from moe_hal_cuda import backend as cuda_backend
     from moe_hal_cuda import plugin
 
     be = cuda_backend.CudaSM90Backend(plugin.specs()[0])
-    lay = moe_hal.ContiguousLayout.from_counts([30, 50], alignment=16)
-    problem = moe_hal.Problem.build(
-        torch.zeros(lay.num_rows, 64, dtype=torch.bfloat16), torch.zeros(2, 32, 64, dtype=torch.bfloat16), lay
-    )
+    problem = _bf16_contiguous([30, 50])
     path, note = be._choose_path(problem)
-    assert path == "triton" and "unmeasured" in note
-    measured = configs.PathPreference("sm90", "contiguous", "bf16", "torch", 1.3, "bench/results/x.json")
-    monkeypatch.setattr(configs, "path_table", lambda: {("sm90", "contiguous", "bf16"): measured})
+    assert path == "triton" and "unmeasured" in note and "N in [32, 64)" in note
+    monkeypatch.setattr(paths, "table", lambda: paths.parse(SYNTHETIC_TABLE))
     path, note = be._choose_path(problem)
     assert path == "triton" and "1.30x faster" in note and "CUDA devices only" in note  # a CPU call: blocked
+    assert "nvidia-h200-sxm" in note and "rows per group in [32, 64)" in note
+    path, note = be._choose_path(_bf16_contiguous([30, 50], n=64))
+    assert path == "triton" and "unmeasured" in note
 
 
 # -- tiles -----------------------------------------------------------------------------------------
