@@ -45,6 +45,7 @@ _EXPORTS = {
     "device_info": "selection",
     "match_device": "devices",
     "PerfModel": "backend",
+    "GraphCapture": "backend",
     "clear_cache": "plugin_api",
 }
 _SUBMODULES = frozenset(
@@ -102,7 +103,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see ordinary imports
     from . import conformance, errors, hwdb, perf, prepared, quant, routing  # noqa: F401 - for type checkers; loaded on first access at run time
     from .api import backends, explain, get_backend, grouped_gemm, select  # noqa: F401 - for type checkers; loaded on first access at run time
-    from .backend import Backend, BackendSpec, DeviceInfo, PerfModel, Reason, Signature  # noqa: F401 - for type checkers; loaded on first access at run time
+    from .backend import Backend, BackendSpec, DeviceInfo, GraphCapture, PerfModel, Reason, Signature  # noqa: F401 - for type checkers; loaded on first access at run time
     from .device_layout import PsumLayout  # noqa: F401 - for type checkers; loaded on first access at run time
     from .devices import match_device  # noqa: F401 - for type checkers; loaded on first access at run time
     from .hookspecs import hookimpl  # noqa: F401 - for type checkers; loaded on first access at run time

@@ -10,6 +10,7 @@ matrix, :meth:`Backend.unsupported`; every answer is a list of structured :class
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -252,6 +253,44 @@ class PerfModel:
 
 
 @dataclass(frozen=True)
+class GraphCapture:
+    """How a backend's calls of one layout behave under device-graph capture (CUDA graphs, or the
+    device's equivalent), declared per operation in :attr:`BackendSpec.graph_capturable`.
+
+    ``capturable``: a call can be captured and replayed (no host sync, no host-side work the
+    replay would skip). ``replay_reads_layout``: a replay reads the layout's device tensors again,
+    so new routing values written into them take effect (masked calls' ``masked_m``); False when
+    the routing is fixed at capture and a replay repeats it. ``note``: the conditions, in words.
+    """
+
+    capturable: bool
+    replay_reads_layout: bool = False
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("capturable", "replay_reads_layout"):
+            if not isinstance(getattr(self, name), bool):
+                raise ArgumentError(f"GraphCapture.{name}", "a bool", repr(getattr(self, name)))
+        if not isinstance(self.note, str):
+            raise ArgumentError("GraphCapture.note", "a string", repr(self.note))
+        if self.replay_reads_layout and not self.capturable:
+            raise ArgumentError("GraphCapture.replay_reads_layout", "False when capturable is False", "True")
+
+    def describe(self) -> str:
+        """One phrase for ``explain()`` and reports."""
+        if not self.capturable:
+            text = "not capturable"
+        elif self.replay_reads_layout:
+            text = "capturable; a replay reads the layout's current device values"
+        else:
+            text = "capturable; a replay repeats the captured routing"
+        return f"{text} ({self.note})" if self.note else text
+
+
+_NOT_DECLARED = GraphCapture(False, note="not declared by the backend")
+
+
+@dataclass(frozen=True)
 class BackendSpec:
     """Declaration of one backend; cheap to build, imports nothing heavy.
 
@@ -274,7 +313,7 @@ class BackendSpec:
     requires: frozenset[str] = frozenset()
     api_version: str = API_VERSION
     deterministic: bool = False
-    graph_capturable: bool = False
+    graph_capturable: bool | Mapping[str, GraphCapture] = False
     description: str = ""
     plugin: str = ""
     distribution: str = ""
@@ -323,14 +362,37 @@ class BackendSpec:
         object.__setattr__(self, "signatures", tuple(self.signatures))
         if not isinstance(self.api_version, str) or not _API_VERSION.fullmatch(self.api_version):
             raise bad("api_version", f"a version string 'MAJOR.MINOR' such as {API_VERSION!r}")
-        for name in ("deterministic", "graph_capturable"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "a bool")
+        if not isinstance(self.deterministic, bool):
+            raise bad("deterministic", "a bool")
+        object.__setattr__(self, "graph_capturable", self._graph_capture_per_op(bad))
         for name in ("description", "plugin", "distribution", "version"):
             if not isinstance(getattr(self, name), str):
                 raise bad(name, "a string")
         if not isinstance(self.extra, dict):
             raise bad("extra", "a dict")
+
+    def _graph_capture_per_op(self, bad) -> tuple[tuple[str, GraphCapture], ...]:
+        """``graph_capturable`` as ``((op, GraphCapture), ...)`` sorted by op (hashable, like the
+        spec). A bool declares every operation alike (the form of API 1.x specs)."""
+        value = self.graph_capturable
+        if isinstance(value, bool):
+            return tuple((op, GraphCapture(value, note="declared for every layout alike")) for op in sorted(OPS))
+        if isinstance(value, tuple) and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+            value = dict(value)  # already normalised (dataclasses.replace passes it back in)
+        if not isinstance(value, Mapping) or not all(
+            op in OPS and isinstance(v, GraphCapture) for op, v in value.items()
+        ):
+            raise bad("graph_capturable", f"a bool or a mapping from operations {OPS} to moe_hal.GraphCapture")
+        return tuple(sorted(value.items()))
+
+    def graph_capture(self, op: str) -> GraphCapture:
+        """What this backend declares about graph capture of ``op`` calls (not capturable when it
+        declares nothing for ``op``)."""
+        return dict(self.graph_capturable).get(op, _NOT_DECLARED)
+
+    def graph_capture_report(self) -> dict[str, str]:
+        """``{op: phrase}`` for every operation, for JSON reports (``moe-hal info``, conformance)."""
+        return {op: self.graph_capture(op).describe() for op in OPS}
 
     def signature_reasons(self, problem: "Problem") -> list[Reason]:
         """Reasons from the closest signature (empty when one admits the call)."""

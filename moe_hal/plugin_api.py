@@ -15,7 +15,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import environment, errors
-from .backend import API_VERSION, OPS, TIERS, Backend, BackendSpec, DeviceInfo, PerfModel, Reason, Signature
+from .backend import (
+    API_VERSION,
+    OPS,
+    TIERS,
+    Backend,
+    BackendSpec,
+    DeviceInfo,
+    GraphCapture,
+    PerfModel,
+    Reason,
+    Signature,
+)
 from .hookspecs import ENTRY_POINT_GROUP, hookimpl
 
 #: names that import torch: public name -> (module, attribute)
@@ -39,6 +50,7 @@ __all__ = [
     "Backend",
     "BackendSpec",
     "DeviceInfo",
+    "GraphCapture",
     "PerfModel",
     "Problem",
     "QuantizedTensor",

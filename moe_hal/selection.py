@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import plugins
-from .backend import Backend, BackendSpec, DeviceInfo, Reason
+from .backend import Backend, BackendSpec, DeviceInfo, GraphCapture, Reason
 from .errors import ArgumentError, BackendUnavailableError, NoBackendError
 from .notices import warn_once
 from .problem import Problem
@@ -55,6 +55,12 @@ class Selection:
     candidates: list[Candidate]
     ranked: list[str]
     how: str  # "auto", "forced" or "preference"
+    op: str = ""  # the operation, for the chosen backend's graph-capture declaration
+
+    @property
+    def graph_capture(self) -> GraphCapture:
+        """What the chosen backend declares about device-graph capture of this call's operation."""
+        return self.chosen.spec.graph_capture(self.op)
 
     @property
     def name(self) -> str:
@@ -71,7 +77,7 @@ class Selection:
 
     def explain(self) -> str:
         """Which backend runs the call and why each other backend does not."""
-        return render(self.problem, self.device, self.candidates, self.name, self.ranked, self.how)
+        return render(self.problem, self.device, self.candidates, self.name, self.ranked, self.how, op=self.op)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +88,7 @@ class Selection:
             "hw_id": self.device.hw_id,
             "problem": self.problem,
             "ranked": list(self.ranked),
+            "graph_capture": self.graph_capture.describe(),
             "candidates": [
                 {
                     "name": c.name,
@@ -209,7 +216,7 @@ def select(problem: Problem, backend: Preference = None) -> Selection:
         )
     chosen, err = host.backend(ranked[0])
     assert chosen is not None, err  # eligible backends were instantiated during evaluation
-    selection = Selection(chosen, device, problem.summary(), candidates, ranked, how)
+    selection = Selection(chosen, device, problem.summary(), candidates, ranked, how, problem.op)
     if how == "auto":
         _warn_if_slow(selection)
     with _cache_lock:
@@ -383,6 +390,7 @@ def render(
     ranked: list[str],
     how: str,
     considered: list[str] | None = None,
+    op: str = "",
 ) -> str:
     """Plain-text explanation used by ``explain()`` and by selection errors."""
     lines = [f"call: {problem}", f"device: {device.label}"]
@@ -394,6 +402,8 @@ def render(
         lines.append(f"selected: {chosen} ({spec.tier}, priority {spec.priority}{mode}; {how})")
         if c.path:
             lines.append(f"  path: {c.path}")
+        if op:
+            lines.append(f"  graph capture ({op}): {spec.graph_capture(op).describe()}")
         others = ranked[1:]
         if others:
             lines.append(

@@ -182,7 +182,7 @@ def backends() -> list[dict[str, Any]]:
             "requires": sorted(spec.requires),
             "description": spec.description,
             "deterministic": spec.deterministic,
-            "graph_capturable": spec.graph_capturable,
+            "graph_capturable": spec.graph_capture_report(),
             "devices": {},
         }
         inst, err = (None, None) if host.spec_reasons.get(name) else host.backend(name)

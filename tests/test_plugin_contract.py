@@ -4,6 +4,7 @@ optional physical_scales method, plugin-declared environment, and denying one pl
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 
 import moe_hal
 from moe_hal import environment, plugin_api, sysinfo
-from moe_hal.backend import Backend, BackendSpec, PerfModel, Signature
+from moe_hal.backend import Backend, BackendSpec, GraphCapture, PerfModel, Signature
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The entry-point modules of the plugins in this repository.
@@ -82,6 +83,47 @@ def test_the_shipped_backends_declare_their_perf_model():
     if "cuda_sm90" in host.specs:
         tiles = host.specs["cuda_sm90"].perf_model.tiles
         assert tiles and all(len(t) == 2 for t in tiles)
+
+
+def test_graph_capture_is_declared_per_layout():
+    """``graph_capturable`` is a typed per-operation declaration; a bool declares every operation
+    alike; an operation left out is not capturable; selection and reports say what the chosen
+    backend declares for the call's operation."""
+    masked_only = {"masked": GraphCapture(True, replay_reads_layout=True, note="masked_m on the device")}
+    spec = BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), graph_capturable=masked_only)
+    assert spec.graph_capture("masked") == masked_only["masked"]
+    assert not spec.graph_capture("contiguous").capturable and "not declared" in spec.graph_capture("contiguous").note
+    assert spec.graph_capture_report() == {
+        "contiguous": "not capturable (not declared by the backend)",
+        "masked": "capturable; a replay reads the layout's current device values (masked_m on the device)",
+        "k_grouped": "not capturable (not declared by the backend)",
+    }
+    assert hash(spec) == hash(dataclasses.replace(spec))  # hashable, and replace() keeps the declaration
+    assert dataclasses.replace(spec).graph_capture("masked") == masked_only["masked"]
+    every = BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), graph_capturable=True)
+    assert all(every.graph_capture(op).capturable for op in ("contiguous", "masked", "k_grouped"))
+    for bad in ({"dense": GraphCapture(True)}, {"masked": True}, "yes"):
+        with pytest.raises(ValueError, match="graph_capturable"):
+            BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), graph_capturable=bad)
+    with pytest.raises(ValueError, match="replay_reads_layout"):
+        GraphCapture(False, replay_reads_layout=True)
+    host = moe_hal.plugins.host().ensure_loaded()
+    for name in ("reference", "torch"):
+        assert not any(host.specs[name].graph_capture(op).capturable for op in ("contiguous", "masked", "k_grouped"))
+    if "cuda_sm90" in host.specs:
+        cuda = host.specs["cuda_sm90"]
+        assert cuda.graph_capture("masked").replay_reads_layout
+        assert cuda.graph_capture("contiguous").capturable and not cuda.graph_capture("contiguous").replay_reads_layout
+
+
+def test_selection_reports_the_graph_capture_of_its_operation():
+    import torch
+
+    lay = moe_hal.ContiguousLayout.from_counts([3, 5], alignment=4)
+    sel = moe_hal.select(torch.zeros(lay.num_rows, 16), torch.zeros(2, 8, 16), lay, backend="reference")
+    assert sel.graph_capture == sel.chosen.spec.graph_capture("contiguous")
+    assert "graph capture (contiguous): not capturable (reads the layout on the host)" in sel.explain()
+    assert sel.as_dict()["graph_capture"] == "not capturable (reads the layout on the host)"
 
 
 def test_physical_scales_is_an_optional_documented_method():

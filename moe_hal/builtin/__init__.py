@@ -11,7 +11,7 @@ It also registers the built-in expert-parallel transport, ``all_to_all_single``
 
 from __future__ import annotations
 
-from ..backend import OPS, BackendSpec, PerfModel, Signature
+from ..backend import OPS, BackendSpec, GraphCapture, PerfModel, Signature
 from ..hookspecs import hookimpl
 
 _ALL_OPS = frozenset(OPS)
@@ -26,6 +26,19 @@ _EVERYTHING = (
     ),
 )
 
+#: The reference backend reads the group bounds and ``masked_m`` on the host (float64 loops).
+_REFERENCE_CAPTURE = {op: GraphCapture(False, note="reads the layout on the host") for op in _ALL_OPS}
+#: The torch backend uploads a layout's offsets with a blocking copy on first use, and
+#: grouped_mm's fallback (any dtype but bf16, or a GPU other than SM90/SM100) copies the offsets
+#: to the host on every call (pytorch/pytorch, torch 2.13.0,
+#: ``aten/src/ATen/native/cuda/GroupedBlas.cpp``, ``_grouped_mm_fallback``); its masked path has
+#: no such read but has never been captured on a GPU, so nothing is claimed.
+_TORCH_CAPTURE = {
+    "contiguous": GraphCapture(False, note="offsets uploaded with a blocking copy; grouped_mm's fallback reads them"),
+    "k_grouped": GraphCapture(False, note="offsets uploaded with a blocking copy; grouped_mm's fallback reads them"),
+    "masked": GraphCapture(False, note="not claimed: never captured on a GPU"),
+}
+
 REFERENCE = BackendSpec(
     name="reference",
     vendor="moe_hal",
@@ -35,6 +48,7 @@ REFERENCE = BackendSpec(
     impl="moe_hal.builtin.reference:ReferenceBackend",
     signatures=(*_EVERYTHING, Signature(ops=_ALL_OPS, dtypes={"fp64"}, out_dtypes={"fp64"})),
     deterministic=True,
+    graph_capturable=_REFERENCE_CAPTURE,
     description="float64 per-group products; the oracle (slow)",
 )
 
@@ -47,6 +61,7 @@ TORCH = BackendSpec(
     impl="moe_hal.builtin.torch_grouped_mm:TorchBackend",
     signatures=_EVERYTHING,
     deterministic=True,
+    graph_capturable=_TORCH_CAPTURE,
     description="torch.nn.functional.grouped_mm with padding, stride and dtype fix-ups",
     # Its masked path multiplies all max_m rows (moe_hal.perf reads this hint).
     perf_model=PerfModel(masked_computes_max_m=True),

@@ -98,7 +98,7 @@ def backend_record(target: Any) -> dict[str, Any]:
                 "version": spec.version,
                 "api_version": spec.api_version,
                 "deterministic": spec.deterministic,
-                "graph_capturable": spec.graph_capturable,
+                "graph_capturable": spec.graph_capture_report(),
             }
         )
     return out

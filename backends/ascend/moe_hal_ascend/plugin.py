@@ -20,7 +20,7 @@ report the EMULATED execution mode.
 
 from __future__ import annotations
 
-from moe_hal.plugin_api import OPS, BackendSpec, Signature, hookimpl
+from moe_hal.plugin_api import OPS, BackendSpec, GraphCapture, Signature, hookimpl
 
 from . import emulation
 
@@ -76,6 +76,11 @@ def _description(text: str) -> str:
     return text
 
 
+#: NPU graph capture is claimed for no layout: only the CPU emulator of torch_npu has run these
+#: backends, and it has no graph mode.
+GRAPH_CAPTURE = {op: GraphCapture(False, note="not claimed: never captured on an NPU") for op in OPS}
+
+
 def specs() -> tuple[BackendSpec, BackendSpec]:
     """The two backend declarations (built on each call so the emulation note is current)."""
     a2_a3 = BackendSpec(
@@ -87,6 +92,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         impl="moe_hal_ascend.backend:AscendBackend",
         signatures=(FLOAT_SIGNATURE, FP8_DEQUANTIZED),
         requires=_BASE_FEATURES,
+        graph_capturable=GRAPH_CAPTURE,
         description=_description(
             "torch_npu.npu_grouped_matmul on Atlas A2/A3 (910B/910C): contiguous, masked, "
             "K-grouped; fp32/bf16/fp16, fp8 dequantized"
@@ -101,6 +107,7 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         impl="moe_hal_ascend.backend:Ascend950Backend",
         signatures=(FLOAT_SIGNATURE, FP8_NATIVE_950, FP8_K_DEQUANTIZED_950),
         requires=_BASE_FEATURES | {"fp8"},
+        graph_capturable=GRAPH_CAPTURE,
         description=_description(
             "torch_npu.npu_grouped_matmul on Ascend 950: contiguous, masked, K-grouped; "
             "fp32/bf16/fp16, fp8 block-scaled natively (G-B mode) for M-grouped calls"

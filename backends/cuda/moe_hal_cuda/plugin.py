@@ -20,7 +20,7 @@ Hardware requirements are hardware-DB feature flags, never architecture lists:
 
 from __future__ import annotations
 
-from moe_hal.plugin_api import OPS, BackendSpec, PerfModel, Signature, hookimpl
+from moe_hal.plugin_api import OPS, BackendSpec, GraphCapture, PerfModel, Signature, hookimpl
 
 from . import configs, mode
 
@@ -66,13 +66,19 @@ def _perf_model(arch: str) -> PerfModel:
     return PerfModel(tiles=tiles, streams_all_experts=False, reads_padding_rows=False, masked_computes_max_m=False)
 
 
-#: CUDA-graph capture per layout (``graph_capturable=True`` holds for all three in this sense).
+#: CUDA-graph capture per layout. Masked calls read ``masked_m`` on the device, so a replay takes
+#: new values; contiguous and K-grouped calls read group bounds uploaded from the host layout
+#: object once (a copy cannot be recorded), so a replay repeats the captured routing. From the
+#: launch path's code and its no-host-sync test (``tests/test_no_host_sync.py``); capture itself
+#: runs only in ``scripts/gpu_check.py`` on a GPU.
 GRAPH_CAPTURE = {
-    "masked": "capturable; replays read the new masked_m values (no host sync)",
-    "contiguous": "capturable once the layout object has been used outside capture (its group ends are "
-    "uploaded then); a replay repeats the captured routing",
-    "k_grouped": "capturable once the layout object has been used outside capture; a replay repeats the "
-    "captured routing",
+    "masked": GraphCapture(True, replay_reads_layout=True, note="masked_m is read on the device"),
+    "contiguous": GraphCapture(
+        True, note="once the layout object has been used outside capture, which uploads its group ends"
+    ),
+    "k_grouped": GraphCapture(
+        True, note="once the layout object has been used outside capture, which uploads its group bounds"
+    ),
 }
 
 
@@ -94,9 +100,8 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         signatures=(FLOAT_SIGNATURE, *_fp8_signatures({"fp32", "ue8m0"})),
         requires=frozenset({"wgmma", "tma"}),
         deterministic=True,
-        graph_capturable=True,
+        graph_capturable=GRAPH_CAPTURE,
         perf_model=_perf_model("sm90"),
-        extra={"graph_capture": GRAPH_CAPTURE},
         description=_description(
             "Triton grouped GEMM for Hopper: contiguous, masked, K-grouped; "
             "bf16/fp16 and fp8 with fp32 MN-major TMA-aligned scales"
@@ -112,9 +117,8 @@ def specs() -> tuple[BackendSpec, BackendSpec]:
         signatures=(FLOAT_SIGNATURE, *_fp8_signatures({"ue8m0"})),
         requires=frozenset({"tcgen05", "tma", "ue8m0_scales"}),
         deterministic=True,
-        graph_capturable=True,
+        graph_capturable=GRAPH_CAPTURE,
         perf_model=_perf_model("sm100"),
-        extra={"graph_capture": GRAPH_CAPTURE},
         description=_description(
             "Triton grouped GEMM for datacenter Blackwell: contiguous, masked, K-grouped; "
             "bf16/fp16 and fp8 with packed UE8M0 scales (never run on SM100 hardware)"
