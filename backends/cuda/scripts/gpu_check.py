@@ -45,6 +45,7 @@ if "--cpu-smoke" in sys.argv:  # before anything imports triton: run every kerne
     os.environ["MOE_HAL_CUDA_INTERPRET"] = "1"
 
 import argparse  # noqa: E402 - after the environment set-up above, which must come first
+import contextlib  # noqa: E402 - after the environment set-up above, which must come first
 import datetime  # noqa: E402 - after the environment set-up above, which must come first
 import json  # noqa: E402 - after the environment set-up above, which must come first
 import math  # noqa: E402 - after the environment set-up above, which must come first
@@ -275,9 +276,26 @@ def _record(check: Check, name: str, fn: Callable[[], dict[str, Any]], section: 
     )
 
 
-def correctness(check: Check) -> None:
-    from moe_hal_cuda import launch, scales
+def _random_operands(check: Check, shapes, blocks, dtype, fp8_format):
+    """``(a, b)`` of the given shapes: ``dtype`` tensors, or (``fp8_format`` ``"fp32"``/``"ue8m0"``)
+    fp8 QuantizedTensors with scales over ``blocks``."""
+    if fp8_format is None:
+        return tuple(check.randn(*shape, dtype=dtype) for shape in shapes)
+    return tuple(
+        quantize_fp8(check.randn(*shape, dtype=torch.float32), block, ue8m0=fp8_format == "ue8m0")
+        for shape, block in zip(shapes, blocks)
+    )
 
+
+def _sm100_format(a, b, lay, out: torch.Tensor, **build) -> torch.Tensor:
+    """The SM100 kernels (fp8 with packed UE8M0 scales) on this GPU, through ``cuda_sm100``'s launch
+    path with its own plan: selection would refuse the call on an SM90 device."""
+    be = backend_object("cuda_sm100")
+    problem = moe_hal.Problem.build(a, b, lay, **build)
+    return be.launch(problem, be.plan(problem).config, out)
+
+
+def correctness(check: Check) -> None:
     s = check.smoke
     big_n, big_k = (24, 200) if s else (4096, 7168)
     rows = 96 if s else 4096
@@ -289,28 +307,13 @@ def correctness(check: Check) -> None:
     def contiguous(backend, dtype, counts, alignment, n, k, fp8_format=None):
         def run():
             lay = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
-            if fp8_format is None:
-                a, b = check.randn(lay.num_rows, k, dtype=dtype), check.randn(len(counts), n, k, dtype=dtype)
-                threshold = 1e-5
-            else:
-                ue8m0 = fp8_format == "ue8m0"
-                a = quantize_fp8(check.randn(lay.num_rows, k, dtype=torch.float32), (1, 128), ue8m0=ue8m0)
-                b = quantize_fp8(check.randn(len(counts), n, k, dtype=torch.float32), (128, 128), ue8m0=ue8m0)
-                threshold = 1e-3
+            shapes = ((lay.num_rows, k), (len(counts), n, k))
+            a, b = _random_operands(check, shapes, ((1, 128), (128, 128)), dtype, fp8_format)
+            threshold = 1e-3 if fp8_format else 1e-5
             out_dtype = torch.bfloat16 if fp8_format else dtype
             poisoned = torch.full((lay.num_rows, n), float("nan"), dtype=out_dtype, device=check.device)
-            if backend == "sm100-format":  # the SM100 kernels on this GPU, through the launcher
-                be = backend_object("cuda_sm100")
-                cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
-                out = launch.contiguous(
-                    a.data,
-                    b.data,
-                    poisoned,
-                    lay,
-                    cfg,
-                    sa=scales.activation(a, "sm100"),
-                    sb=be.prepared_weight_scales(b),
-                )
+            if backend == "sm100-format":
+                out = _sm100_format(a, b, lay, poisoned)
             else:
                 out = gemm(a, b, lay, out=poisoned, backend=backend)
             ref = gemm(a, b, lay, backend="reference", out_dtype=torch.float32)
@@ -356,28 +359,13 @@ def correctness(check: Check) -> None:
         def run():
             masked_m = masked_m_host.to(check.device)
             lay = moe_hal.MaskedLayout(masked_m, max_m, expected_m=max(1, max_m // 4), check=False)
-            if fp8_format is None:
-                a, b = check.randn(g, max_m, big_k, dtype=dtype), check.randn(g, big_n, big_k, dtype=dtype)
-                threshold, out_dtype = 1e-5, dtype
-            else:
-                ue8m0 = fp8_format == "ue8m0"
-                a = quantize_fp8(check.randn(g, max_m, big_k, dtype=torch.float32), (1, 128), ue8m0=ue8m0)
-                b = quantize_fp8(check.randn(g, big_n, big_k, dtype=torch.float32), (128, 128), ue8m0=ue8m0)
-                threshold, out_dtype = 1e-3, torch.bfloat16
+            shapes = ((g, max_m, big_k), (g, big_n, big_k))
+            a, b = _random_operands(check, shapes, ((1, 128), (128, 128)), dtype, fp8_format)
+            threshold, out_dtype = (1e-3, torch.bfloat16) if fp8_format else (1e-5, dtype)
             sentinel = -4242.0
             out = torch.full((g, max_m, big_n), sentinel, dtype=out_dtype, device=check.device)
             if backend == "sm100-format":
-                be = backend_object("cuda_sm100")
-                cfg = be.plan(moe_hal.Problem.build(a, b, lay)).config
-                launch.masked(
-                    a.data,
-                    b.data,
-                    out,
-                    masked_m,
-                    cfg,
-                    sa=scales.activation(a, "sm100"),
-                    sb=be.prepared_weight_scales(b),
-                )
+                _sm100_format(a, b, lay, out)
             else:
                 gemm(a, b, lay, out=out, backend=backend)
             ref = torch.full((g, max_m, big_n), sentinel, dtype=torch.float32, device=check.device)
@@ -403,29 +391,13 @@ def correctness(check: Check) -> None:
     def k_grouped(backend, dtype, with_c, fp8_format=None):
         def run():
             lay = moe_hal.KGroupedLayout.from_counts(kcounts, alignment=1)
-            t = lay.num_rows
-            if fp8_format is None:
-                x, dy = check.randn(t, km, dtype=dtype), check.randn(t, kn, dtype=dtype)
-            else:
-                ue8m0 = fp8_format == "ue8m0"
-                x = quantize_fp8(check.randn(t, km, dtype=torch.float32), (128, 1), ue8m0=ue8m0)
-                dy = quantize_fp8(check.randn(t, kn, dtype=torch.float32), (128, 1), ue8m0=ue8m0)
+            shapes = ((lay.num_rows, km), (lay.num_rows, kn))
+            x, dy = _random_operands(check, shapes, ((128, 1), (128, 1)), dtype, fp8_format)
             c = check.randn(len(kcounts), km, kn, dtype=torch.float32) if with_c else None
             ref = gemm(x, dy, lay, c=c, backend="reference", out_dtype=torch.float32)
             if backend == "sm100-format":
-                be = backend_object("cuda_sm100")
-                cfg = be.plan(moe_hal.Problem.build(x, dy, lay, c=c, out_dtype=torch.float32)).config
                 out = torch.full((len(kcounts), km, kn), float("nan"), device=check.device)
-                launch.k_grouped(
-                    x.data,
-                    dy.data,
-                    out,
-                    lay,
-                    cfg,
-                    c=c,
-                    sa=scales.activation(x, "sm100"),
-                    sb=scales.activation(dy, "sm100"),
-                )
+                _sm100_format(x, dy, lay, out, c=c, out_dtype=torch.float32)
             else:
                 out = gemm(x, dy, lay, c=c, out_dtype=torch.float32, backend=backend)
             row = _compare(out, ref, 1e-3 if fp8_format else 1e-5)
@@ -596,9 +568,24 @@ def _estimate(check: Check, counts, n, k, dtype, tile) -> dict[str, float]:
     }
 
 
-def contiguous_timings(check: Check) -> None:
-    from moe_hal_cuda import configs, launch, scales
+def _tile_sweep(check: Check, be, name: str, dtype: str, operand_sets, lay, out: torch.Tensor) -> dict[str, Any]:
+    """Timings of every tile the config table offers for ``dtype`` contiguous calls, launched
+    through the backend (operand and scale preparation as in a real call), one per input set."""
+    from moe_hal_cuda import configs
 
+    problems = [moe_hal.Problem.build(a, b, lay, out=out) for a, b in operand_sets]
+    sweep = {}
+    for cfg in configs.candidates("sm90", dtype, "contiguous"):
+        if check.left() < 10:
+            check.skip("tile_sweep", f"{name}/BM{cfg.block_m}", "time budget")
+            break
+        sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(
+            check, [(lambda p=p, cfg=cfg: be.launch(p, cfg, out)) for p in problems]
+        )
+    return sweep
+
+
+def contiguous_timings(check: Check) -> None:
     grouped_mm = _grouped_mm()
     be = backend_object("cuda_sm90")
     alignment = 8 if check.smoke else 128
@@ -626,7 +613,7 @@ def contiguous_timings(check: Check) -> None:
                 "alignment": alignment,
                 "paths": {},
             }
-            try:
+            with _timing_row(check, "timings", row):
                 problem = moe_hal.Problem.build(sets[0][0], sets[0][1], lay)
                 plan = be.plan(problem)
                 row["advisor_tile"] = list(plan.config.tile)
@@ -675,48 +662,26 @@ def contiguous_timings(check: Check) -> None:
                 row["fp8_calc_diff_vs_bf16"] = calc_diff(fp8_out[valid], ours[valid])
                 row["model_bf16"] = _estimate(check, counts, n, k, "bf16", plan.config.tile)
                 row["model_fp8"] = _estimate(check, counts, n, k, "fp8", fp8_plan.config.tile)
-                # tile sweep: every fixed tile of the table against the advisor's choice
-                sweep = {}
-                for cfg in configs.candidates("sm90", "bf16", "contiguous"):
-                    if check.left() < 10:
-                        check.skip("tile_sweep", f"{name}/BM{cfg.block_m}", "time budget")
-                        break
-                    sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(
-                        check, [(lambda a=a, b=b, cfg=cfg: launch.contiguous(a, b, out, lay, cfg)) for a, b in sets]
-                    )
-                row["tile_sweep"] = sweep
-                fp8_sweep = {}
-                for cfg in configs.candidates("sm90", "fp8_e4m3", "contiguous"):
-                    if check.left() < 10:
-                        check.skip("tile_sweep", f"{name}/fp8/BM{cfg.block_m}", "time budget")
-                        break
-                    fp8_sweep[f"{cfg.block_m}x{cfg.block_n}"] = time_calls(
-                        check,
-                        [
-                            (
-                                lambda a=a, b=b, cfg=cfg: launch.contiguous(
-                                    a.data,
-                                    b.data,
-                                    out,
-                                    lay,
-                                    cfg,
-                                    sa=scales.activation(a, "sm90"),
-                                    sb=be.prepared_weight_scales(b),
-                                )
-                            )
-                            for a, b in fp8_sets
-                        ],
-                    )
-                row["fp8_tile_sweep"] = fp8_sweep
-            except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
-                row["error"] = f"{type(exc).__name__}: {exc}"
-                row["traceback"] = traceback.format_exc(limit=6)
-            check.report["timings"].append(row)
-            check.flush()
-            _print_timing(row)
+                # tile sweeps: every fixed tile of the table against the advisor's choice
+                row["tile_sweep"] = _tile_sweep(check, be, f"{name}/bf16", "bf16", sets, lay, out)
+                row["fp8_tile_sweep"] = _tile_sweep(check, be, f"{name}/fp8", "fp8_e4m3", fp8_sets, lay, out)
             del sets
             if check.cuda:
                 torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def _timing_row(check: Check, section: str, row: dict[str, Any]):
+    """Records ``row`` in ``check.report[section]`` whatever happens in the block: an exception
+    becomes the row's error and traceback (the run goes on), and the JSON is written at once."""
+    try:
+        yield row
+    except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        row["traceback"] = traceback.format_exc(limit=6)
+    check.report[section].append(row)
+    check.flush()
+    _print_timing(row)
 
 
 def _print_timing(row: dict[str, Any]) -> None:
@@ -740,7 +705,7 @@ def k_grouped_timings(check: Check) -> None:
             continue
         counts = perf.synthetic_counts("seed", tokens, 32)
         row: dict[str, Any] = {"case": name, "M": m, "N": n, "T": sum(counts), "G": len(counts), "paths": {}}
-        try:
+        with _timing_row(check, "k_grouped", row):
             lay = moe_hal.KGroupedLayout.from_counts(counts)
             x, dy = check.randn(lay.num_rows, m, scale=0.1), check.randn(lay.num_rows, n, scale=0.1)
             out = torch.empty(len(counts), m, n, dtype=torch.bfloat16, device=check.device)
@@ -764,12 +729,6 @@ def k_grouped_timings(check: Check) -> None:
             row["paths"]["ours_fp8_sm100_format"] = time_calls(
                 check, [lambda: launch.k_grouped(qx.data, qdy.data, out, lay, cfg, sa=sx, sb=sdy)]
             )
-        except Exception as exc:  # noqa: BLE001 - a failing check is recorded and the run goes on
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc(limit=6)
-        check.report["k_grouped"].append(row)
-        check.flush()
-        _print_timing(row)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -796,7 +755,7 @@ def decode_timings(check: Check) -> None:
             "dtype": dt,
             "paths": {},
         }
-        try:
+        with _timing_row(check, "decode", row):
             masked_m = torch.randint(
                 max(1, expected // 2), min(max_m, 2 * expected) + 1, (g,), generator=check.gen, dtype=torch.int32
             )
@@ -852,12 +811,6 @@ def decode_timings(check: Check) -> None:
                     max_m=max_m,
                 )
                 row["model"] = {"ideal_ms": est.t_roofline * 1e3, "predicted_ms": est.t_predicted * 1e3}
-        except Exception as exc:  # noqa: BLE001 - a failing case is recorded and the run goes on
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc(limit=6)
-        check.report["decode"].append(row)
-        check.flush()
-        _print_timing(row)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -47,6 +47,9 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
         "bf16_contiguous_vs_occupancy_adjusted_roofline",
         "k_grouped_bf16_vs_torch_grouped_mm_2d2d",
     }
+    from moe_hal_cuda import paths
+
+    assert paths.parse(report["path_table_suggestion"]) == {}  # a valid table; no peer timed on the CPU
 
 
 def test_gpu_check_sh_passes_the_check_status_on():
