@@ -31,6 +31,7 @@ import itertools
 import json
 import os
 import platform
+import sys
 import time
 
 os.environ.pop("MOE_HAL_CUDA_INTERPRET", None)  # the native launch path (kernels stubbed below)
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "processor": platform.processor() or platform.machine(),
         "load_average": list(os.getloadavg()),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": "python bench/bench_cuda_host_time.py --json bench/results/cuda_host_time_cpu.json",
+        "command": " ".join(["python", "bench/bench_cuda_host_time.py", *(sys.argv[1:] if argv is None else argv)]),
         "cases": rows,
     }
     if opts.json:
