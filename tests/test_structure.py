@@ -219,11 +219,6 @@ def test_no_file_cites_notes_outside_the_repository():
     assert not offenders, "\n".join(offenders)
 
 
-#: Plugins whose imports still reach past the stable surface (each by its owner); remove an entry
-#: once it is clean.
-SURFACE_PENDING = ("backends/cuda/",)
-
-
 def test_plugins_import_moe_hal_only_through_its_stable_surface():
     """A plugin's package imports ``moe_hal.plugin_api``, the names ``moe_hal`` or the plugin API
     export (and from the modules among them, e.g. ``moe_hal.errors``), or the conformance package
@@ -236,8 +231,6 @@ def test_plugins_import_moe_hal_only_through_its_stable_surface():
     offenders = []
     for path in sorted((ROOT / "backends").glob("*/moe_hal_*/**/*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(SURFACE_PENDING):
-            continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 module, names = node.module, [a.name for a in node.names]

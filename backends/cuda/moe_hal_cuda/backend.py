@@ -38,7 +38,7 @@ from dataclasses import dataclass  # noqa: E402 - after the environment set-up a
 import torch  # noqa: E402 - after the environment set-up above, which must come first
 
 from moe_hal import Backend, DeviceInfo, QuantizedTensor, Reason  # noqa: E402 - after the environment set-up above, which must come first
-from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.plugin_api import Problem  # noqa: E402 - after the environment set-up above, which must come first
 
 from . import configs, paths, peers, scales  # noqa: E402 - after the environment set-up above, which must come first
 from . import device as cuda_device  # noqa: E402 - after the environment set-up above, which must come first
@@ -167,7 +167,7 @@ class CudaBackend(Backend):
 
     def unsupported(self, problem: Problem) -> list[Reason]:
         if problem.quantized and not self.interpreter_mode() and problem.device.type == "cuda":
-            from moe_hal.selection import device_info
+            from moe_hal.plugin_api import device_info
 
             features = device_info(problem.device).features
             if "fp8" not in features:
@@ -235,7 +235,7 @@ class CudaBackend(Backend):
         if hit is not None:
             return hit
         from moe_hal import perf
-        from moe_hal.selection import device_info
+        from moe_hal.plugin_api import device_info
 
         if self.interpreter_mode() or device.type != "cuda":
             hit = (perf.resolve_hardware(self.MODEL_HW), f"{self.MODEL_HW}, modelled: the interpreter has no speed")
@@ -333,7 +333,7 @@ class CudaBackend(Backend):
     def prepared_k_major(self, weight):
         """``weight`` (a tensor or QuantizedTensor ``[G, N, K]``) with K-major data, copied once per
         weight (:data:`moe_hal.prepared.prepared_cache`)."""
-        from moe_hal.prepared import prepared_cache
+        from moe_hal.plugin_api import prepared_cache
 
         def build(w):
             if isinstance(w, QuantizedTensor):
@@ -350,7 +350,7 @@ class CudaBackend(Backend):
     def prepared_weight_scales(self, q: QuantizedTensor) -> scales.Physical:
         """Weight scales in this architecture's physical format, converted once per weight
         (:data:`moe_hal.prepared.prepared_cache`; an in-place change of the weight rebuilds them)."""
-        from moe_hal.prepared import prepared_cache
+        from moe_hal.plugin_api import prepared_cache
 
         tensor = prepared_cache.get(
             self.name, q, f"{self.ARCH}_weight_scales", lambda w: scales.weight(w, self.ARCH).tensor

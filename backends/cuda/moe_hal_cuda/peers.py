@@ -27,7 +27,7 @@ import importlib
 
 import torch
 
-from moe_hal.problem import Problem
+from moe_hal.plugin_api import Problem
 
 PEERS = ("torch", "deep_gemm")
 _TORCH_MAX_GROUPS = 1023
