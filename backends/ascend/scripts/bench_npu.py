@@ -9,7 +9,8 @@ For each case it times, in the same process and on the same device tensors:
                translation and contract fix-ups included;
 * ``gmm_op``   one bare ``torch_npu.npu_grouped_matmul`` call with the same group list (the op
                alone, without the fix-ups; not for the masked layout, which has no native form);
-* ``loop``     the peer: one ``torch.matmul`` per non-empty expert.
+* ``loop``     the peer: one ``torch.mm`` per non-empty expert into a preallocated output
+               (:mod:`moe_hal.peers`, the same peer ``moe-hal bench`` times).
 
 and writes JSON with median times and the ratios ``loop / moe_hal`` and ``gmm_op / moe_hal``
 (above 1: moe_hal is faster). Before timing, moe_hal's output is compared with the loop's
@@ -47,90 +48,36 @@ DRY_RUN_CASES = [
 ]
 
 
-class Case:
-    """Operands of one benchmark case on ``device``, with the loop peer and the bare op."""
+def case_for(spec: tuple, dtype: str, seed: int):
+    """The :class:`moe_hal.workloads.Case` of one ``CASES`` row, routed by a Zipf-like router (a few
+    hot experts, some nearly empty)."""
+    from moe_hal import workloads
 
-    def __init__(self, spec, device, dtype, generator, seed):
-        import torch
+    name, op, groups, n, k, tokens, alignment = spec
+    counts = workloads.synthetic_counts("zipf:1.2", tokens, groups, 1, seed=seed)
+    if op == "k_grouped":  # K is the weight gradient's row count, tokens its reduction length
+        return workloads.Case(name, "bench_npu", op, dtype, n, None, counts, m=k, alignment=1, dist="zipf:1.2")
+    max_m = (max(counts) or 1) if op == "masked" else None
+    return workloads.Case(name, "bench_npu", op, dtype, n, k, counts, max_m=max_m, alignment=alignment, dist="zipf:1.2")
 
-        import moe_hal
-        from moe_hal import workloads
 
-        self.name, self.op, groups, n, k, tokens, alignment = spec
-        # A Zipf-like router: a few hot experts, some nearly empty.
-        self.counts = counts = workloads.synthetic_counts("zipf:1.2", tokens, groups, 1, seed=seed)
-        self.info = {
-            "case": self.name,
-            "op": self.op,
-            "G": groups,
-            "N": n,
-            "K": k,
-            "tokens": tokens,
-            "alignment": alignment,
-            "counts": counts,
-        }
-        randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype).to(device)  # noqa: E731 - a one-line closure over this case
-        if self.op == "contiguous":
-            self.layout = moe_hal.ContiguousLayout.from_counts(counts, alignment=alignment)
-            self.a, self.b = randn(self.layout.num_rows, k), randn(groups, n, k) / k**0.5
-            self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
-            ends = [-(-e // alignment) * alignment for e in self.layout.ends]
-            self.group_list = torch.tensor(ends, dtype=torch.int64, device=device)
-        elif self.op == "masked":
-            max_m = max(counts) or 1
-            self.layout = moe_hal.MaskedLayout(torch.tensor(counts, dtype=torch.int32, device=device), max_m)
-            self.a, self.b = randn(groups, max_m, k), randn(groups, n, k) / k**0.5
-            self.group_list = None
-        else:
-            self.layout = moe_hal.KGroupedLayout.from_counts(counts, alignment=alignment)
-            self.a, self.b = randn(self.layout.num_rows, k), randn(self.layout.num_rows, n) / tokens**0.5
-            self.segments = [(g, s, e) for g, s, e in self.layout.segments() if e > s]
-            self.group_list = torch.tensor(self.layout.ends, dtype=torch.int64, device=device)
+def gmm_op(ops, case, prep):
+    """One bare npu_grouped_matmul with the group list moe_hal passes (None for masked, which has
+    no native form)."""
+    import torch
 
-    def loop(self) -> list:
-        """The peer: one matmul per non-empty expert."""
-        if self.op == "contiguous":
-            return [self.a[s:e] @ self.b[g].T for g, s, e in self.segments]
-        if self.op == "masked":
-            return [self.a[g, :c] @ self.b[g].T for g, c in enumerate(self.counts) if c]
-        return [self.a[s:e].T @ self.b[s:e] for _, s, e in self.segments]
-
-    def loop_output(self):
-        """The loop's results laid out like moe_hal's output, for the comparison."""
-        import torch
-
-        parts = self.loop()
-        if self.op == "contiguous":
-            out = torch.zeros(self.a.shape[0], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
-            for (_, s, e), part in zip(self.segments, parts):
-                out[s:e] = part
-            return out
-        if self.op == "masked":
-            out = torch.zeros(*self.a.shape[:2], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
-            for g, part in zip([g for g, c in enumerate(self.counts) if c], parts):
-                out[g, : part.shape[0]] = part
-            return out
-        out = torch.zeros(len(self.counts), self.a.shape[1], self.b.shape[1], dtype=self.a.dtype, device=self.a.device)
-        for (g, _, _), part in zip(self.segments, parts):
-            out[g] = part
-        return out
-
-    def gmm_op(self, ops):
-        """One bare npu_grouped_matmul with the group list moe_hal passes (None for masked)."""
-        if self.group_list is None:
-            return None
-        if self.op == "contiguous":
-            return ops.npu_grouped_matmul(
-                [self.a],
-                [self.b.transpose(1, 2)],
-                group_list=self.group_list,
-                group_type=0,
-                group_list_type=0,
-                split_item=3,
-            )[0]
-        return ops.npu_grouped_matmul(
-            [self.a.t()], [self.b], group_list=self.group_list, group_type=2, group_list_type=0, split_item=3
+    a, b = prep.args
+    if case.op == "contiguous":
+        group_list = prep.layout.aligned_ends_on(a.device).to(torch.int64)
+        return lambda: ops.npu_grouped_matmul(
+            [a], [b.transpose(1, 2)], group_list=group_list, group_type=0, group_list_type=0, split_item=3
         )[0]
+    if case.op == "k_grouped":
+        group_list = prep.layout.psum_on(a.device).to(torch.int64)
+        return lambda: ops.npu_grouped_matmul(
+            [a.t()], [b], group_list=group_list, group_type=2, group_list_type=0, split_item=3
+        )[0]
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,11 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import moe_hal
-    from moe_hal import sysinfo, timing
+    from moe_hal import peers, sysinfo, timing
     from moe_hal.conformance.tolerances import calc_diff
     from moe_hal_ascend import runtime
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.dry_run:
         device, specs = torch.device("cpu"), DRY_RUN_CASES
         args.repeats, args.warmup = 2, 1
@@ -162,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         device, specs = torch.device("npu:0"), CASES
         backend = args.backend
     ops = runtime.ops_for(device)
-    generator = torch.Generator().manual_seed(20261202)
 
     def timed(fn: Callable[[], Any]) -> float:
         """Median wall milliseconds of ``fn``, the device synchronised after each call."""
@@ -170,20 +115,32 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     for index, spec in enumerate(specs):
-        case = Case(spec, device, dtype, generator, seed=index)
-        entry: dict[str, Any] = dict(case.info)
+        case = case_for(spec, args.dtype, seed=index)
+        entry: dict[str, Any] = {
+            "case": case.name,
+            "op": case.op,
+            "G": spec[2],
+            "N": spec[3],
+            "K": spec[4],
+            "tokens": spec[5],
+            "alignment": spec[6],
+            "counts": case.counts,
+        }
         try:
-            sel = moe_hal.select(case.a, case.b, case.layout, backend=backend)
+            prep = peers.prepare(case, device, backend=backend, seed=20261202 + index)
+            a, b = prep.args
+            sel = moe_hal.select(a, b, prep.layout, backend=backend)
             entry.update(backend=sel.name, mode=sel.mode, path=sel.chosen.path)
-            run = lambda: moe_hal.grouped_gemm(case.a, case.b, case.layout, backend=sel.name)  # noqa: E731 - a one-line closure over this case
-            y, peer = run(), case.loop_output()
+            run, loop = prep.calls[peers.MOE_HAL], prep.calls[peers.MM_LOOP]
+            y, peer = run(), loop()
             entry["calc_diff_vs_loop"] = calc_diff(y, peer)
             entry["max_abs_diff_vs_loop"] = (y.double() - peer.double()).abs().max().item()
             entry["ok"] = entry["calc_diff_vs_loop"] < 1e-5
             if entry["ok"]:
-                ms = {"moe_hal": timed(run), "loop": timed(case.loop)}
-                if case.gmm_op(ops) is not None:
-                    ms["gmm_op"] = timed(lambda: case.gmm_op(ops))
+                ms = {"moe_hal": timed(run), "loop": timed(loop)}
+                bare = gmm_op(ops, case, prep)
+                if bare is not None:
+                    ms["gmm_op"] = timed(bare)
                 entry["ms"] = ms
                 entry["ratio_loop_over_moe_hal"] = ms["loop"] / ms["moe_hal"]
                 if "gmm_op" in ms:
