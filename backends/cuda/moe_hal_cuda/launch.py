@@ -103,18 +103,83 @@ def _check_config(config: KernelConfig, scaled: bool) -> None:
 B_POINTER, B_TMA_K_MAJOR, B_TMA_N_MAJOR = 0, 1, 2
 
 
-def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> kernels.TensorDescriptor | None:
-    """A TMA descriptor of ``t`` seen as ``shape``/``strides``, or None when TMA cannot read it:
-    the base or an outer stride not a multiple of 16 bytes, an inner stride other than 1, or an
-    empty dimension (the hardware's rules for ``cuTensorMapEncodeTiled``). Plain loops: this runs
-    twice per launch, on the host-time budget."""
-    if t.data_ptr() % 16 or strides[-1] != 1 or 0 in shape:
-        return None
+@functools.lru_cache(maxsize=None)
+def _checked_block(block: tuple[int, ...]) -> list[int]:
+    """``block`` as a list, after Triton's own check of a descriptor box (powers of two, at most
+    the largest tile): it depends on the config only, so it runs once per box shape."""
+    from triton._utils import validate_block_shape  # here: triton is imported after kernels' set-up
+
+    validate_block_shape(list(block))
+    return list(block)
+
+
+def _make_descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> kernels.TensorDescriptor:
+    """A zero-padded, non-TF32 TMA descriptor built without ``TensorDescriptor.__post_init__``:
+    the caller has made every check it makes (:func:`_tma_readable`, :func:`_checked_block`);
+    re-running them costs ~5 us per descriptor on the host, on every launch."""
+    desc = object.__new__(kernels.TensorDescriptor)
+    desc.__dict__.update(
+        base=t, shape=shape, strides=strides, block_shape=block, padding="zero", round_f32_to_tf32=False
+    )
+    return desc
+
+
+def _tma_readable(t: torch.Tensor, shape, strides) -> bool:
+    """Whether TMA can read ``t`` seen as ``shape``/``strides``: not when the base or an outer
+    stride is not a multiple of 16 bytes, the inner stride is not 1, a dimension is empty or the
+    rank is not 1-5 (the hardware's rules for ``cuTensorMapEncodeTiled``; the checks of
+    ``TensorDescriptor.__post_init__``). Plain loops: this runs on every launch."""
+    if t.data_ptr() % 16 or strides[-1] != 1 or 0 in shape or not 0 < len(shape) <= 5:
+        return False
     size = t.element_size()
     for stride in strides[:-1]:
         if stride <= 0 or stride * size % 16:
-            return None
-    return kernels.TensorDescriptor(t, shape, strides, block)
+            return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> kernels.TensorDescriptor | None:
+    """A TMA descriptor of ``t`` seen as ``shape``/``strides``, or None when TMA cannot read it."""
+    if not _tma_readable(t, shape, strides):
+        return None
+    return _make_descriptor(t, shape, strides, _checked_block(tuple(block)))
+
+
+#: Checked descriptor geometry of weight operands (``b`` of the contiguous and masked kernels,
+#: the same tensor call after call), per tensor object. An entry holds a weak reference, never
+#: the tensor (a descriptor holds its base), and is dropped when the tensor dies, before its
+#: ``id`` can be reused. It is keyed further by everything the checks read (address, dtype,
+#: shape, strides, box), so a tensor changed in place (``set_``, ``resize_``) is checked again.
+_weight_geometry: dict[int, tuple[weakref.ref, dict]] = {}
+
+
+def _forget_weight(key: int, _ref: weakref.ref) -> None:
+    _weight_geometry.pop(key, None)
+
+
+def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
+    """``(b source, B_TMA)`` of ``b[G, N, K]``, described K-major (stride 1 along K) or, for a
+    16-bit N-major weight, as ``[G, K, N]``; its geometry cached per tensor (see above)."""
+    shape, strides = b.shape, b.stride()
+    ident = (b.data_ptr(), b.dtype, shape, strides, config.block_n, config.block_k)
+    key = id(b)
+    entry = _weight_geometry.get(key)
+    if entry is None or entry[0]() is not b:
+        entry = _weight_geometry[key] = (weakref.ref(b, functools.partial(_forget_weight, key)), {})
+    geometry = entry[1].get(ident)
+    if geometry is None:
+        g, n, k = shape
+        sg, sn, sk = strides
+        bn, bk = config.block_n, config.block_k
+        if sk == 1:
+            geometry = ([g, n, k], [sg, sn, 1], _checked_block((1, bn, bk)), B_TMA_K_MAJOR)
+        else:
+            geometry = ([g, k, n], [sg, sk, sn], _checked_block((1, bk, bn)), B_TMA_N_MAJOR)
+        if not _tma_readable(b, geometry[0], geometry[1]):
+            geometry = None, None, None, B_POINTER
+        entry[1][ident] = geometry
+    b_shape, b_strides, block, kind = geometry
+    return (b, kind) if kind == B_POINTER else (_make_descriptor(b, b_shape, b_strides, block), kind)
 
 
 def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
@@ -122,18 +187,10 @@ def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
     (``a[G, max_m, K]``) kernels: TMA descriptors where the operand's alignment allows, else the
     tensors themselves (pointer loads with masks, pipelined by cp.async). ``b[G, N, K]`` is
     described K-major (stride 1 along K) or, for a 16-bit N-major weight, as ``[G, K, N]``."""
-    bm, bn, bk = config.block_m, config.block_n, config.block_k
-    a_block = [bm, bk] if a.dim() == 2 else [1, bm, bk]
+    a_block = [config.block_m, config.block_k] if a.dim() == 2 else [1, config.block_m, config.block_k]
     a_desc = _descriptor(a, list(a.shape), list(a.stride()), a_block)
-    g, n, k = b.shape
-    sg, sn, sk = b.stride()
-    if sk == 1:
-        b_desc, b_kind = _descriptor(b, [g, n, k], [sg, sn, 1], [1, bn, bk]), B_TMA_K_MAJOR
-    else:
-        b_desc, b_kind = _descriptor(b, [g, k, n], [sg, sk, sn], [1, bk, bn]), B_TMA_N_MAJOR
-    if b_desc is None:
-        b_kind = B_POINTER
-    return (a if a_desc is None else a_desc, a_desc is not None, b if b_desc is None else b_desc, b_kind)
+    b_src, b_kind = _weight_source(b, config)
+    return (a if a_desc is None else a_desc, a_desc is not None, b_src, b_kind)
 
 
 def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig, k_major: bool = False) -> str:
@@ -237,13 +294,9 @@ def contiguous(
         num_rows,
         n,
         k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        b.stride(2),
-        out.stride(0),
-        out.stride(1),
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
         *sa_strides,
         *sb_strides,
         sb_rows,
@@ -293,15 +346,9 @@ def masked(
         max_m,
         n,
         k,
-        a.stride(0),
-        a.stride(1),
-        a.stride(2),
-        b.stride(0),
-        b.stride(1),
-        b.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
+        *a.stride(),
+        *b.stride(),
+        *out.stride(),
         *sa_strides,
         *sb_strides,
         sb_rows,
@@ -354,18 +401,12 @@ def k_grouped(
         bounds,
         m,
         n,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
+        *a.stride(),
+        *b.stride(),
         *a_strides,
         *b_strides,
-        c_t.stride(0),
-        c_t.stride(1),
-        c_t.stride(2),
-        out.stride(0),
-        out.stride(1),
-        out.stride(2),
+        *c_t.stride(),
+        *out.stride(),
         *sa_strides,
         *sb_strides,
         bounds.stride(0),

@@ -9,6 +9,9 @@ computed from the same quantized operands, so quantization error is not counted.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 from cuda_helpers import assert_matches, magnitude, randn, reference
@@ -311,6 +314,42 @@ def _misaligned(x: torch.Tensor) -> torch.Tensor:
     """A copy of contiguous ``x`` whose base sits one element past a 16-byte boundary: no TMA."""
     flat = torch.empty(x.numel() + 16, dtype=x.dtype)[1 : 1 + x.numel()]
     return flat.view(x.shape).copy_(x)
+
+
+def test_descriptors_equal_tritons_and_weight_geometry_is_cached_weakly(gen):
+    """The descriptors built without Triton's ``__post_init__`` equal the ones Triton builds (K- and
+    N-major weights); a weight's cached geometry neither keeps the weight alive nor survives the
+    weight's storage being swapped for a misaligned one in place (then it is loaded by pointer)."""
+    a = randn(gen, 40, 64, dtype=torch.bfloat16)
+    for w, shape, strides, block, kind in [
+        (
+            randn(gen, 3, 32, 64, dtype=torch.bfloat16),
+            [3, 32, 64],
+            [2048, 64, 1],
+            [1, SMALL.block_n, SMALL.block_k],
+            launch.B_TMA_K_MAJOR,
+        ),
+        (
+            randn(gen, 3, 64, 32, dtype=torch.bfloat16).transpose(1, 2),
+            [3, 64, 32],
+            [2048, 32, 1],
+            [1, SMALL.block_k, SMALL.block_n],
+            launch.B_TMA_N_MAJOR,
+        ),
+    ]:
+        for _ in range(2):  # a miss, then a hit
+            a_src, a_tma, b_src, b_kind = launch.operand_sources(a, w, SMALL)
+            assert a_tma and a_src == kernels.TensorDescriptor(a, [40, 64], [64, 1], [SMALL.block_m, SMALL.block_k])
+            assert b_kind == kind and b_src == kernels.TensorDescriptor(w, shape, strides, block)
+    w = randn(gen, 3, 32, 64, dtype=torch.bfloat16)
+    launch.operand_sources(a, w, SMALL)
+    key, ref = id(w), weakref.ref(w)
+    assert key in launch._weight_geometry
+    w.set_(_misaligned(w).untyped_storage(), 1, (3, 32, 64), (2048, 64, 1))
+    assert launch.operand_sources(a, w, SMALL)[3] == launch.B_POINTER
+    del w
+    gc.collect()
+    assert ref() is None and key not in launch._weight_geometry
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100", None])
