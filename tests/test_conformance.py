@@ -17,41 +17,7 @@ from moe_hal.conformance.tolerances import ToleranceClass, calc_diff
 from moe_hal.conformance.tolerances import compare as compare_values
 from moe_hal.errors import ConformanceError
 
-# DeepGEMM issue #211 (seeds/000), copied from the issue text.
-SEED_HISTOGRAM = [
-    4,
-    1026,
-    1799,
-    166,
-    694,
-    753,
-    0,
-    16,
-    0,
-    240,
-    1119,
-    19,
-    6,
-    0,
-    46,
-    659,
-    10,
-    0,
-    112,
-    808,
-    181,
-    0,
-    28,
-    22,
-    90,
-    0,
-    176,
-    0,
-    37,
-    5,
-    10,
-    22,
-]
+from .seed_histogram import SEED_HISTOGRAM
 
 
 @pytest.fixture(scope="module")

@@ -20,40 +20,7 @@ from moe_hal import perf
 from moe_hal.errors import ArgumentError, DTypeError
 from moe_hal.perf.model import _round_robin_makespan
 
-SEED = [
-    4,
-    1026,
-    1799,
-    166,
-    694,
-    753,
-    0,
-    16,
-    0,
-    240,
-    1119,
-    19,
-    6,
-    0,
-    46,
-    659,
-    10,
-    0,
-    112,
-    808,
-    181,
-    0,
-    28,
-    22,
-    90,
-    0,
-    176,
-    0,
-    37,
-    5,
-    10,
-    22,
-]
+from .seed_histogram import SEED_HISTOGRAM as SEED
 
 # The H200 of the reference's worked example: 132 SMs, 1979 TFLOPS fp8 (spec), 788 TFLOPS bf16
 # (measured), 4.3 TB/s (measured copy), wgmma M >= 64.

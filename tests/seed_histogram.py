@@ -1,0 +1,38 @@
+"""The routing histogram of DeepGEMM issue #211 (rows per expert of 32 experts), copied from the
+issue text: the independent expected value that the library's copies (``moe_hal.workloads`` /
+``perf.SEED_COUNTS``, the conformance suite's seed case) are checked against."""
+
+SEED_HISTOGRAM = [
+    4,
+    1026,
+    1799,
+    166,
+    694,
+    753,
+    0,
+    16,
+    0,
+    240,
+    1119,
+    19,
+    6,
+    0,
+    46,
+    659,
+    10,
+    0,
+    112,
+    808,
+    181,
+    0,
+    28,
+    22,
+    90,
+    0,
+    176,
+    0,
+    37,
+    5,
+    10,
+    22,
+]
