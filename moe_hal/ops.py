@@ -48,6 +48,7 @@ import torch
 from . import execution as _execution
 from .device_layout import PsumLayout
 from .errors import ArgumentError, DeviceError, DTypeError, GradientError, LayoutError, ShapeError
+from .identity_table import IdentityTable
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout, SegmentLayout
 from .quant import QuantizedTensor
 
@@ -88,29 +89,16 @@ _run = _execution.run
 
 
 # -- host layouts -------------------------------------------------------------------------------------
-#: id(groups tensor) -> (weak reference to the tensor, memo): the host layouts known for the
-#: tensor's values, so the eager kernel reads a psum on the host at most once per tensor (never for
-#: a host layout's own cached psum). The weak reference's callback drops the entry when the tensor
-#: dies, before its id can be reused; a side table rather than a tensor attribute, so that
-#: ``torch.save`` / ``torch.load(weights_only=True)`` of the tensor never meet it. Memo entries:
+#: groups tensor -> memo (an :class:`~moe_hal.identity_table.IdentityTable`: dropped with the
+#: tensor, never stored on it, so ``torch.save`` / ``torch.load(weights_only=True)`` of the tensor
+#: never meet it): the host layouts known for the tensor's values, so the eager kernel reads a psum
+#: on the host at most once per tensor (never for a host layout's own cached psum). Memo entries:
 #: ``(op, alignment, num_rows) -> (tensor version, layout)`` for segment layouts — a host layout
 #: held weakly (its device cache holds the tensor), layouts derived or rebuilt here strongly (they
 #: do not reference the tensor); an in-place write bumps the version and voids them — and
 #: ``"masked" -> weak reference`` to the MaskedLayout owning the tensor (it holds no values of the
 #: tensor, so no version check).
-_memos: dict[int, tuple[weakref.ref, dict]] = {}
-
-
-def _memo(t: torch.Tensor) -> dict | None:
-    entry = _memos.get(id(t))
-    return entry[1] if entry is not None else None
-
-
-def _new_memo(t: torch.Tensor) -> dict:
-    key = id(t)
-    memo: dict = {}
-    _memos[key] = (weakref.ref(t, lambda _ref, key=key: _memos.pop(key, None)), memo)
-    return memo
+_memos = IdentityTable()
 
 
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
@@ -133,13 +121,13 @@ def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, i
     later enters a compiled graph as an input."""
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
-        if not _is_compiling() and id(psum) not in _memos:
-            _new_memo(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
+        if not _is_compiling() and psum not in _memos:
+            _memos.new(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
         return psum, layout.op, layout.alignment, None
     if isinstance(layout, MaskedLayout):
         masked_m = layout.masked_m
-        if not _is_compiling() and id(masked_m) not in _memos:
-            _new_memo(masked_m)["masked"] = weakref.ref(layout)
+        if not _is_compiling() and masked_m not in _memos:
+            _memos.new(masked_m)["masked"] = weakref.ref(layout)
         return masked_m, "masked", 0, layout.expected_m
     if isinstance(layout, PsumLayout):
         return layout.psum, layout.op, layout.alignment, None
@@ -158,7 +146,7 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     for ``groups`` (see :data:`_memos`) or derived from the one known for the other segment op, else
     one built from ``groups`` read on the host (one device sync), then remembered."""
     if layout == "masked":
-        memo = _memo(groups)
+        memo = _memos.get(groups)
         ref = memo.get("masked") if memo is not None else None
         known = ref() if ref is not None else None
         if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
@@ -167,7 +155,7 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     cls = _SEGMENT_CLASSES.get(layout)
     if cls is None:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
-    tags = _memo(groups)
+    tags = _memos.get(groups)
     version = _version(groups)
     lay = None
     if tags is not None:
@@ -180,7 +168,7 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
     if lay is None:
         lay = cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
     if version >= 0:  # an inference tensor may change unseen: nothing is remembered for it
-        (tags if tags is not None else _new_memo(groups))[(layout, alignment, num_rows)] = (version, lay)
+        (tags if tags is not None else _memos.new(groups))[(layout, alignment, num_rows)] = (version, lay)
     return lay
 
 

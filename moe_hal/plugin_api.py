@@ -28,6 +28,7 @@ from .backend import (
     Signature,
 )
 from .hookspecs import ENTRY_POINT_GROUP, hookimpl
+from .identity_table import IdentityTable
 
 #: names that import torch: public name -> (module, attribute)
 _LAZY = {
@@ -51,6 +52,7 @@ __all__ = [
     "BackendSpec",
     "DeviceInfo",
     "GraphCapture",
+    "IdentityTable",
     "PerfModel",
     "Problem",
     "QuantizedTensor",

@@ -351,7 +351,7 @@ def test_inference_mode_tensors_have_no_version_and_are_never_remembered(gen):
         y = ops.call(a, b, moe_hal.PsumLayout(buf, "contiguous", 4))
         fresh = moe_hal.ContiguousLayout.from_counts([3, 0, 5], alignment=4)
         assert torch.equal(ops.call(a, b, fresh), y)
-    assert ops._memo(buf) is None
+    assert ops._memos.get(buf) is None
     assert torch.equal(y, moe_hal.grouped_gemm(a, b, lay))
 
 
@@ -364,12 +364,12 @@ def test_tagged_group_tensors_still_save_and_copy(gen):
     moe_hal.grouped_gemm(a, b, lay).sum().backward()
     moe_hal.grouped_gemm(randn(gen, 3, 4, 8).requires_grad_(), b, mlay).sum().backward()
     for tensor in (lay.psum_on("cpu"), mlay.masked_m):
-        assert ops._memo(tensor)
+        assert ops._memos.get(tensor)
         buf = io.BytesIO()
         torch.save(tensor, buf)
         buf.seek(0)
         loaded = torch.load(buf)  # weights_only: nothing but the tensor was saved
-        assert torch.equal(loaded, tensor) and ops._memo(loaded) is None
+        assert torch.equal(loaded, tensor) and ops._memos.get(loaded) is None
         assert torch.equal(copy.deepcopy(tensor), tensor)
 
 
@@ -378,6 +378,6 @@ def test_the_memo_of_a_tensor_goes_with_the_tensor(gen):
     psum = lay.psum.clone()
     moe_hal.grouped_gemm(a, b, moe_hal.PsumLayout(psum, "contiguous", 4))
     key = id(psum)
-    assert key in ops._memos
+    assert key in ops._memos.ids()
     del psum
-    assert key not in ops._memos
+    assert key not in ops._memos.ids()

@@ -18,27 +18,24 @@ from __future__ import annotations
 
 import functools
 import struct
-import weakref
 
 import torch
+
+from moe_hal.plugin_api import IdentityTable
 
 from . import kernels  # first: it sets TRITON_INTERPRET before triton is imported
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 
-#: Device tensors per layout object, keyed by ``id`` — never by the layout's value: hashing a
-#: layout walks its G group counts on every call (several microseconds at 256 experts). A weak
-#: reference drops the entry when the layout dies, before its ``id`` can be reused.
-_layout_tensors: dict[int, tuple[weakref.ref, dict]] = {}
+#: Device tensors per layout object, by identity — never by the layout's value: hashing a layout
+#: walks its G group counts on every call (several microseconds at 256 experts). Dropped with the
+#: layout.
+_layout_tensors = IdentityTable()
 
 #: Programs per SM of the persistent masked kernel.
 PROGRAMS_PER_SM = 2
 #: Programs of the persistent masked kernel when it is interpreted (no SMs to fill).
 INTERPRETED_PROGRAMS = 3
-
-
-def _forget(key: int) -> None:
-    _layout_tensors.pop(key, None)
 
 
 def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
@@ -50,11 +47,8 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
     memory the driver stages the bytes before returning, so the host never waits for the device.
     Inside CUDA-graph capture a copy cannot be recorded: an uncached layout raises there.
     """
-    key = id(layout)
-    entry = _layout_tensors.get(key)
-    if entry is None:
-        entry = _layout_tensors[key] = (weakref.ref(layout, lambda _, key=key: _forget(key)), {})
-    hit = entry[1].get((kind, device))
+    cached = _layout_tensors.slot(layout)
+    hit = cached.get((kind, device))
     if hit is not None:
         return hit
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -68,7 +62,7 @@ def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
     host = torch.frombuffer(buffer, dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
     if kind == "bounds":
         host = host.reshape(2, -1)
-    hit = entry[1][(kind, device)] = host.to(device, non_blocking=True)
+    hit = cached[(kind, device)] = host.to(device, non_blocking=True)
     return hit
 
 
@@ -146,15 +140,11 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> ker
 
 
 #: Checked descriptor geometry of weight operands (``b`` of the contiguous and masked kernels,
-#: the same tensor call after call), per tensor object. An entry holds a weak reference, never
-#: the tensor (a descriptor holds its base), and is dropped when the tensor dies, before its
-#: ``id`` can be reused. It is keyed further by everything the checks read (address, dtype,
-#: shape, strides, box), so a tensor changed in place (``set_``, ``resize_``) is checked again.
-_weight_geometry: dict[int, tuple[weakref.ref, dict]] = {}
-
-
-def _forget_weight(key: int, _ref: weakref.ref) -> None:
-    _weight_geometry.pop(key, None)
+#: the same tensor call after call), per tensor object. The table never holds the tensor (a
+#: descriptor holds its base) and drops the entry when the tensor dies. Within it, geometry is
+#: keyed by everything the checks read (address, dtype, shape, strides, box), so a tensor changed
+#: in place (``set_``, ``resize_``) is checked again.
+_weight_geometry = IdentityTable()
 
 
 def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
@@ -162,11 +152,8 @@ def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
     16-bit N-major weight, as ``[G, K, N]``; its geometry cached per tensor (see above)."""
     shape, strides = b.shape, b.stride()
     ident = (b.data_ptr(), b.dtype, shape, strides, config.block_n, config.block_k)
-    key = id(b)
-    entry = _weight_geometry.get(key)
-    if entry is None or entry[0]() is not b:
-        entry = _weight_geometry[key] = (weakref.ref(b, functools.partial(_forget_weight, key)), {})
-    geometry = entry[1].get(ident)
+    known = _weight_geometry.slot(b)
+    geometry = known.get(ident)
     if geometry is None:
         g, n, k = shape
         sg, sn, sk = strides
@@ -177,7 +164,7 @@ def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
             geometry = ([g, k, n], [sg, sk, sn], _checked_block((1, bk, bn)), B_TMA_N_MAJOR)
         if not _tma_readable(b, geometry[0], geometry[1]):
             geometry = None, None, None, B_POINTER
-        entry[1][ident] = geometry
+        known[ident] = geometry
     b_shape, b_strides, block, kind = geometry
     return (b, kind) if kind == B_POINTER else (_make_descriptor(b, b_shape, b_strides, block), kind)
 

@@ -344,12 +344,12 @@ def test_descriptors_equal_tritons_and_weight_geometry_is_cached_weakly(gen):
     w = randn(gen, 3, 32, 64, dtype=torch.bfloat16)
     launch.operand_sources(a, w, SMALL)
     key, ref = id(w), weakref.ref(w)
-    assert key in launch._weight_geometry
+    assert key in launch._weight_geometry.ids()
     w.set_(_misaligned(w).untyped_storage(), 1, (3, 32, 64), (2048, 64, 1))
     assert launch.operand_sources(a, w, SMALL)[3] == launch.B_POINTER
     del w
     gc.collect()
-    assert ref() is None and key not in launch._weight_geometry
+    assert ref() is None and key not in launch._weight_geometry.ids()
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100", None])
