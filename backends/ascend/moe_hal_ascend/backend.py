@@ -35,7 +35,6 @@ Other strides, fp32 upcasts, dequantized fp8, the 950's ``[G, K, N]`` fp8 layout
 from __future__ import annotations
 
 import contextlib
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,6 +43,7 @@ import torch
 from moe_hal.plugin_api import (
     Backend,
     DeviceInfo,
+    IdentityTable,
     Problem,
     QuantizedTensor,
     Reason,
@@ -523,13 +523,14 @@ def _deliver(y: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype) -> t
     return out
 
 
-_layout_tensors: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# Keyed by identity: a WeakKeyDictionary would hash the layout's G counts on every look-up.
+_layout_tensors = IdentityTable()
 
 
 def _cached(layout: Any, kind: str, device: torch.device, build: Callable[[], torch.Tensor]) -> torch.Tensor:
     """int64 group lists of a layout on ``device``, built once (the op wants int64, the layout
     caches int32)."""
-    per_layout = _layout_tensors.setdefault(layout, {})
+    per_layout = _layout_tensors.slot(layout)
     key = (kind, device)
     hit = per_layout.get(key)
     if hit is None:

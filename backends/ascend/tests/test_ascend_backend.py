@@ -8,9 +8,11 @@ the float64 ``reference`` backend on fresh random data.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.metadata as metadata
 import math
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -101,6 +103,22 @@ def test_converted_weights_are_prepared_once(gen):
         for _ in range(3):
             moe_hal.grouped_gemm(a, b, lay, backend="ascend", out_dtype=torch.float32)
     assert prepared_cache.stats()["backends"]["ascend"]["entries"] == 1
+
+
+def test_layout_group_lists_are_cached_per_layout_and_die_with_it(gen):
+    from moe_hal_ascend import backend
+
+    a, b, lay = _contiguous(gen, [5, 0, 3], 8, 0, k=16, n=8, dtype=torch.float32)
+    moe_hal.grouped_gemm(a, b, lay, backend="ascend")
+    cached = dict(backend._layout_tensors.get(lay))
+    assert cached, "the first call caches the layout's int64 group list"
+    moe_hal.grouped_gemm(a, b, lay, backend="ascend")
+    assert all(backend._layout_tensors.get(lay)[key] is t for key, t in cached.items())
+    key = id(lay)
+    alive = weakref.ref(lay)
+    del lay
+    gc.collect()
+    assert alive() is None and key not in backend._layout_tensors.ids()
 
 
 def test_nz_weights_on_request(gen, monkeypatch):
