@@ -50,6 +50,7 @@ from .device_layout import PsumLayout
 from .errors import ArgumentError, DeviceError, DTypeError, GradientError, LayoutError, ShapeError
 from .identity_table import IdentityTable
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout, SegmentLayout
+from .problem import Problem
 from .quant import QuantizedTensor
 
 NAMESPACE = "moe_hal"
@@ -86,6 +87,10 @@ _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
+_build = Problem.build
+#: The op's C++ entry point, one Python frame less than ``grouped_gemm_op(...)``; eager calls
+#: only (Dynamo traces ``grouped_gemm_op``).
+_grouped_gemm_eager = grouped_gemm_op._op
 
 
 # -- host layouts -------------------------------------------------------------------------------------
@@ -96,10 +101,14 @@ _run = _execution.run
 #: ``(op, alignment, num_rows) -> (tensor version, layout)`` for segment layouts — a host layout
 #: held weakly (its device cache holds the tensor), layouts derived or rebuilt here strongly (they
 #: do not reference the tensor); an in-place write bumps the version and voids them — and
-#: ``"masked" -> weak reference`` to the MaskedLayout owning the tensor (it holds no values of the
-#: tensor, so no version check).
+#: ``"masked" -> weak reference`` to the MaskedLayout last flattened with the tensor (it holds no
+#: values of the tensor, so no version check).
 _memos = IdentityTable()
 
+#: host layout object -> {device: flattened arguments} (see :func:`_flat_args`): layouts are
+#: immutable, so a layout is flattened (and its group tensor tagged in :data:`_memos`) once per
+#: device, not at every call. Dropped with the layout.
+_flat = IdentityTable()
 
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
 _OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
@@ -116,22 +125,61 @@ def _version(t: torch.Tensor) -> int:
 def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, int | None]:
     """``(groups, layout name, alignment, expected_m)`` of a layout object, groups on ``device``.
 
-    Outside compiled graphs a host segment layout's psum tensor is tagged with the layout, so the
-    op's eager kernel recovers the host bounds without reading the tensor, also when the tensor
-    later enters a compiled graph as an input."""
+    Outside compiled graphs a host layout's group tensor is tagged with the layout, so the op's
+    eager kernel recovers the host bounds without reading the tensor, also when the tensor later
+    enters a compiled graph as an input."""
+    return _flat_args(layout, device, _is_compiling())[:4]
+
+
+def _flat_args(layout, device: torch.device, compiling: bool) -> tuple:
+    """:func:`layout_args` plus ``(row_dim, rows)``: the operand dimension the layout sizes and
+    its size (None for a :class:`PsumLayout`, whose row count comes from the operand). Cached per
+    host layout and device outside compiled graphs (:data:`_flat`)."""
+    if not compiling:
+        per_device = _flat.get(layout)
+        if per_device is not None:
+            hit = per_device.get(device)
+            if hit is not None:
+                return hit
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
-        if not _is_compiling() and psum not in _memos:
-            _memos.new(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
-        return psum, layout.op, layout.alignment, None
-    if isinstance(layout, MaskedLayout):
-        masked_m = layout.masked_m
-        if not _is_compiling() and masked_m not in _memos:
-            _memos.new(masked_m)["masked"] = weakref.ref(layout)
-        return masked_m, "masked", 0, layout.expected_m
-    if isinstance(layout, PsumLayout):
-        return layout.psum, layout.op, layout.alignment, None
-    raise LayoutError("layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__)
+        flat = (psum, layout.op, layout.alignment, None, 0, layout.num_rows)
+        if not compiling:
+            _memos.slot(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
+    elif isinstance(layout, MaskedLayout):
+        flat = (layout.masked_m, "masked", 0, layout.expected_m, 1, layout.max_m)
+        if not compiling:
+            _memos.slot(layout.masked_m)["masked"] = weakref.ref(layout)
+    elif isinstance(layout, PsumLayout):  # not cached: it is the flattened form already
+        return layout.psum, layout.op, layout.alignment, None, None, None
+    else:
+        raise LayoutError(
+            "layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__
+        )
+    if not compiling:
+        _flat.slot(layout)[device] = flat
+    return flat
+
+
+def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, expected_m: int | None):
+    """The host layout object a backend takes for the op's flattened layout arguments: one known
+    for ``groups`` (see :data:`_memos`) or derived from the one known for the other segment op, else
+    one built from ``groups`` read on the host (one device sync), then remembered."""
+    tags = _memos.get(groups)
+    if layout == "masked":
+        ref = tags.get("masked") if tags is not None else None
+        known = ref() if ref is not None else None
+        if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
+            return known
+        return MaskedLayout(groups, num_rows, expected_m, check=False)
+    version = _version(groups)
+    if tags is not None:
+        hit = tags.get((layout, alignment, num_rows))
+        if hit is not None and hit[0] == version:
+            lay = hit[1]() if type(hit[1]) is weakref.ref else hit[1]
+            if lay is not None:
+                return lay
+    return _rebuild(layout, groups, alignment, num_rows, tags, version)
 
 
 def _known(tags: dict, key: tuple, version: int):
@@ -141,31 +189,15 @@ def _known(tags: dict, key: tuple, version: int):
     return hit[1]() if type(hit[1]) is weakref.ref else hit[1]
 
 
-def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, expected_m: int | None):
-    """The host layout object a backend takes for the op's flattened layout arguments: one known
-    for ``groups`` (see :data:`_memos`) or derived from the one known for the other segment op, else
-    one built from ``groups`` read on the host (one device sync), then remembered."""
-    if layout == "masked":
-        memo = _memos.get(groups)
-        ref = memo.get("masked") if memo is not None else None
-        known = ref() if ref is not None else None
-        if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
-            return known
-        return MaskedLayout(groups, num_rows, expected_m, check=False)
+def _rebuild(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, tags: dict | None, version: int):
+    """:func:`host_layout` when nothing is known for ``(layout, alignment, num_rows)``."""
     cls = _SEGMENT_CLASSES.get(layout)
     if cls is None:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
-    tags = _memos.get(groups)
-    version = _version(groups)
-    lay = None
-    if tags is not None:
-        lay = _known(tags, (layout, alignment, num_rows), version)
-        if lay is not None:
-            return lay
-        other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version)
-        if other is not None:
-            lay = cls(other.counts_list, other.starts, alignment, num_rows)
-    if lay is None:
+    other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version) if tags is not None else None
+    if other is not None:
+        lay = cls(other.counts_list, other.starts, alignment, num_rows)
+    else:
         lay = cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
     if version >= 0:  # an inference tensor may change unseen: nothing is remembered for it
         (tags if tags is not None else _memos.new(groups))[(layout, alignment, num_rows)] = (version, lay)
@@ -221,11 +253,10 @@ def _grouped_gemm_kernel(
     backend=None,
     main_grad=None,
 ):
-    num_rows = a.shape[1] if layout == "masked" else a.shape[0]
-    lay = host_layout(layout, groups, alignment, num_rows, expected_m)
+    lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
     if a_scale is not None:
         a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
-    return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=_backend(backend))
+    return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
 
 
 def _masked_out_kernel(
@@ -353,23 +384,24 @@ def _below(keyset, args: tuple) -> torch.Tensor:
 _DEFAULT_TAIL = (1, None, None, None, None, (), (), "fp32", None, None, None)
 
 
-def _requires_grad(t) -> bool:
-    return t is not None and t.requires_grad
-
-
 def _autograd_kernel(keyset, *args):
     """``args``: the op's arguments in schema order, trailing defaults possibly left out."""
-    if len(args) < 15:
-        args += _DEFAULT_TAIL[len(args) - 4 :]
     if _is_grad_enabled() and (
-        args[0].requires_grad
-        or args[1].requires_grad
-        or _requires_grad(args[5])
-        or _requires_grad(args[7])
-        or _requires_grad(args[8])
-    ):  # attribute reads (a, b, c, a_scale, b_scale): cheaper than torch._C._any_requires_grad
+        args[0].requires_grad or args[1].requires_grad or (len(args) > 5 and _tail_requires_grad(args))
+    ):  # attribute reads (a, b, then c, a_scale, b_scale): cheaper than torch._C._any_requires_grad
+        if len(args) < 15:
+            args += _DEFAULT_TAIL[len(args) - 4 :]
         return _GroupedGemmFunction.apply(keyset, *args)
+    # _below inlined: this is the path of every call that records no gradient
+    eager = _eager_keysets.get(keyset.raw_repr())
+    if eager:
+        return _grouped_gemm_kernel(*args)
     return _below(keyset, args)
+
+
+def _tail_requires_grad(args: tuple) -> bool:
+    """Whether ``c``, ``a_scale`` or ``b_scale`` (those present in ``args``) requires grad."""
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in args[5:9])
 
 
 class _GroupedGemmFunction(torch.autograd.Function):
@@ -503,7 +535,13 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
         and (out_dtype is None or isinstance(out_dtype, torch.dtype))
     ):  # the op's schema would refuse these untyped: the checked path names the argument
         return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=_backend(backend))
-    groups, name, alignment, expected_m = layout_args(layout, a.device)
+    compiling = _is_compiling()
+    groups, name, alignment, expected_m, row_dim, rows = _flat_args(layout, a.device, compiling)
+    if rows is not None and not compiling and a.shape[row_dim] != rows:
+        # a host layout that does not fit a: the op would size the layout from a instead, so the
+        # checked path raises the error the direct call raises (Problem.build names the argument).
+        # Not in traced code, where comparing a dynamic size would specialise it.
+        _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
     if name == "masked" and out is not None:
         return _masked_out(a, b, groups, out, c, expected_m, backend, {})
     main_grad = None
@@ -511,14 +549,18 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
         main_grad = getattr(b, "main_grad", None)
         if main_grad is not None:
             _check_main_grad(main_grad, b)
+    op = grouped_gemm_op if compiling else _grouped_gemm_eager
     if main_grad is None and expected_m is None and backend is None:
         # trailing defaults left out: fewer arguments for the dispatcher to parse and box
-        result = grouped_gemm_op(a, b, groups, name, alignment, c, out_dtype)
+        if c is None and out_dtype is None:
+            result = op(a, b, groups, name, alignment)
+        else:
+            result = op(a, b, groups, name, alignment, c, out_dtype)
     else:
-        result = grouped_gemm_op(
+        result = op(
             a, b, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
         )
-    return _into_out(result, out)
+    return result if out is None else _into_out(result, out)
 
 
 def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c, backend) -> torch.Tensor:

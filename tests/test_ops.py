@@ -293,6 +293,63 @@ def test_the_op_path_refuses_bad_operands_with_typed_errors(gen):
         moe_hal.grouped_gemm(a, b, lay, out_dtype="bf16")
 
 
+def test_the_op_path_refuses_a_host_layout_that_does_not_fit_a_like_the_direct_call(gen):
+    # the op sizes a layout from the operand; a host layout of another size must not be re-sized
+    lay = moe_hal.ContiguousLayout.from_counts([3, 0, 5], alignment=4)
+    klay = moe_hal.KGroupedLayout.from_counts([3, 0, 5], alignment=4)
+    mlay = moe_hal.MaskedLayout(torch.tensor([2, 0, 4], dtype=torch.int32), 4)
+    b = randn(gen, 3, 6, 8)
+    calls = [
+        (randn(gen, lay.num_rows + 4, 8), b, lay, "a.shape\\[0\\]: expected 12 rows"),
+        (randn(gen, klay.num_rows + 4, 8), randn(gen, klay.num_rows + 4, 6), klay, "a.shape\\[0\\]: expected 12"),
+        (randn(gen, 3, 5, 8), b, mlay, "a.shape\\[1\\]: expected max_m = 4"),
+    ]
+    for a, w, layout, message in calls:
+        for grad in (False, True):
+            out = torch.full((1,), 7.0)
+            with pytest.raises(ShapeError, match=message):
+                moe_hal.grouped_gemm(a, w.clone().requires_grad_(grad), layout)
+            with pytest.raises(ShapeError, match=message):
+                ops.call(a, w, layout, out=out)
+            assert out.item() == 7.0
+
+
+def test_a_layout_is_flattened_once_per_device_and_its_memos_go_with_it(gen, monkeypatch):
+    a, b, lay = _contiguous(gen, [3, 0, 5])
+    flattened = []
+    original = type(lay).psum_on
+
+    def counting(self, device):
+        flattened.append(device)
+        return original(self, device)
+
+    monkeypatch.setattr(type(lay), "psum_on", counting)
+    for _ in range(3):
+        assert torch.equal(ops.call(a, b, lay), moe_hal.grouped_gemm(a, b, lay))
+    assert len(flattened) == 1
+    assert ops._flat.get(lay) and ops._memos.get(lay.psum_on("cpu"))
+    key = id(lay)
+    del lay
+    assert key not in ops._flat.ids()
+
+
+def test_a_new_masked_layout_over_the_same_masked_m_is_found_again(gen, monkeypatch):
+    masked_m = torch.tensor([2, 0, 4], dtype=torch.int32)
+    a, b = randn(gen, 3, 4, 8), randn(gen, 3, 6, 8)
+    ops.call(a, b, moe_hal.MaskedLayout(masked_m, 4))
+    built = []
+    original = moe_hal.MaskedLayout.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(args)
+        original(self, *args, **kwargs)
+
+    lay = moe_hal.MaskedLayout(masked_m, 4, expected_m=2)  # a decode step's new layout, same buffer
+    monkeypatch.setattr(moe_hal.MaskedLayout, "__init__", counting)
+    assert torch.equal(ops.call(a, b, lay), moe_hal.grouped_gemm(a, b, lay))
+    assert built == []  # the eager kernel took lay itself, not a rebuilt copy
+
+
 def _count_host_reads(monkeypatch) -> list[int]:
     """Counts the rebuilds of a host layout from a psum tensor (each one reads it on the host)."""
     from moe_hal.layouts import SegmentLayout
