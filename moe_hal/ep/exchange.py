@@ -10,14 +10,16 @@ slot travels as one row to the rank holding its expert (``-1`` slots stay home a
 Every expert's segment on its rank holds its rows ordered by **(source rank, source token, k)** —
 the order of a single process that concatenates the ranks' tokens in rank order.
 
-* ``mode="exact"``: the all-gathered count matrix is read on the host (**one host sync**). Rows
-  move in *rounds*, one uneven all-to-all per local expert index ``i`` (``max(L)`` rounds, rounds
-  that carry no row on any rank skipped): round ``i`` carries every rank's ``i``-th expert, so what
-  a rank receives is exactly its ``i``-th expert's segment, in order, and lands in ``d.a`` without
-  a rearranging pass; on the way back each segment is sent straight from the expert output. ``d.a``
-  is ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local experts
-  (segments aligned to ``alignment``, padding rows zero). The price is ``max(L)`` collectives per
-  direction instead of one — right for the large messages of training and prefill.
+* ``mode="exact"``: the all-gathered count matrix is read on the host (**one host sync**). The
+  rows for other ranks move with **one** uneven all-to-all per direction (each collective has a
+  fixed cost, which on gloo is worth several MiB of copying): the send rows are ordered (destination
+  rank, its local expert, slot), so what a rank receives is ordered (source rank, local expert,
+  slot) and is put into (local expert, source rank, slot) order by one block copy per
+  (source rank, local expert); on the way back the blocks are copied out of the expert output the
+  same way. Rows a rank routes to its own experts never enter the all-to-all: they are copied
+  between the send rows and the layout directly. ``d.a`` is ``[num_rows, H]`` in a
+  :class:`~moe_hal.layouts.ContiguousLayout` over the local experts (segments aligned to
+  ``alignment``, padding rows zero) — right for the large messages of training and prefill.
 * ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
   sizes are known without reading any count on the host (**no host sync**; shapes static, as CUDA
   graphs need); the fixed blocks move with one all-to-all and are packed into ``d.a``
@@ -80,25 +82,14 @@ _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's argu
 
 
 @dataclass(frozen=True, eq=False)
-class _Round:
-    """One all-to-all of exact mode: round ``i`` carries every rank's ``i``-th local expert, so the
-    rows a rank receives are its ``i``-th expert's segment of the layout, already in (source rank,
-    source token, k) order — they land in ``a`` directly, with no rearranging pass."""
-
-    send_start: int  # first send row of the round (send rows are ordered (round, destination, slot))
-    send_splits: tuple[int, ...]  # rows to each rank (for that rank's i-th expert)
-    recv_start: int  # first layout row of this rank's i-th expert
-    recv_splits: tuple[int, ...]  # rows from each rank (for this rank's i-th expert)
-
-
-@dataclass(frozen=True, eq=False)
 class _Maps:
     """Where every row goes. ``S`` send rows; the rows coming back from the experts land in the same
     order (row ``s`` of the returned buffer is send row ``s``), followed by one zero row (row ``S``)
     that every slot not sent points to, so one plain gather reads every slot.
 
-    Exact mode moves the rows in rounds (:class:`_Round`) straight between the send rows and the
-    layout.
+    Exact mode sends rows ``[0, remote_sent)`` to the other ranks with one all-to-all (this rank's
+    own rows, ``[remote_sent, S)``, stay) and moves contiguous blocks between the exchanged rows and
+    the layout.
     Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert)) with one all-to-all and
     gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
     expert row uses) is never read on the other side, so its index is merely clamped into range."""
@@ -108,13 +99,17 @@ class _Maps:
     slot_row: torch.Tensor  # int64 [T, k]: send row of each slot; S (the zero row) if not sent
     kept_slots: torch.Tensor | None  # bool [T, k]: slots that were sent; None when all were
     # exact mode
-    rounds: tuple[_Round, ...] = ()
     gaps: tuple[tuple[int, int], ...] = ()  # [start, end) padding row ranges of the layout
+    remote_sent: int = 0  # send rows [0, remote_sent) go to other ranks
+    exchange: bool = False  # some rank sends a row to another rank (else no all-to-all runs, on any rank)
+    remote_blocks: tuple[tuple[int, int, int], ...] = ()  # (received row, layout row, rows) per block
+    local_blocks: tuple[tuple[int, int, int], ...] = ()  # (send row, layout row, rows) per block
     # capacity mode
     recv_of_row: torch.Tensor | None = None  # int64 [layout rows]: received row placed there; R on padding
     row_of_recv: torch.Tensor | None = None  # int64 [R]: layout row of each received row (clamped)
-    send_splits: tuple[int, ...] = ()  # rows to each rank (fixed blocks)
-    recv_splits: tuple[int, ...] = ()  # rows from each rank (fixed blocks)
+    # both modes: rows to / from each rank in the all-to-all (exact mode: 0 for this rank)
+    send_splits: tuple[int, ...] = ()
+    recv_splits: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,11 +198,13 @@ def _to_experts(d: EPDispatch, send: torch.Tensor) -> torch.Tensor:
         out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=send.device)
         for start, end in m.gaps:
             out[start:end].zero_()
-        for rd in m.rounds:
-            recv_end, send_end = rd.recv_start + sum(rd.recv_splits), rd.send_start + sum(rd.send_splits)
-            _all_to_all(
-                d, out[rd.recv_start : recv_end], send[rd.send_start : send_end], rd.recv_splits, rd.send_splits
-            )
+        if m.exchange:
+            recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, send.device, keep=False)
+            _all_to_all(d, recv, send[: m.remote_sent], m.recv_splits, m.send_splits)
+            for src, dst, n in m.remote_blocks:
+                out[dst : dst + n].copy_(recv[src : src + n])
+        for src, dst, n in m.local_blocks:
+            out[dst : dst + n].copy_(send[src : src + n])
         return out
     received = sum(m.recv_splits)
     recv = _rows_buffer(d, "recv", received + 1, width, send.device, keep=False)
@@ -225,11 +222,13 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor
     ret = _rows_buffer(d, "ret", sent + 1, width, flat.device, keep)
     ret[sent].zero_()
     if d.mode == "exact":
-        for rd in m.rounds:
-            recv_end, send_end = rd.recv_start + sum(rd.recv_splits), rd.send_start + sum(rd.send_splits)
-            _all_to_all(
-                d, ret[rd.send_start : send_end], flat[rd.recv_start : recv_end], rd.send_splits, rd.recv_splits
-            )
+        if m.exchange:
+            back = _rows_buffer(d, "send", sum(m.recv_splits), width, flat.device, keep=False)
+            for src, dst, n in m.remote_blocks:
+                back[src : src + n].copy_(flat[dst : dst + n])
+            _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
+        for src, dst, n in m.local_blocks:
+            ret[src : src + n].copy_(flat[dst : dst + n])
         return ret
     send = _gather_into(
         _rows_buffer(d, "send", m.row_of_recv.shape[0], width, flat.device, keep=False), flat, m.row_of_recv
@@ -391,7 +390,7 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup, mode: str) -> tuple[torch.Ten
     """Each slot's expert position (E for skipped/invalid), this rank's row of the count matrix
     (per-position counts, invalid ids, status 0) and the stable order in which slots are sent:
     by position in capacity mode (its fixed blocks), by :attr:`EPGroup.exchange_key` in exact mode
-    (its rounds); skipped slots last."""
+    (other ranks' experts, then this rank's own); skipped slots last."""
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
@@ -402,7 +401,7 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup, mode: str) -> tuple[torch.Ten
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
     row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
     if mode == "exact":
-        skipped = group.max_local_experts * group.world_size
+        skipped = 2 * E
         send_key = torch.where(routed, group.exchange_keys(flat.device)[expert], skipped)
     else:
         send_key = key
@@ -442,20 +441,28 @@ def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor,
 def _exact_maps(
     host: list[list[int]], group: EPGroup, order: torch.Tensor, k: int, alignment: int
 ) -> tuple[_Maps, ContiguousLayout, list[int], list[int]]:
-    """Rounds, slot maps and layout from the host count matrix (identical on every rank, so every
-    rank runs the same rounds and skips the same empty ones). Also returns the rows sent to and
-    received from each rank."""
+    """Splits, blocks, slot maps and layout from the host count matrix (identical on every rank, so
+    every rank agrees on whether the all-to-all runs). Also returns the rows sent to and received
+    from each rank (this rank included)."""
     W, r, pos, held = group.world_size, group.rank, group.expert_position, group.experts_of_rank
     mine = held[r]
-    layout = ContiguousLayout.from_counts([sum(host[s][pos[e]] for s in range(W)) for e in mine], alignment=alignment)
-    rounds, sent = [], 0
-    for i in range(group.max_local_experts):
-        experts = [held[d][i] if i < len(held[d]) else None for d in range(W)]
-        send_splits = tuple(0 if e is None else host[r][pos[e]] for e in experts)
-        if any(host[s][pos[e]] for s in range(W) for e in experts if e is not None):
-            recv_splits = tuple(host[s][pos[mine[i]]] if i < len(mine) else 0 for s in range(W))
-            rounds.append(_Round(sent, send_splits, layout.starts[i] if i < len(mine) else 0, recv_splits))
-        sent += sum(send_splits)
+    count = [[host[s][pos[e]] for e in mine] for s in range(W)]  # [source rank][local expert]
+    layout = ContiguousLayout.from_counts([sum(c[i] for c in count) for i in range(len(mine))], alignment=alignment)
+    to_rank = [sum(host[r][pos[e]] for e in held[d]) for d in range(W)]
+    from_rank = [sum(c) for c in count]
+    remote_sent = sum(to_rank) - to_rank[r]
+    # Layout row where source s's rows for local expert i go: after those of sources s' < s.
+    fill = list(layout.starts)
+    remote_blocks, local_blocks, received, kept = [], [], 0, remote_sent
+    for s in range(W):
+        for i, n in enumerate(count[s]):
+            if s == r:
+                local_blocks.append((kept, fill[i], n))
+                kept += n
+            elif n:
+                remote_blocks.append((received, fill[i], n))
+                received += n
+            fill[i] += n
     gaps, end = [], 0
     for start, stop in zip(layout.starts, layout.ends):
         if start > end:
@@ -463,7 +470,10 @@ def _exact_maps(
         end = stop
     if layout.num_rows > end:
         gaps.append((end, layout.num_rows))
+    E, placement = group.num_experts, group.placement
+    exchange = any(host[s][pos[e]] for s in range(W) for e in range(E) if placement[e] != s)
     device = order.device
+    sent = sum(to_rank)
     slot_of_send_row = order[:sent]
     slot_row = torch.full_like(order, sent).scatter_(0, slot_of_send_row, torch.arange(sent, device=device))
     maps = _Maps(
@@ -471,11 +481,14 @@ def _exact_maps(
         slot_of_send_row,
         slot_row.view(-1, k),
         None if sent == order.shape[0] else (slot_row < sent).view(-1, k),
-        rounds=tuple(rounds),
         gaps=tuple(gaps),
+        remote_sent=remote_sent,
+        exchange=exchange,
+        remote_blocks=tuple(remote_blocks),
+        local_blocks=tuple(b for b in local_blocks if b[2]),
+        send_splits=tuple(0 if d == r else n for d, n in enumerate(to_rank)),
+        recv_splits=tuple(0 if s == r else n for s, n in enumerate(from_rank)),
     )
-    to_rank = [sum(host[r][pos[e]] for e in held[d]) for d in range(W)]
-    from_rank = [sum(host[s][pos[e]] for e in mine) for s in range(W)]
     return maps, layout, to_rank, from_rank
 
 

@@ -58,12 +58,11 @@ class EPGroup:
         self.position_start: tuple[int, ...] = tuple(
             sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1)
         )
-        #: exact mode sends in rounds, one per local expert index: round i carries every rank's i-th
-        #: expert. Send key of expert e: (its local index) * world_size + (its rank).
-        self.max_local_experts: int = max(len(x) for x in self.experts_of_rank)
-        local_index = {e: i for rank_experts in self.experts_of_rank for i, e in enumerate(rank_experts)}
+        #: exact mode's send order: the other ranks' experts in position order (one all-to-all moves
+        #: them, each rank's rows contiguous and in rank order), then this rank's own experts (their
+        #: rows never enter the all-to-all). Send key of expert e: its position, + E if it is local.
         self.exchange_key: tuple[int, ...] = tuple(
-            local_index[e] * self.world_size + self.placement[e] for e in range(num_experts)
+            self.expert_position[e] + (num_experts if self.placement[e] == self.rank else 0) for e in range(num_experts)
         )
         self._tensors: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.device], torch.Tensor] = {}
