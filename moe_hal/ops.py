@@ -40,6 +40,7 @@ alone still imports no torch.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -50,7 +51,6 @@ from .device_layout import PsumLayout
 from .errors import ArgumentError, DeviceError, DTypeError, GradientError, LayoutError, ShapeError
 from .identity_table import IdentityTable
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout, SegmentLayout
-from .problem import Problem
 from .quant import QuantizedTensor
 
 NAMESPACE = "moe_hal"
@@ -87,7 +87,6 @@ _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
-_build = Problem.build
 #: The op's C++ entry point, one Python frame less than ``grouped_gemm_op(...)``; eager calls
 #: only (Dynamo traces ``grouped_gemm_op``).
 _grouped_gemm_eager = grouped_gemm_op._op
@@ -109,6 +108,19 @@ _memos = IdentityTable()
 #: immutable, so a layout is flattened (and its group tensor tagged in :data:`_memos`) once per
 #: device, not at every call. Dropped with the layout.
 _flat = IdentityTable()
+
+
+class _HandOff(threading.local):
+    """``(groups, host layout)`` of the op call :func:`call` is making on this thread (None
+    between calls): its eager kernel takes the caller's host layout from here when its ``groups``
+    is that call's tensor, rather than looking the tensor up in :data:`_memos` — and so validates
+    the operands against the very layout the caller passed. Calls the op receives from elsewhere
+    (compiled graphs, backward products, direct op calls) find nothing here."""
+
+    pending: tuple | None = None
+
+
+_handoff = _HandOff()
 
 _SEGMENT_CLASSES = {"contiguous": ContiguousLayout, "k_grouped": KGroupedLayout}
 _OTHER_OP = {"contiguous": "k_grouped", "k_grouped": "contiguous"}
@@ -132,9 +144,9 @@ def layout_args(layout, device: torch.device) -> tuple[torch.Tensor, str, int, i
 
 
 def _flat_args(layout, device: torch.device, compiling: bool) -> tuple:
-    """:func:`layout_args` plus ``(row_dim, rows)``: the operand dimension the layout sizes and
-    its size (None for a :class:`PsumLayout`, whose row count comes from the operand). Cached per
-    host layout and device outside compiled graphs (:data:`_flat`)."""
+    """:func:`layout_args` plus whether ``layout`` is a host layout (False for a
+    :class:`PsumLayout`). Cached per host layout and device outside compiled graphs
+    (:data:`_flat`; the cached tuple must not hold the layout, which would keep it alive)."""
     if not compiling:
         per_device = _flat.get(layout)
         if per_device is not None:
@@ -143,15 +155,15 @@ def _flat_args(layout, device: torch.device, compiling: bool) -> tuple:
                 return hit
     if isinstance(layout, SegmentLayout):
         psum = layout.psum_on(device)
-        flat = (psum, layout.op, layout.alignment, None, 0, layout.num_rows)
+        flat = (psum, layout.op, layout.alignment, None, True)
         if not compiling:
             _memos.slot(psum)[(layout.op, layout.alignment, layout.num_rows)] = (_version(psum), weakref.ref(layout))
     elif isinstance(layout, MaskedLayout):
-        flat = (layout.masked_m, "masked", 0, layout.expected_m, 1, layout.max_m)
+        flat = (layout.masked_m, "masked", 0, layout.expected_m, True)
         if not compiling:
             _memos.slot(layout.masked_m)["masked"] = weakref.ref(layout)
     elif isinstance(layout, PsumLayout):  # not cached: it is the flattened form already
-        return layout.psum, layout.op, layout.alignment, None, None, None
+        return layout.psum, layout.op, layout.alignment, None, False
     else:
         raise LayoutError(
             "layout", "a ContiguousLayout, MaskedLayout, KGroupedLayout or PsumLayout", type(layout).__name__
@@ -253,7 +265,11 @@ def _grouped_gemm_kernel(
     backend=None,
     main_grad=None,
 ):
-    lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
+    handed = _handoff.pending
+    if handed is not None and handed[0] is groups:
+        lay = handed[1]
+    else:
+        lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
     if a_scale is not None:
         a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
     return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
@@ -272,7 +288,11 @@ def _masked_out_kernel(
     expected_m=None,
     backend=None,
 ):
-    lay = MaskedLayout(masked_m, a.shape[1], expected_m, check=False)
+    handed = _handoff.pending
+    if handed is not None and handed[0] is masked_m:
+        lay = handed[1]
+    else:
+        lay = MaskedLayout(masked_m, a.shape[1], expected_m, check=False)
     if a_scale is not None:
         a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
     _run(a, b, lay, out=out, backend=_backend(backend))
@@ -536,30 +556,32 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
     ):  # the op's schema would refuse these untyped: the checked path names the argument
         return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=_backend(backend))
     compiling = _is_compiling()
-    groups, name, alignment, expected_m, row_dim, rows = _flat_args(layout, a.device, compiling)
-    if rows is not None and not compiling and a.shape[row_dim] != rows:
-        # a host layout that does not fit a: the op would size the layout from a instead, so the
-        # checked path raises the error the direct call raises (Problem.build names the argument).
-        # Not in traced code, where comparing a dynamic size would specialise it.
-        _build(a, b, layout, c=c, out=out, out_dtype=out_dtype)
+    groups, name, alignment, expected_m, host = _flat_args(layout, a.device, compiling)
+    hand_off = host and not compiling
     if name == "masked" and out is not None:
-        return _masked_out(a, b, groups, out, c, expected_m, backend, {})
+        return _masked_out(layout, hand_off, a, b, groups, out, c, expected_m, backend, {})
     main_grad = None
     if name == "contiguous" and b.requires_grad:  # main_grad matters only to a recorded gradient
         main_grad = getattr(b, "main_grad", None)
         if main_grad is not None:
             _check_main_grad(main_grad, b)
     op = grouped_gemm_op if compiling else _grouped_gemm_eager
-    if main_grad is None and expected_m is None and backend is None:
-        # trailing defaults left out: fewer arguments for the dispatcher to parse and box
-        if c is None and out_dtype is None:
-            result = op(a, b, groups, name, alignment)
+    if hand_off:
+        _handoff.pending = (groups, layout)
+    try:
+        if main_grad is None and expected_m is None and backend is None:
+            # trailing defaults left out: fewer arguments for the dispatcher to parse and box
+            if c is None and out_dtype is None:
+                result = op(a, b, groups, name, alignment)
+            else:
+                result = op(a, b, groups, name, alignment, c, out_dtype)
         else:
-            result = op(a, b, groups, name, alignment, c, out_dtype)
-    else:
-        result = op(
-            a, b, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
-        )
+            result = op(
+                a, b, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
+            )
+    finally:
+        if hand_off:
+            _handoff.pending = None
     return result if out is None else _into_out(result, out)
 
 
@@ -572,20 +594,36 @@ def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c,
             "fp32/bf16/fp16 operands for a gradient",
             "fp8 QuantizedTensor operands that require grad (fp8 is forward only)",
         )
-    groups, name, alignment, expected_m = layout_args(layout, a.data.device)
+    compiling = _is_compiling()
+    groups, name, alignment, expected_m, host = _flat_args(layout, a.data.device, compiling)
+    hand_off = host and not compiling
     ta, tb, fp8 = operand_args(a, b)
     if name == "masked" and out is not None:
-        return _masked_out(ta, tb, groups, out, c, expected_m, backend, fp8)
-    result = grouped_gemm_op(
-        ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
-    )
+        return _masked_out(layout, hand_off, ta, tb, groups, out, c, expected_m, backend, fp8)
+    if hand_off:
+        _handoff.pending = (groups, layout)
+    try:
+        result = grouped_gemm_op(
+            ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
+        )
+    finally:
+        if hand_off:
+            _handoff.pending = None
     return _into_out(result, out)
 
 
-def _masked_out(a, b, masked_m, out, c, expected_m, backend, fp8: dict) -> torch.Tensor:
+def _masked_out(layout, hand_off: bool, a, b, masked_m, out, c, expected_m, backend, fp8: dict) -> torch.Tensor:
+    """The masked op writing ``out``; with ``hand_off``, ``layout`` is handed to its kernel as in
+    :func:`call`."""
     if c is not None:
         raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
-    grouped_gemm_masked_out_op(a, b, masked_m, out, expected_m=expected_m, backend=backend, **fp8)
+    if hand_off:
+        _handoff.pending = (masked_m, layout)
+    try:
+        grouped_gemm_masked_out_op(a, b, masked_m, out, expected_m=expected_m, backend=backend, **fp8)
+    finally:
+        if hand_off:
+            _handoff.pending = None
     return out
 
 

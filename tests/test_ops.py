@@ -350,6 +350,25 @@ def test_a_new_masked_layout_over_the_same_masked_m_is_found_again(gen, monkeypa
     assert built == []  # the eager kernel took lay itself, not a rebuilt copy
 
 
+def test_call_hands_its_layout_to_the_eager_kernel_and_nothing_stays_behind(gen, monkeypatch):
+    looked_up = []
+    original = ops.host_layout
+
+    def counting(*args):
+        looked_up.append(args[0])
+        return original(*args)
+
+    monkeypatch.setattr(ops, "host_layout", counting)
+    a, b, lay = _contiguous(gen, [3, 0, 5], requires_grad=True)
+    y = ops.call(a, b, lay)
+    assert looked_up == [] and ops._handoff.pending is None  # the forward took lay itself
+    y.sum().backward()
+    assert sorted(looked_up) == ["contiguous", "k_grouped"]  # backward products: found by psum
+    with pytest.raises(ShapeError):
+        ops.call(randn(gen, 20, 8), b, lay)
+    assert ops._handoff.pending is None
+
+
 def _count_host_reads(monkeypatch) -> list[int]:
     """Counts the rebuilds of a host layout from a psum tensor (each one reads it on the host)."""
     from moe_hal.layouts import SegmentLayout
