@@ -4,8 +4,8 @@
     python bench/model_validation.py --measure      # this machine's kernels (on a GPU: full sweep + fp8)
     python bench/model_validation.py --measure --quick
 
-Default: the model against ``bench/published/cases.yaml`` (67 timings other people measured and
-published, 11 sources, 4 devices), fitted on every source but one and evaluated on that one, for
+Default: the model against ``bench/published/cases.yaml`` (timings other people measured and
+published, each with its source), fitted on every source but one and evaluated on that one, for
 every source (``moe-hal model validate``). Writes ``bench/results/model_validation_published.json``
 and the predicted-vs-measured plot ``docs/perf-model-validation.png`` (model and plain roofline),
 and prints per-case errors, median and worst, split compute-/memory-bound.

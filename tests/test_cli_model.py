@@ -93,9 +93,14 @@ def test_memory_bound_decode_answer(capsys):
     )
     assert rc == 0
     report = json.loads(out)
-    assert report["answer"]["free"] is True
-    assert report["ranked"][0]["bound"] == "memory"
+    answer, best = report["answer"], report["ranked"][0]
+    # every expert sits below M*, the call streams its weights, and padding costs nothing ...
+    assert answer["above"] == [] and answer["rows_below"] == 256
+    assert best["bound"] == "memory"
+    assert best["t_padded"] == best["t_roofline"]
     assert report["recommendation"]["tile"] == [64, 128]
+    # ... but "at the ideal" is the achieved streaming rate against the roofline's, said as such
+    assert answer["free"] == (answer["gap_best"] <= model.AT_IDEAL)
 
 
 def test_dist_and_k_grouped(capsys):

@@ -78,6 +78,11 @@ def test_printed_time_and_tflops_agree(published):
     assert checked >= 15
 
 
+#: Sources whose script counts the fp32 scale factors in its GB/s (DeepGEMM tests/test_fp8.py at
+#: f85ec64: count_bytes(a, b, d) with a and b (tensor, scales) pairs, deep_gemm/testing/numeric.py).
+COUNTS_SCALE_BYTES = {"deepgemm-pr168-h800"}
+
+
 def test_printed_tflops_and_bandwidth_agree_for_dense_gemms(published):
     # DeepGEMM's README prints both for each dense GEMM: 2*M*N*K / TFLOPS and the bytes it counts
     # (fp8 A and B, bf16 output) / GB/s are the same time when the row is transcribed right.
@@ -87,7 +92,10 @@ def test_printed_tflops_and_bandwidth_agree_for_dense_gemms(published):
         if case["layout"] == "dense" and {"tflops", "gbps"} <= set(measured):
             m, n, k = case["m_per_group"], case["n"], case["k"]
             t_flops = 2.0 * m * n * k / (measured["tflops"] * 1e12)
-            t_bytes = (m * k + n * k + 2 * m * n) / (measured["gbps"] * 1e9)
+            nbytes = m * k + n * k + 2 * m * n
+            if case["source"] in COUNTS_SCALE_BYTES:
+                nbytes += 4 * (m * -(-k // 128) + -(-n // 128) * -(-k // 128))
+            t_bytes = nbytes / (measured["gbps"] * 1e9)
             assert t_bytes == pytest.approx(t_flops, rel=0.01), case["id"]
             checked += 1
     assert checked >= 18
@@ -112,3 +120,26 @@ def test_torch_cases_carry_the_tile_torch_dispatches(published):
     assert len(torch_cases) >= 9
     for case in torch_cases:
         assert tuple(case["tile"]) == _torch_sm90_tile(case), case["id"]
+
+
+def test_deepgemm_cases_launch_only_what_their_version_could():
+    # DeepGEMM's get_best_configs (deep_gemm/jit_kernels/gemm.py) listed BLOCK_N in range(16, 129, 8)
+    # at a6d97a1; the larger-block branch of PR #74 (55ab91f) added 144 and 160. BLOCK_M was the
+    # contiguous alignment, 128, for contiguous calls and `64 if m <= 64 else 128` otherwise.
+    from moe_hal.perf import calibration
+
+    cases = {c.id: c for c in calibration.load_published()}
+    limits = {"deepgemm-readme-a6d97a1": 128, "deepgemm-readme-55ab91f": 160}
+    checked = 0
+    for case in cases.values():
+        if case.impl == "deepgemm" and case.source in limits:
+            assert max(bn for _, bn in case.tiles) == limits[case.source], case.id
+            assert min(bn for _, bn in case.tiles) == 16, case.id
+            checked += 1
+    assert checked >= 38
+    assert {bm for bm, _ in cases["h800-readme0-dense-m64-n7168-k2048"].tiles} == {64}
+    assert {bm for bm, _ in cases["h800-readme0-dense-m128-n7168-k2048"].tiles} == {128}
+    assert {bm for bm, _ in cases["h800-readme0-masked-4x256-n4096-k7168"].tiles} == {128}
+    assert {bm for bm, _ in cases["h800-readme1-contig-4x8192-n4096-k7168"].tiles} == {128}
+    # a version the source does not pin keeps the implementation's own list
+    assert (128, 256) in cases["h200-tileops-deepgemm-glmup-32768"].tiles

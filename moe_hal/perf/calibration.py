@@ -138,11 +138,18 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
     data = yaml.safe_load(location.read_text())
     schema = json.loads(location.with_name("schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(data)
-    impls = data.get("impls", {})
-    return [_case(raw, impls.get(raw["impl"], {})) for raw in data["cases"]]
+    impls, sources = data.get("impls", {}), data["sources"]
+    return [
+        _case(
+            raw, {**impls.get(raw["impl"], {}), **sources[raw["source"]].get("kernel_tiles", {}).get(raw["impl"], {})}
+        )
+        for raw in data["cases"]
+    ]
 
 
 def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
+    """One case of the published set; ``impl``: what its kernel can launch (``impls.<impl>`` of
+    the set, overridden by the source's ``kernel_tiles.<impl>``: the kernel version it ran)."""
     layout = raw["layout"]
     # a dense GEMM is one contiguous group run by a dense kernel (its own compute fraction)
     op, family = ("contiguous", "dense") if layout == "dense" else (layout, None)
@@ -166,6 +173,10 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
         tiles = (tuple(raw["tile"]),)
     else:
         block_m = impl.get("block_m", {}).get(layout, DEFAULT_BLOCK_M)
+        if impl.get("block_m_choice") == "smallest_covering":
+            # the kernel's rule, not a search: the smallest BM that holds a group's rows
+            rows = raw["m"] if op == "k_grouped" else raw.get("m_per_group", max(counts))
+            block_m = [min((bm for bm in block_m if bm >= rows), default=max(block_m))]
         block_n = impl.get("block_n", DEFAULT_BLOCK_N)
         tiles = tuple((bm, bn) for bm in block_m for bn in block_n if not (bm > 128 and bn > 128))
     return MeasuredCase(

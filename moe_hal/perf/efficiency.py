@@ -27,8 +27,8 @@ leave-one-source-out validation, so the validation tests exactly what prediction
 4. the architecture and dtype, then the architecture, best implementation.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
-stands on its own). Without ``impl`` every level
-takes the best implementation known. Each answer carries its basis and the level it came from.
+stands on its own), and so does the implementation a level calls the best known (one timing
+makes no "best"). Without ``impl`` every level takes the best implementation known. Each answer carries its basis and the level it came from.
 """
 
 from __future__ import annotations
@@ -187,10 +187,12 @@ class EfficiencyTable:
             try_impl = impl is not None and not (impl_only_first and index > 0)
             if try_impl and impl in by_impl and _enough(by_impl[impl]):
                 return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
-            if _enough(here):
-                # best: the highest fraction or rate, the shortest time
+            # best: the highest fraction or rate, the shortest time, of an implementation with
+            # enough cases of its own (one case makes no "best known" figure)
+            backed = [i for i, records in by_impl.items() if _enough(records)]
+            if backed:
                 sign = -1 if kind in SECONDS else 1
-                best_impl = max(by_impl, key=lambda i: sign * _weighted_median(by_impl[i]))
+                best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
                 who = (
                     "every implementation (fitted jointly)"
                     if best_impl == "*"
