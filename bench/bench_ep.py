@@ -23,8 +23,11 @@ so bare time / ep time). **host s/call** is the time a dispatch + combine spends
 transport's collectives (measured by timing the transport's two methods; waiting for a peer inside
 a collective counts as collective time). ``--trials`` repeats the whole measurement in fresh
 processes and reports the median ratio. The 1-minute load average before and after each trial is
-stored: on a shared host absolute figures move with it. ``--profile`` prints each rank's top
-operators (torch.profiler) for a few dispatch + combine calls. A measurement script, not a test.
+stored: on a shared host absolute figures move with it. After the timed rounds, each rank times
+``--repeat`` more calls split into **phases** (:data:`PHASES`: planning, the small all-gathers,
+the payload all-to-alls, the row gathers and block copies, combine's fp32 sum, the rest), stored
+per trial and as medians. ``--profile`` prints each rank's top operators (torch.profiler) for a
+few dispatch + combine calls. A measurement script, not a test.
 
 Usage::
 
@@ -56,6 +59,8 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
     ids, weights = workloads.route_tokens(cfg["tokens"], cfg["experts"], cfg["topk"], "uniform", seed=rank)
     x = torch.randn(cfg["tokens"], cfg["hidden"]).to(torch.bfloat16)
     out = {mode: _measure(mode, g, x, ids, weights, cfg) for mode in MODES}
+    for mode in MODES:
+        out[mode]["phases_ms"] = _phases(mode, g, x, ids, weights, cfg)
     if cfg["profile"]:
         out["profile"] = {mode: _profile(mode, g, x, ids, weights, cfg) for mode in MODES}
     return out
@@ -124,6 +129,75 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
     }
 
 
+#: Where a dispatch + combine spends its time: the functions of ``moe_hal.ep.exchange`` (and the
+#: transport's methods) in each phase. Each phase counts its functions' own time (nested calls
+#: excluded); "other" is the rest of the call (Python, autograd, allocation of d.a and y).
+PHASES = {
+    "plan (argument checks, slot keys and sort, row maps)": (
+        "_check_args",
+        "_slot_keys",
+        "_exact_maps",
+        "_capacity_maps",
+        "_raise_for_counts",
+        "_require",
+        "_check_combine",
+    ),
+    "count and status all-gathers (incl. waiting for the peer)": ("transport.all_gather",),
+    "payload all-to-alls (incl. waiting for the peer)": ("transport.all_to_all",),
+    "row gathers and block copies": ("_gather_into", "_send_rows", "_to_experts", "_from_experts"),
+    "fp32 weighted sum (combine)": ("_sum_slots",),
+}
+
+
+def _phases(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> dict:
+    """Milliseconds per dispatch + combine in each of :data:`PHASES`, over ``--repeat`` calls run
+    after the timed rounds (the wrappers cost about a microsecond per wrapped call)."""
+    from moe_hal.ep import exchange
+
+    run = _call(mode, g, x, ids, weights, cfg)
+    transport = ep.select(g, mode).transport
+    spent: dict[str, float] = {}
+    stack: list[float] = []
+
+    def wrap(name, fn):
+        def timed(*args, **kw):
+            stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                dt = time.perf_counter() - t0
+                nested = stack.pop()
+                spent[name] = spent.get(name, 0.0) + dt - nested
+                if stack:
+                    stack[-1] += dt
+
+        return timed
+
+    names = [n for fns in PHASES.values() for n in fns if not n.startswith("transport.")]
+    saved = {n: getattr(exchange, n) for n in names}
+    for n in names:
+        setattr(exchange, n, wrap(n, saved[n]))
+    for n in ("all_to_all", "all_gather"):
+        setattr(transport, n, wrap(f"transport.{n}", getattr(transport, n)))
+    try:
+        run()
+        dist.barrier(g.process_group)
+        spent.clear()
+        t0 = time.perf_counter()
+        for _ in range(cfg["repeat"]):
+            run()
+        total = (time.perf_counter() - t0) / cfg["repeat"] * 1e3
+    finally:
+        for n in names:
+            setattr(exchange, n, saved[n])
+        del transport.all_to_all, transport.all_gather
+    out = {phase: sum(spent.get(n, 0.0) for n in fns) / cfg["repeat"] * 1e3 for phase, fns in PHASES.items()}
+    out["other (Python, autograd, allocation of d.a and y)"] = total - sum(out.values())
+    out["total"] = total
+    return out
+
+
 def _profile(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -151,6 +225,10 @@ def _summary(per_rank: list[dict]) -> dict:
             "ratio": bare_s / ep_s,
             "host_s_per_call": max(r[mode]["host_s_per_call"] for r in per_rank),
             "dropped_slots": sum(r[mode]["dropped"] for r in per_rank),
+        }
+        m["phases_ms_mean_over_ranks"] = {
+            phase: statistics.fmean(r[mode]["phases_ms"][phase] for r in per_rank)
+            for phase in per_rank[0][mode]["phases_ms"]
         }
         if mode == "capacity":
             padded_s = max(r[mode]["bare_padded_s"] for r in per_rank)
@@ -205,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['bare_gb_per_s']:.3f} GB/s: ratio {m['ratio']:.2f}{extra}; ep {m['ep_s_per_call'] * 1e3:.1f} "
                 f"ms/call, host (outside collectives) {m['host_s_per_call'] * 1e3:.1f} ms/call"
             )
+        for mode, m in modes.items():
+            phases = m["phases_ms_mean_over_ranks"]
+            print(f"trial {trial} {mode:9s} ms per call (mean over ranks):")
+            print("\n".join(f"    {v:7.2f}  {phase}" for phase, v in phases.items()))
         print(f"trial {trial} load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
         if args.profile:
             for rank, r in enumerate(per_rank):
@@ -218,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         }
         for mode in MODES
     }
+    for mode in MODES:
+        medians[mode]["phases_ms"] = {
+            phase: statistics.median(t["modes"][mode]["phases_ms_mean_over_ranks"][phase] for t in trials)
+            for phase in trials[0]["modes"][mode]["phases_ms_mean_over_ranks"]
+        }
     for mode, m in medians.items():
         extra = f", vs padded bare {m['ratio_vs_padded']:.2f}" if "ratio_vs_padded" in m else ""
         print(

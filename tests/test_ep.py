@@ -132,6 +132,27 @@ def test_one_rank_matches_routing_in_both_modes(world1, gen):
     torch.testing.assert_close(ep.combine(torch.bmm(dc.a, b.transpose(1, 2)), dc), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("chunk_tokens", [3, None])
+def test_combine_sums_in_fixed_order_across_chunks(world1, gen, monkeypatch, dtype, chunk_tokens):
+    from moe_hal.ep import exchange
+
+    T, k, C = 10, 3, 8
+    if chunk_tokens is not None:  # several token chunks in the weighted sum, the last one short
+        monkeypatch.setattr(exchange, "_SUM_CHUNK_BYTES", 4 * C * chunk_tokens)
+    g = ep.EPGroup(None, 4)
+    x = torch.randn(T, C, generator=gen).to(dtype)
+    ids = torch.randint(-1, 4, (T, k), generator=gen)
+    w = torch.rand(T, k, generator=gen)
+    for mode, kw in (("exact", {"alignment": 1}), ("capacity", {"capacity": T * k})):
+        d = ep.dispatch(x, ids, w, g, mode=mode, **kw)
+        y = ep.combine(d.a * 2, d)  # each slot's row is 2 * x[t]
+        # fp32 products, added j = 0, 1, 2 in order; -1 slots contribute 0
+        terms = [torch.where(ids[:, j, None] >= 0, w[:, j, None] * (2 * x).float(), 0.0) for j in range(k)]
+        want = ((terms[0] + terms[1]) + terms[2]).to(dtype)
+        assert torch.equal(y, want), mode
+
+
 # -- transports and the plugin hook --------------------------------------------------------------
 
 

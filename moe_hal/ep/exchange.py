@@ -16,8 +16,8 @@ the order of a single process that concatenates the ranks' tokens in rank order.
   rank, its local expert, slot), so what a rank receives is ordered (source rank, local expert,
   slot) and is put into (local expert, source rank, slot) order by one block copy per
   (source rank, local expert); on the way back the blocks are copied out of the expert output the
-  same way. Rows a rank routes to its own experts never enter the all-to-all: they are copied
-  between the send rows and the layout directly. ``d.a`` is ``[num_rows, H]`` in a
+  same way. Rows a rank routes to its own experts never enter the all-to-all: they are gathered
+  from ``x`` straight into the layout, and copied back from the expert output. ``d.a`` is ``[num_rows, H]`` in a
   :class:`~moe_hal.layouts.ContiguousLayout` over the local experts (segments aligned to
   ``alignment``, padding rows zero) — right for the large messages of training and prefill.
 * ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
@@ -190,28 +190,44 @@ def _all_to_all(d: EPDispatch, out, inp, out_splits, in_splits) -> None:
     d._selection.transport.all_to_all(out, inp, list(out_splits), list(in_splits), d.group.process_group)
 
 
-def _to_experts(d: EPDispatch, send: torch.Tensor) -> torch.Tensor:
-    """Send rows ``[S, B]`` (uint8) -> a fresh ``[*layout rows, B]`` in the local layout; padding
-    rows are zero."""
-    m, width = d._maps, send.shape[1]
+def _to_experts(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """Send rows -> a fresh ``[*layout rows, B]`` (uint8) in the local layout; padding rows are zero.
+
+    Send row ``s`` is ``src[index[s]]`` (``src`` ``[*, B]`` uint8, ``index`` int64 ``[S]``), or
+    ``src[s]`` when ``index`` is None. Exact mode gathers the rows for other ranks into the send
+    buffer and the rows for this rank's own experts straight into the layout (one copy each)."""
+    m, width, device = d._maps, src.shape[1], src.device
+    sent = m.send_token.shape[0]
     if d.mode == "exact":
-        out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=send.device)
+        out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=device)
         for start, end in m.gaps:
             out[start:end].zero_()
         if m.exchange:
-            recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, send.device, keep=False)
-            _all_to_all(d, recv, send[: m.remote_sent], m.recv_splits, m.send_splits)
-            for src, dst, n in m.remote_blocks:
-                out[dst : dst + n].copy_(recv[src : src + n])
-        for src, dst, n in m.local_blocks:
-            out[dst : dst + n].copy_(send[src : src + n])
+            send = _send_rows(d, src, index, m.remote_sent)
+            recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, device, keep=False)
+            _all_to_all(d, recv, send, m.recv_splits, m.send_splits)
+            for at, dst, n in m.remote_blocks:
+                out[dst : dst + n].copy_(recv[at : at + n])
+        for at, dst, n in m.local_blocks:
+            if index is None:
+                out[dst : dst + n].copy_(src[at : at + n])
+            else:
+                _gather_into(out[dst : dst + n], src, index[at : at + n])
         return out
+    send = _send_rows(d, src, index, sent)
     received = sum(m.recv_splits)
-    recv = _rows_buffer(d, "recv", received + 1, width, send.device, keep=False)
+    recv = _rows_buffer(d, "recv", received + 1, width, device, keep=False)
     recv[received].zero_()
     _all_to_all(d, recv[:received], send, m.recv_splits, m.send_splits)
-    out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=send.device)
+    out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=device)
     return _gather_into(out, recv, m.recv_of_row).view(*_layout_rows(d), width)
+
+
+def _send_rows(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """The first ``rows`` send rows (see :func:`_to_experts`), gathered into the send scratch buffer."""
+    if index is None:
+        return src[:rows]
+    return _gather_into(_rows_buffer(d, "send", rows, src.shape[1], src.device, keep=False), src, index[:rows])
 
 
 def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor:
@@ -237,9 +253,9 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor
     return ret
 
 
-#: fp32 working set of one chunk of the weighted sum on the CPU: small enough to stay in a core's
-#: cache, large enough that the per-chunk dispatch of a handful of ops stays negligible.
-_SUM_CHUNK_BYTES = 1 << 21
+#: One fp32 ``[chunk, C]`` block of the weighted sum on the CPU (three are live): small enough to
+#: stay in a core's cache, large enough that the per-chunk dispatch of a few ops stays negligible.
+_SUM_CHUNK_BYTES = 1 << 19
 
 
 def _sum_slots(
@@ -251,38 +267,40 @@ def _sum_slots(
     or the placement. ``rows`` ``[S + 1, C]`` (any float dtype); ``weights`` fp32 ``[T, k]`` or
     None for a plain sum.
 
-    Token chunk by token chunk (on the CPU), each chunk's rows are gathered straight from ``rows``
-    into scratch buffers and converted there: no ``[T, k, C]`` copy, and no fresh allocation, whose
-    page faults cost more than the arithmetic (a fresh fp32 tensor costs about three times a
-    conversion into an existing one)."""
+    Token chunk by token chunk (on the CPU), choice by choice: the chunk's ``j``-th rows are
+    gathered straight from ``rows`` into a scratch buffer, widened to fp32 there, weighted and added
+    to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks, which stays in a
+    core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no fresh allocation, whose page faults cost more than the
+    arithmetic."""
     T, k = slot_row.shape
     C = rows.shape[1]
     out = torch.empty(T, C, dtype=dtype, device=rows.device)
     if T == 0 or k == 0:
         return out.zero_()
-    step = min(T, max(1, _SUM_CHUNK_BYTES // (4 * k * C))) if rows.device.type == "cpu" else T
+    step = min(T, max(1, _SUM_CHUNK_BYTES // (4 * C))) if rows.device.type == "cpu" else T
     words = _words(rows.view(torch.uint8))
     group, device = d.group, rows.device
-    row_bytes = C * rows.element_size()
-    picked_buf = group.scratch("sum_rows", step * k * row_bytes, device)
-    terms_buf = group.scratch("sum_terms", step * k * C * 4, device).view(torch.float32)
-    acc_buf = group.scratch("sum_acc", step * C * 4, device).view(torch.float32)
+    fp32 = torch.float32
+    index = slot_row.t().contiguous()  # [k, T]: choice j's rows, token by token
+    w = None if weights is None else weights.t().contiguous()
+    term_buf = group.scratch("sum_term", step * C * 4, device).view(fp32)
+    picked_buf = term_buf if rows.dtype == fp32 else group.scratch("sum_rows", step * C * rows.element_size(), device)
+    acc_buf = None if dtype == fp32 else group.scratch("sum_acc", step * C * 4, device).view(fp32)
     for lo in range(0, T, step):
         n = min(T, lo + step) - lo
-        picked = picked_buf[: n * k * row_bytes].view(n * k, row_bytes).view(words.dtype)
-        torch.index_select(words, 0, slot_row[lo : lo + n].reshape(-1), out=picked)
-        terms = terms_buf[: n * k * C].view(n, k, C)
-        terms.copy_(picked.view(rows.dtype).view(n, k, C))  # exact widening to fp32
-        if weights is not None:
-            terms.mul_(weights[lo : lo + n, :, None])
-        if k == 1:
-            out[lo : lo + n].copy_(terms[:, 0])
-            continue
-        acc = acc_buf[: n * C].view(n, C)
-        torch.add(terms[:, 0], terms[:, 1], out=acc)
-        for j in range(2, k):
-            acc.add_(terms[:, j])
-        out[lo : lo + n].copy_(acc)
+        acc = out[lo : lo + n] if acc_buf is None else acc_buf[: n * C].view(n, C)
+        term = term_buf[: n * C].view(n, C)
+        picked = picked_buf.view(torch.uint8)[: n * C * rows.element_size()].view(words.dtype).view(n, -1)
+        for j in range(k):
+            torch.index_select(words, 0, index[j, lo : lo + n], out=picked)
+            dst = acc if j == 0 else term
+            dst.copy_(picked.view(rows.dtype))  # exact widening to fp32 (a no-op copy for fp32 rows)
+            if w is not None:
+                dst.mul_(w[j, lo : lo + n, None])
+            if j:
+                acc.add_(term)
+        if acc_buf is not None:
+            out[lo : lo + n].copy_(acc)
     return out
 
 
@@ -308,12 +326,8 @@ class _DispatchRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         ctx.d = d
-        src = _byte_rows(x)
-        m = d._maps
-        send = _gather_into(
-            _rows_buffer(d, "send", m.send_token.shape[0], src.shape[1], x.device, keep=False), src, m.send_token
-        )
-        return _to_experts(d, send).view(x.dtype).view(*_layout_rows(d), *x.shape[1:])
+        rows = _to_experts(d, _byte_rows(x), d._maps.send_token)
+        return rows.view(x.dtype).view(*_layout_rows(d), *x.shape[1:])
 
     @staticmethod
     def backward(ctx, grad_a: torch.Tensor):
@@ -359,7 +373,7 @@ class _CombineRows(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
             send = (_pick(g, m.send_token) * _pick(w.reshape(-1, 1), m.send_slot)).to(ctx.out_dtype)
-            grad_out = _to_experts(d, _byte_rows(send)).view(ctx.out_dtype).view(ctx.out_shape)
+            grad_out = _to_experts(d, _byte_rows(send), None).view(ctx.out_dtype).view(ctx.out_shape)
         if ctx.anchor is not None:
             shape, dtype, device = ctx.anchor
             grad_anchor = torch.zeros((), dtype=dtype, device=device).expand(shape)
@@ -651,12 +665,7 @@ def dispatch(
     )
     if isinstance(x, QuantizedTensor):  # not differentiable: fp8 bytes and fp32 scales in one row
         src = torch.cat([_byte_rows(x.data.view(torch.uint8)), _byte_rows(x.scale)], dim=1)
-        send = _gather_into(
-            _rows_buffer(d, "send", maps.send_token.shape[0], src.shape[1], src.device, keep=False),
-            src,
-            maps.send_token,
-        )
-        rows = _to_experts(d, send)
+        rows = _to_experts(d, src, maps.send_token)
         lead, H = _layout_rows(d), x.data.shape[-1]
         a = QuantizedTensor(
             rows[..., :H].contiguous().view(torch.float8_e4m3fn),
