@@ -113,3 +113,18 @@ def test_the_docs_quote_the_committed_results():
     quoted = [float(row[i]) for i in range(2, 6)]
     actual = [round(100 * s[k], 1) for k in ("model_median", "model_worst", "roofline_median", "roofline_worst")]
     assert quoted == actual
+
+
+def test_the_same_call_timed_by_several_sources_is_listed_with_its_spread(loso):
+    # DeepGEMM's dense FP8 GEMM m 64, n 7168, k 2048: README a6d97a1 prints 295 TFLOPS on an H800,
+    # PR #31 262 TFLOPS on an H800, issue #136 189 TFLOPS on an H100 (same datasheet figures)
+    rows = [r for r in loso["same_call_spread"] if r["call"].startswith("deepgemm dense fp8 rows=[64] n=7168 k=2048")]
+    assert len(rows) == 1
+    row = rows[0]
+    assert len(row["times_us"]) == 3
+    assert row["ratio"] == pytest.approx(295 / 189)
+    assert row["times_us"]["deepgemm-issue136-h100 (nvidia-h100-sxm)"] == pytest.approx(2 * 64 * 7168 * 2048 / 189e6)
+    # a call timed by one source only is not listed; the list is sorted, largest spread first
+    ratios = [r["ratio"] for r in loso["same_call_spread"]]
+    assert ratios == sorted(ratios, reverse=True) and all(r >= 1 for r in ratios)
+    assert all(len(r["times_us"]) >= 2 for r in loso["same_call_spread"])

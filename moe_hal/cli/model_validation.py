@@ -73,6 +73,7 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
             for source in sorted({c.source for c in cases})
         },
         "per_case": [o.as_dict() for o in outcomes],
+        "same_call_spread": calibration.same_call_spread(cases),
     }
 
 
@@ -138,6 +139,15 @@ def print_report(data: dict[str, Any]) -> None:
             f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
             f"roofline median {s['roofline_median']:.1%}"
         )
+    spread = data["same_call_spread"]
+    if spread:
+        print(
+            f"the same call timed by several sources on the same silicon figures ({len(spread)} calls; "
+            "slowest / fastest):"
+        )
+        for row in spread[:8]:
+            times = ", ".join(f"{who} {t:.1f} us" for who, t in row["times_us"].items())
+            print(f"  {row['ratio']:.2f}x  {row['call']}: {times}")
     t = data["target"]
     print(
         f"target ({data['evaluation']}): median <= {t['median']:.0%}: {'met' if t['median_met'] else 'NOT met'}; "

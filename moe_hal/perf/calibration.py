@@ -375,6 +375,42 @@ def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
     return [Outcome(case, predict(case, table), _roofline(case)) for case in cases]
 
 
+def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
+    """Calls timed by more than one source on silicon with the same datasheet figures (same
+    architecture, core count, peak of the dtype and memory bandwidth: an H100 SXM and an H800 SXM
+    count as one): per call, each source's time and the ratio of the slowest to the fastest. No
+    model that predicts from the call and the device alone can be closer to both ends of such a
+    spread than half of it, in or out of sample. Sorted by ratio, largest first."""
+    from .. import hwdb
+
+    groups: dict[tuple, list[MeasuredCase]] = {}
+    for c in cases:
+        hw = datasheet_hardware(c.device)
+        silicon = (
+            str(hwdb.get(c.device).raw.get("architecture", "")),
+            hw.num_cores,
+            hw.peak(c.dtype),
+            hw.mem_bandwidth,
+        )
+        call = (c.impl, c.op, c.family, c.dtype, c.out_dtype, c.counts, c.n, c.k, c.m)
+        groups.setdefault(silicon + call, []).append(c)
+    out = []
+    for members in groups.values():
+        if len({c.source for c in members}) < 2:
+            continue
+        times = {f"{c.source} ({c.device})": c.t_measured * 1e6 for c in members}
+        first = members[0]
+        out.append(
+            {
+                "call": f"{first.impl} {first.family} {first.dtype} rows={list(first.counts)} n={first.n} k={first.k}"
+                + (f" m={first.m}" if first.m else ""),
+                "times_us": times,
+                "ratio": max(times.values()) / min(times.values()),
+            }
+        )
+    return sorted(out, key=lambda r: -r["ratio"])
+
+
 def _roofline(case: MeasuredCase) -> float:
     hw = datasheet_hardware(case.device)
     return estimate(case.counts, case.n, case.k, hw, case.dtype, *case.tiles[0], **_call_options(case)).t_roofline
