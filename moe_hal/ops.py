@@ -2,6 +2,7 @@
 
     moe_hal.grouped_gemm(a, b, layout)  ──(autograd / autocast / torch.compile)──►
         torch.ops.moe_hal.grouped_gemm(a, b, groups, layout, alignment, ...)   functional, all layouts
+        torch.ops.moe_hal.grouped_gemm_fp8(a, b, groups, ..., a_scale, ...)    the same, fp8 operands
         torch.ops.moe_hal.grouped_gemm_masked_out(a, b, masked_m, out, ...)    writes out[g, :masked_m[g]]
         torch.ops.moe_hal.grouped_gemm_k_grouped_acc(a, b, psum, alignment, acc)  acc += K-grouped (main_grad)
     ──(eager kernel)──► host layout ─► moe_hal.execution.run (Problem.build ─► select ─► Backend.run)
@@ -10,13 +11,16 @@ Layouts are flattened into tensors, ints and strings: ``groups`` is the int32 ps
 (contiguous, K-grouped) or ``masked_m`` ``[G]`` (masked), on the operands' device; ``layout`` names
 the operation; ``alignment`` is the segment alignment; row counts come from the operands. fp8
 operands travel as ``a``/``b`` (``float8_e4m3fn`` data) plus ``a_scale``/``b_scale`` (logical fp32
-scales), ``a_block``/``b_block`` and ``scale_format``.
+scales), ``a_block``/``b_block`` and ``scale_format``, through an op of their own
+(``grouped_gemm_fp8``, forward only), so the differentiable op's schema carries no fp8 arguments
+(each costs the dispatcher time at every call).
 
 The fake (meta) kernels compute output shapes from operand shapes only, for every dtype the API
 takes (fp32, bf16, fp16, fp8 data), so compiled graphs never read group sizes. The eager kernel
-needs the host layout: a host layout's psum tensor tagged by :func:`layout_args` gives it back
-without a read; any other psum is read on the host once and the rebuilt layout remembered on the
-tensor (see :func:`host_layout`).
+needs the host layout: :func:`call` hands over the layout it was given (:class:`_HandOff`); in
+other calls (compiled graphs, backward products) a host layout's psum tensor tagged by
+:func:`layout_args` gives it back without a read, and any other psum is read on the host once and
+the rebuilt layout remembered for the tensor (see :func:`host_layout`).
 
 Gradients (fp32/bf16/fp16; fp8 operands raise :class:`~moe_hal.errors.GradientError`), with
 ``psum``/``alignment`` shared by every product:
@@ -61,13 +65,16 @@ _lib = torch.library.Library(NAMESPACE, "DEF")
 _OPERAND_ARGS = (
     'Tensor? a_scale=None, Tensor? b_scale=None, int[] a_block=[], int[] b_block=[], str scale_format="fp32"'
 )
-#: The functional op's schema after its name (bench/bench_op_overhead.py times a no-op with it).
-GROUPED_GEMM_SCHEMA = (
-    "(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
-    f"ScalarType? out_dtype=None, {_OPERAND_ARGS}, int? expected_m=None, str? backend=None, "
-    "Tensor? main_grad=None) -> Tensor"
+_CALL_ARGS = (
+    "Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
+    "ScalarType? out_dtype=None, int? expected_m=None, str? backend=None"
 )
+#: The differentiable op's schema after its name (bench/bench_op_overhead.py times a no-op with
+#: it). fp8 operands have an op of their own: every argument of a schema costs the dispatcher time
+#: at every call, whether given or not.
+GROUPED_GEMM_SCHEMA = f"({_CALL_ARGS}, Tensor? main_grad=None) -> Tensor"
 _lib.define("grouped_gemm" + GROUPED_GEMM_SCHEMA)
+_lib.define(f"grouped_gemm_fp8({_CALL_ARGS}, {_OPERAND_ARGS}) -> Tensor")
 _lib.define(
     "grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
     f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()"
@@ -78,6 +85,7 @@ _lib.define(
 )
 
 grouped_gemm_op = torch.ops.moe_hal.grouped_gemm.default
+grouped_gemm_fp8_op = torch.ops.moe_hal.grouped_gemm_fp8.default
 grouped_gemm_masked_out_op = torch.ops.moe_hal.grouped_gemm_masked_out.default
 grouped_gemm_k_grouped_acc_op = torch.ops.moe_hal.grouped_gemm_k_grouped_acc.default
 
@@ -236,6 +244,7 @@ def operand_args(a, b) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
 
 
 def _operand(x: torch.Tensor, scale: torch.Tensor | None, block: list[int], fmt: str):
+    """``x`` as the API operand: a QuantizedTensor when it comes with a scale."""
     if scale is None:
         return x
     return QuantizedTensor(x, scale, tuple(block), fmt)
@@ -249,6 +258,18 @@ def _backend(backend: str | None):
 
 # -- eager kernels --------------------------------------------------------------------------------------
 def _grouped_gemm_kernel(
+    a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
+):
+    # _host_layout_for inlined: every eager call of the op comes through here
+    handed = _handoff.pending
+    if handed is not None and handed[0] is groups:
+        lay = handed[1]
+    else:
+        lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
+    return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
+
+
+def _grouped_gemm_fp8_kernel(
     a,
     b,
     groups,
@@ -256,23 +277,28 @@ def _grouped_gemm_kernel(
     alignment=1,
     c=None,
     out_dtype=None,
+    expected_m=None,
+    backend=None,
     a_scale=None,
     b_scale=None,
     a_block=(),
     b_block=(),
     scale_format="fp32",
-    expected_m=None,
-    backend=None,
-    main_grad=None,
 ):
+    lay = _host_layout_for(layout, groups, alignment, a, expected_m)
+    qa = _operand(a, a_scale, a_block, scale_format)
+    return _run(
+        qa, _operand(b, b_scale, b_block, scale_format), lay, c=c, out_dtype=out_dtype, backend=_backend(backend)
+    )
+
+
+def _host_layout_for(layout: str, groups: torch.Tensor, alignment: int, a: torch.Tensor, expected_m: int | None):
+    """The host layout :func:`call` handed over for ``groups`` (see :class:`_HandOff`), else
+    :func:`host_layout`'s for operand ``a``."""
     handed = _handoff.pending
     if handed is not None and handed[0] is groups:
-        lay = handed[1]
-    else:
-        lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
-    if a_scale is not None:
-        a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
-    return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
+        return handed[1]
+    return host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
 
 
 def _masked_out_kernel(
@@ -304,39 +330,14 @@ def _k_grouped_acc_kernel(a, b, psum, alignment, acc, backend=None):
 
 
 _lib.impl("grouped_gemm", _grouped_gemm_kernel, "CompositeExplicitAutograd")
+_lib.impl("grouped_gemm_fp8", _grouped_gemm_fp8_kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_masked_out", _masked_out_kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_k_grouped_acc", _k_grouped_acc_kernel, "CompositeExplicitAutograd")
 
 
 # -- fake kernels ---------------------------------------------------------------------------------------
-def result_dtype(a: torch.Tensor, a_scale, c, out_dtype) -> torch.dtype:
-    """The output dtype of a call: ``out_dtype``, else ``c``'s, else bf16 for fp8, else ``a``'s."""
-    if out_dtype is not None:
-        return out_dtype
-    if c is not None:
-        return c.dtype
-    return _FP8_OUT if a_scale is not None else a.dtype
-
-
-@torch.library.register_fake("moe_hal::grouped_gemm", lib=_lib)
-def _grouped_gemm_fake(
-    a,
-    b,
-    groups,
-    layout,
-    alignment=1,
-    c=None,
-    out_dtype=None,
-    a_scale=None,
-    b_scale=None,
-    a_block=(),
-    b_block=(),
-    scale_format="fp32",
-    expected_m=None,
-    backend=None,
-    main_grad=None,
-):
-    dtype = result_dtype(a, a_scale, c, out_dtype)
+def _empty_result(a, b, groups, layout: str, dtype: torch.dtype) -> torch.Tensor:
+    """An empty tensor of the op's output shape (from operand shapes alone) and ``dtype``."""
     if layout == "contiguous":
         shape = (a.shape[0], b.shape[1])
     elif layout == "masked":
@@ -346,6 +347,37 @@ def _grouped_gemm_fake(
     else:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
     return a.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_fake("moe_hal::grouped_gemm", lib=_lib)
+def _grouped_gemm_fake(
+    a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
+):
+    # out_dtype, else c's, else the operands'
+    dtype = out_dtype if out_dtype is not None else c.dtype if c is not None else a.dtype
+    return _empty_result(a, b, groups, layout, dtype)
+
+
+@torch.library.register_fake("moe_hal::grouped_gemm_fp8", lib=_lib)
+def _grouped_gemm_fp8_fake(
+    a,
+    b,
+    groups,
+    layout,
+    alignment=1,
+    c=None,
+    out_dtype=None,
+    expected_m=None,
+    backend=None,
+    a_scale=None,
+    b_scale=None,
+    a_block=(),
+    b_block=(),
+    scale_format="fp32",
+):
+    # out_dtype, else c's, else bf16
+    dtype = out_dtype if out_dtype is not None else c.dtype if c is not None else _FP8_OUT
+    return _empty_result(a, b, groups, layout, dtype)
 
 
 @torch.library.register_fake("moe_hal::grouped_gemm_masked_out", lib=_lib)
@@ -401,15 +433,18 @@ def _below(keyset, args: tuple) -> torch.Tensor:
 
 #: The op's arguments from ``alignment`` on, at their defaults (the dispatcher leaves trailing
 #: arguments equal to their defaults out of the call).
-_DEFAULT_TAIL = (1, None, None, None, None, (), (), "fp32", None, None, None)
+_DEFAULT_TAIL = (1, None, None, None, None, None)
+_NUM_ARGS = 4 + len(_DEFAULT_TAIL)
 
 
 def _autograd_kernel(keyset, *args):
     """``args``: the op's arguments in schema order, trailing defaults possibly left out."""
     if _is_grad_enabled() and (
-        args[0].requires_grad or args[1].requires_grad or (len(args) > 5 and _tail_requires_grad(args))
-    ):  # attribute reads (a, b, then c, a_scale, b_scale): cheaper than torch._C._any_requires_grad
-        if len(args) < 15:
+        args[0].requires_grad
+        or args[1].requires_grad
+        or (len(args) > 5 and args[5] is not None and args[5].requires_grad)
+    ):  # attribute reads (a, b, c): cheaper than torch._C._any_requires_grad
+        if len(args) < _NUM_ARGS:
             args += _DEFAULT_TAIL[len(args) - 4 :]
         return _GroupedGemmFunction.apply(keyset, *args)
     # _below inlined: this is the path of every call that records no gradient
@@ -419,21 +454,16 @@ def _autograd_kernel(keyset, *args):
     return _below(keyset, args)
 
 
-def _tail_requires_grad(args: tuple) -> bool:
-    """Whether ``c``, ``a_scale`` or ``b_scale`` (those present in ``args``) requires grad."""
-    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in args[5:9])
-
-
 class _GroupedGemmFunction(torch.autograd.Function):
     """The gradient of ``torch.ops.moe_hal.grouped_gemm`` (formulas in the module docstring)."""
 
     @staticmethod
     def forward(ctx, keyset, *args):
         result = _below(keyset, args)
-        a, b, groups, layout, alignment, c, _out_dtype, a_scale = args[:8]
-        ctx.layout, ctx.alignment, ctx.fp8, ctx.has_c = layout, alignment, a_scale is not None, c is not None
-        ctx.backend = args[13]  # the gradient products run where the forward did
-        main_grad = args[14] if layout == "contiguous" else None
+        a, b, groups, layout, alignment, c = args[:6]
+        ctx.layout, ctx.alignment, ctx.has_c = layout, alignment, c is not None
+        ctx.backend = args[8]  # the gradient products run where the forward did
+        main_grad = args[9] if layout == "contiguous" else None
         ctx.has_main_grad = main_grad is not None
         ctx.save_for_backward(a, b, groups, main_grad)
         return result
@@ -450,11 +480,7 @@ def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _backward(ctx, grad) -> tuple:
-    """Gradients for the op's 15 arguments (``a``, ``b`` and ``c`` only)."""
-    if ctx.fp8:
-        raise GradientError(
-            "a, b", "fp32/bf16/fp16 operands for a gradient", "fp8 QuantizedTensor operands (forward only)"
-        )
+    """Gradients for the op's arguments (``a``, ``b`` and ``c`` only)."""
     a, b, groups, main_grad = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     da = db = dc = None
@@ -484,51 +510,37 @@ def _backward(ctx, grad) -> tuple:
             db = grouped_gemm_op(a, dout.transpose(1, 2), groups, "contiguous", align, backend=backend)
         if ctx.has_c and ctx.needs_input_grad[6]:
             dc = grad
-    return (da, db, None, None, None, dc) + (None,) * 9
+    return (da, db, None, None, None, dc) + (None,) * (_NUM_ARGS - 6)
 
 
 _lib.impl("grouped_gemm", _autograd_kernel, "Autograd", with_keyset=True)
 
 
+# fp8 is forward only: a gradient requested through grouped_gemm_fp8 (its scales, or c) raises in
+# backward. The generic kernel is fine here: moe_hal.grouped_gemm refuses fp8 operands that
+# require grad before the op, so it only ever records through direct op calls.
+def _fp8_setup_context(ctx, inputs, output) -> None:
+    """Nothing to save: the backward only raises."""
+
+
+def _fp8_backward(ctx, grad):
+    raise GradientError("a, b", "fp32/bf16/fp16 operands for a gradient", "fp8 QuantizedTensor operands (forward only)")
+
+
+torch.library.register_autograd("moe_hal::grouped_gemm_fp8", _fp8_backward, setup_context=_fp8_setup_context, lib=_lib)
+
+
 # -- autocast -------------------------------------------------------------------------------------------
+# fp32/fp16 operands are cast to the autocast dtype; c and the fp8 op (no autocast kernel: the key
+# falls through) are left alone.
 def _autocast_kernel(device_type: str):
     def kernel(
-        a,
-        b,
-        groups,
-        layout,
-        alignment=1,
-        c=None,
-        out_dtype=None,
-        a_scale=None,
-        b_scale=None,
-        a_block=(),
-        b_block=(),
-        scale_format="fp32",
-        expected_m=None,
-        backend=None,
-        main_grad=None,
+        a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
     ):
-        if a_scale is None:
-            dtype = torch.get_autocast_dtype(device_type)
-            a, b = a.to(dtype), b.to(dtype)
+        dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             return grouped_gemm_op(
-                a,
-                b,
-                groups,
-                layout,
-                alignment,
-                c,
-                out_dtype,
-                a_scale,
-                b_scale,
-                a_block,
-                b_block,
-                scale_format,
-                expected_m,
-                backend,
-                main_grad,
+                a.to(dtype), b.to(dtype), groups, layout, alignment, c, out_dtype, expected_m, backend, main_grad
             )
 
     return kernel
@@ -576,9 +588,7 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
             else:
                 result = op(a, b, groups, name, alignment, c, out_dtype)
         else:
-            result = op(
-                a, b, groups, name, alignment, c, out_dtype, None, None, (), (), "fp32", expected_m, backend, main_grad
-            )
+            result = op(a, b, groups, name, alignment, c, out_dtype, expected_m, backend, main_grad)
     finally:
         if hand_off:
             _handoff.pending = None
@@ -603,9 +613,7 @@ def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c,
     if hand_off:
         _handoff.pending = (groups, layout)
     try:
-        result = grouped_gemm_op(
-            ta, tb, groups, name, alignment, c, out_dtype, expected_m=expected_m, backend=backend, **fp8
-        )
+        result = grouped_gemm_fp8_op(ta, tb, groups, name, alignment, c, out_dtype, expected_m, backend, **fp8)
     finally:
         if hand_off:
             _handoff.pending = None

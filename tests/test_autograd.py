@@ -190,6 +190,6 @@ def test_fp8_backward_through_the_op_raises_gradient_error(gen):
     qb = quantize_fp8(randn(gen, 3, 8, 128), (128, 128))
     ta, tb, fp8 = ops.operand_args(qa, qb)
     fp8["a_scale"] = fp8["a_scale"].clone().requires_grad_()
-    y = ops.grouped_gemm_op(ta, tb, lay.psum, "contiguous", 4, **fp8)
+    y = ops.grouped_gemm_fp8_op(ta, tb, lay.psum, "contiguous", 4, **fp8)
     with pytest.raises(GradientError, match="forward only"):
         y.float().sum().backward()

@@ -70,12 +70,12 @@ def test_opcheck_fp8(gen):
     # "no input mutated" itself, on the bytes; the schema is the one test_schema passes above.
     before = [t.view(torch.uint8).clone() for t in (ta, tb)] + [fp8["a_scale"].clone(), fp8["b_scale"].clone()]
     torch.library.opcheck(
-        ops.grouped_gemm_op,
+        ops.grouped_gemm_fp8_op,
         (ta, tb, lay.psum_on("cpu"), "contiguous", 4),
         fp8,
         test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
     )
-    ops.grouped_gemm_op(ta, tb, lay.psum_on("cpu"), "contiguous", 4, **fp8)
+    ops.grouped_gemm_fp8_op(ta, tb, lay.psum_on("cpu"), "contiguous", 4, **fp8)
     after = [t.view(torch.uint8) for t in (ta, tb)] + [fp8["a_scale"], fp8["b_scale"]]
     assert all(torch.equal(x, y) for x, y in zip(before, after))
 
@@ -115,7 +115,8 @@ def test_fake_kernel_shapes_and_dtypes_match_eager(gen, layout, dtype, out_dtype
     with FakeTensorMode() as mode:
         fake_args = [mode.from_tensor(t) for t in (ta, tb, groups)]
         fp8 = {key: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for key, v in fp8.items()}
-        fake = ops.grouped_gemm_op(*fake_args, name, alignment, None, out_dtype, **fp8)
+        op = ops.grouped_gemm_fp8_op if fp8 else ops.grouped_gemm_op
+        fake = op(*fake_args, name, alignment, None, out_dtype, **fp8)
     assert eager.dtype == fake.dtype == expected
     assert eager.shape == fake.shape
     assert eager.stride() == fake.stride()
