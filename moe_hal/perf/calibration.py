@@ -392,18 +392,21 @@ def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
             hw.peak(c.dtype),
             hw.mem_bandwidth,
         )
-        call = (c.impl, c.op, c.family, c.dtype, c.out_dtype, c.counts, c.n, c.k, c.m)
+        # a tile the source fixed (a sweep of tiles, PyTorch's rule) makes a different call
+        fixed = c.tiles[0] if len(c.tiles) == 1 else None
+        call = (c.impl, c.op, c.family, c.dtype, c.out_dtype, c.counts, c.n, c.k, c.m, fixed)
         groups.setdefault(silicon + call, []).append(c)
     out = []
-    for members in groups.values():
+    for key, members in groups.items():
         if len({c.source for c in members}) < 2:
             continue
         times = {f"{c.source} ({c.device})": c.t_measured * 1e6 for c in members}
-        first = members[0]
+        first, fixed = members[0], key[-1]
         out.append(
             {
                 "call": f"{first.impl} {first.family} {first.dtype} rows={list(first.counts)} n={first.n} k={first.k}"
-                + (f" m={first.m}" if first.m else ""),
+                + (f" m={first.m}" if first.m else "")
+                + (f" tile={fixed[0]}x{fixed[1]}" if fixed else ""),
                 "times_us": times,
                 "ratio": max(times.values()) / min(times.values()),
             }
