@@ -378,9 +378,9 @@ def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
 def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
     """Calls timed by more than one source on silicon with the same datasheet figures (same
     architecture, core count, peak of the dtype and memory bandwidth: an H100 SXM and an H800 SXM
-    count as one): per call, each source's time and the ratio of the slowest to the fastest. No
-    model that predicts from the call and the device alone can be closer to both ends of such a
-    spread than half of it, in or out of sample. Sorted by ratio, largest first."""
+    count as one): per call, each source's time and the ratio ``r`` of the slowest to the fastest. A
+    model that predicts from the call and the device alone is off by at least ``(r - 1) / (r + 1)``
+    at one end of such a spread, in or out of sample. Sorted by ratio, largest first."""
     from .. import hwdb
 
     groups: dict[tuple, list[MeasuredCase]] = {}
