@@ -10,7 +10,10 @@ routes ``--tokens`` tokens of ``--hidden`` bf16 features to ``--topk`` of ``--ex
   fixed-order fp32 weighted sum;
 * **bare** — two ``torch.distributed.all_to_all_single`` calls into preallocated buffers moving the
   rows the user needs moved — each routed (token, expert) row to its expert's rank and back, with
-  the same per-rank split sizes — the strongest honest peer on the same group.
+  the same per-rank split sizes — in two variants: every row through the collective, and a rank's
+  rows for itself moved by a plain copy with its own split 0 (what dispatch does; gloo's own-rank
+  path can be slower than a copy). The faster of the two (slowest rank's median each) is the
+  peer: the strongest honest one on the same group; both are in the JSON.
 
 Capacity mode moves more than that: fixed blocks of ``capacity`` rows per (source rank, expert),
 padding included. Its ``ratio`` is against the same bare peer (the bytes needed), and
@@ -77,14 +80,35 @@ def _call(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict):
     return run
 
 
-def _bare(x: torch.Tensor, send: list[int], recv: list[int]):
-    """Rows to the experts and back with ``all_to_all_single`` into preallocated buffers."""
-    s_buf = torch.empty(sum(send), x.shape[1], dtype=x.dtype)
-    r_buf = torch.empty(sum(recv), x.shape[1], dtype=x.dtype)
+def _bare(x: torch.Tensor, send: list[int], recv: list[int], own_copy: bool):
+    """Rows to the experts and back with ``all_to_all_single`` into preallocated buffers.
+
+    ``own_copy``: the rows a rank sends to itself are moved by a plain ``copy_`` instead of through
+    the collective (with the rank's own split 0) — what dispatch does; on gloo the collective's
+    own-rank path can cost more than a copy, so both variants run and the faster is the peer."""
+    rank = dist.get_rank()
+
+    def buffers(n: int) -> torch.Tensor:
+        return torch.empty(n, x.shape[1], dtype=x.dtype)
+
+    if not own_copy:
+        s_buf, r_buf = buffers(sum(send)), buffers(sum(recv))
+
+        def run():
+            dist.all_to_all_single(r_buf, s_buf, recv, send)
+            dist.all_to_all_single(s_buf, r_buf, send, recv)
+
+        return run
+    send = [0 if d == rank else n for d, n in enumerate(send)]
+    own = recv[rank]
+    recv = [0 if s == rank else n for s, n in enumerate(recv)]
+    s_buf, r_buf, own_s, own_r = buffers(sum(send)), buffers(sum(recv)), buffers(own), buffers(own)
 
     def run():
         dist.all_to_all_single(r_buf, s_buf, recv, send)
+        own_r.copy_(own_s)
         dist.all_to_all_single(s_buf, r_buf, send, recv)
+        own_s.copy_(own_r)
 
     return run
 
@@ -94,12 +118,13 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
     d = run_ep()
     row_bytes = x.shape[1] * x.element_size()
     needed = d.send_counts.tolist(), d.recv_counts.tolist()  # rows routed (capacity mode: kept)
-    fns = {"ep": run_ep, "bare": _bare(x, *needed)}
+    fns = {"ep": run_ep, "bare": _bare(x, *needed, False), "bare_own_copy": _bare(x, *needed, True)}
     moved = needed
     if mode == "capacity":  # the padded blocks capacity mode moves
         cap = cfg["capacity"]
         moved = [len(e) * cap for e in g.experts_of_rank], [g.num_local_experts * cap] * g.world_size
-        fns["bare_padded"] = _bare(x, *moved)
+        fns["bare_padded"] = _bare(x, *moved, False)
+        fns["bare_padded_own_copy"] = _bare(x, *moved, True)
     transport = ep.select(g, mode).transport
     inside = [0.0]
     for name in ("all_to_all", "all_gather"):  # time spent inside the collectives
@@ -209,17 +234,26 @@ def _profile(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 
+def _peer(per_rank: list[dict], mode: str, name: str) -> tuple[float, float, float]:
+    """The slowest rank's median of both variants of a bare peer, and the faster of the two."""
+    plain = max(r[mode][f"{name}_s"] for r in per_rank)
+    own = max(r[mode][f"{name}_own_copy_s"] for r in per_rank)
+    return min(plain, own), plain, own
+
+
 def _summary(per_rank: list[dict]) -> dict:
     modes = {}
     for mode in MODES:
         ep_s = max(r[mode]["ep_s"] for r in per_rank)
-        bare_s = max(r[mode]["bare_s"] for r in per_rank)
+        bare_s, bare_plain_s, bare_own_s = _peer(per_rank, mode, "bare")
         needed = sum(r[mode]["bytes_needed"] for r in per_rank)
         m = {
             "bytes_needed_per_call_all_ranks": needed,
             "bytes_moved_per_call_all_ranks": sum(r[mode]["bytes_moved"] for r in per_rank),
             "ep_s_per_call": ep_s,
             "bare_s_per_call": bare_s,
+            "bare_all_rows_through_collective_s_per_call": bare_plain_s,
+            "bare_own_rows_by_copy_s_per_call": bare_own_s,
             "ep_gb_per_s": needed / ep_s / 1e9,
             "bare_gb_per_s": needed / bare_s / 1e9,
             "ratio": bare_s / ep_s,
@@ -231,8 +265,10 @@ def _summary(per_rank: list[dict]) -> dict:
             for phase in per_rank[0][mode]["phases_ms"]
         }
         if mode == "capacity":
-            padded_s = max(r[mode]["bare_padded_s"] for r in per_rank)
+            padded_s, padded_plain_s, padded_own_s = _peer(per_rank, mode, "bare_padded")
             m["bare_padded_s_per_call"] = padded_s
+            m["bare_padded_all_rows_through_collective_s_per_call"] = padded_plain_s
+            m["bare_padded_own_rows_by_copy_s_per_call"] = padded_own_s
             m["ratio_vs_padded"] = padded_s / ep_s
         modes[mode] = m
     return modes
@@ -322,8 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             "threads_per_rank": args.threads,
             "cpu_count": os.cpu_count(),
             "machine": timing.machine_record(),
-            "timing": "wall time per call, rounds interleaved (ep, bare[, bare_padded]); median per rank; "
-            "slowest rank; bytes/s and ratio over the bytes needed (routed rows, both directions)",
+            "timing": "wall time per call, rounds interleaved (ep and each bare variant); median per rank; "
+            "slowest rank; the faster bare variant is the peer; bytes/s and ratio over the bytes needed "
+            "(routed rows, both directions)",
             "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",
             "median_over_trials": medians,
             "trials": trials,

@@ -383,6 +383,13 @@ def cases(rank: int, world: int) -> dict:
         p = make(16, rank, tokens, W, min(W, 3), skip=0.1)
         check(p, g1, W, mode="capacity", capacity=max(1, _max_pair_count(p, g1, tokens)))
 
+    def capacity_uneven_placement():
+        # experts interleaved over the ranks (their positions are not their ids), rank 0 holds none
+        placement = [(e * 7 + 3) % (W - 1) + 1 for e in range(E)]
+        gu = ep.EPGroup(None, E, placement=placement)
+        p = make(21, rank, tok, E, 3, skip=0.1)
+        check(p, gu, E, mode="capacity", capacity=_max_pair_count(p, gu, tok) + 1)
+
     def capacity_bf16():
         p = make(17, rank, tok, E, 3, dtype=torch.bfloat16)
         check(p, g, E, mode="capacity", capacity=_max_pair_count(p, g, tok))
@@ -507,6 +514,7 @@ CASES = [
     "capacity_no_host_sync",
     "capacity_grads_float",
     "capacity_empty_ranks_topk_gt_local",
+    "capacity_uneven_placement",
     "capacity_bf16",
     "capacity_fp8",
     "broken_rank_fails_everywhere",

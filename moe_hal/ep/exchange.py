@@ -22,10 +22,11 @@ the order of a single process that concatenates the ranks' tokens in rank order.
   ``alignment``, padding rows zero) — right for the large messages of training and prefill.
 * ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
   sizes are known without reading any count on the host (**no host sync**; shapes static, as CUDA
-  graphs need); the fixed blocks move with one all-to-all and are packed into ``d.a``
-  ``[L, W * capacity, H]`` — a :class:`~moe_hal.layouts.MaskedLayout` whose ``masked_m`` stays on
-  the device; rows past ``masked_m`` are zero — by one gather on the device (and unpacked by one on
-  the way back).
+  graphs need); the fixed blocks for other ranks move with one all-to-all (a rank's blocks for its
+  own experts are gathered straight into the receive buffer, and back straight into the returned
+  rows) and are packed into ``d.a`` ``[L, W * capacity, H]`` — a
+  :class:`~moe_hal.layouts.MaskedLayout` whose ``masked_m`` stays on the device; rows past
+  ``masked_m`` are zero — by one gather on the device (and unpacked by one on the way back).
 
 Rows in flight between two collectives live in the group's scratch buffers
 (:meth:`EPGroup.scratch`); everything returned (``d.a``, combine's output, gradients) is fresh.
@@ -87,27 +88,28 @@ class _Maps:
     order (row ``s`` of the returned buffer is send row ``s``), followed by one zero row (row ``S``)
     that every slot not sent points to, so one plain gather reads every slot.
 
-    Exact mode sends rows ``[0, remote_sent)`` to the other ranks with one all-to-all (this rank's
-    own rows, ``[remote_sent, S)``, stay) and moves contiguous blocks between the exchanged rows and
-    the layout.
-    Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert)) with one all-to-all and
-    gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
+    Both modes send rows ``[0, remote_sent)`` to the other ranks with one all-to-all; this rank's
+    own rows, ``[remote_sent, S)``, never enter it (send rows are in :attr:`EPGroup.send_block`
+    order). Exact mode moves contiguous blocks between the exchanged rows and the layout.
+    Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert); its own chunk of the
+    received rows is the send rows' tail) and gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
     expert row uses) is never read on the other side, so its index is merely clamped into range."""
 
     send_token: torch.Tensor  # int64 [S]: source token of each send row (clamped where empty)
     send_slot: torch.Tensor  # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
     slot_row: torch.Tensor  # int64 [T, k]: send row of each slot; S (the zero row) if not sent
     kept_slots: torch.Tensor | None  # bool [T, k]: slots that were sent; None when all were
+    # both modes
+    remote_sent: int = 0  # send rows [0, remote_sent) go to other ranks
+    exchange: bool = False  # the all-to-all runs (decided alike on every rank)
     # exact mode
     gaps: tuple[tuple[int, int], ...] = ()  # [start, end) padding row ranges of the layout
-    remote_sent: int = 0  # send rows [0, remote_sent) go to other ranks
-    exchange: bool = False  # some rank sends a row to another rank (else no all-to-all runs, on any rank)
     remote_blocks: tuple[tuple[int, int, int], ...] = ()  # (received row, layout row, rows) per block
     local_blocks: tuple[tuple[int, int, int], ...] = ()  # (send row, layout row, rows) per block
     # capacity mode
     recv_of_row: torch.Tensor | None = None  # int64 [layout rows]: received row placed there; R on padding
     row_of_recv: torch.Tensor | None = None  # int64 [R]: layout row of each received row (clamped)
-    # both modes: rows to / from each rank in the all-to-all (exact mode: 0 for this rank)
+    # both modes: rows to / from each rank in the all-to-all (0 for this rank)
     send_splits: tuple[int, ...] = ()
     recv_splits: tuple[int, ...] = ()
 
@@ -214,11 +216,16 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None) ->
             else:
                 _gather_into(out[dst : dst + n], src, index[at : at + n])
         return out
-    send = _send_rows(d, src, index, sent)
-    received = sum(m.recv_splits)
+    received, remote = m.row_of_recv.shape[0], sum(m.recv_splits)
     recv = _rows_buffer(d, "recv", received + 1, width, device, keep=False)
     recv[received].zero_()
-    _all_to_all(d, recv[:received], send, m.recv_splits, m.send_splits)
+    if m.exchange:
+        _all_to_all(d, recv[:remote], _send_rows(d, src, index, m.remote_sent), m.recv_splits, m.send_splits)
+    own = recv[remote:received]  # the own chunk: the send rows' own-expert tail, in the same order
+    if index is None:
+        own.copy_(src[m.remote_sent : sent])
+    else:
+        _gather_into(own, src, index[m.remote_sent : sent])
     out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=device)
     return _gather_into(out, recv, m.recv_of_row).view(*_layout_rows(d), width)
 
@@ -246,10 +253,13 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor
         for src, dst, n in m.local_blocks:
             ret[src : src + n].copy_(flat[dst : dst + n])
         return ret
-    send = _gather_into(
-        _rows_buffer(d, "send", m.row_of_recv.shape[0], width, flat.device, keep=False), flat, m.row_of_recv
-    )
-    _all_to_all(d, ret[:sent], send, m.send_splits, m.recv_splits)
+    remote = sum(m.recv_splits)
+    if m.exchange:
+        back = _rows_buffer(d, "send", remote, width, flat.device, keep=False)
+        _all_to_all(
+            d, ret[: m.remote_sent], _gather_into(back, flat, m.row_of_recv[:remote]), m.send_splits, m.recv_splits
+        )
+    _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
     return ret
 
 
@@ -400,11 +410,10 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
     return flat, tokens, k
 
 
-def _slot_keys(flat: torch.Tensor, group: EPGroup, mode: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each slot's expert position (E for skipped/invalid), this rank's row of the count matrix
-    (per-position counts, invalid ids, status 0) and the stable order in which slots are sent:
-    by position in capacity mode (its fixed blocks), by :attr:`EPGroup.exchange_key` in exact mode
-    (other ranks' experts, then this rank's own); skipped slots last."""
+def _slot_keys(flat: torch.Tensor, group: EPGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each slot's send block (:attr:`EPGroup.send_block` of its expert; E for skipped/invalid),
+    this rank's row of the count matrix (per-position counts, invalid ids, status 0) and the stable
+    order in which slots are sent (by block; skipped slots last)."""
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
@@ -414,13 +423,9 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup, mode: str) -> tuple[torch.Ten
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
     row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
-    if mode == "exact":
-        skipped = 2 * E
-        send_key = torch.where(routed, group.exchange_keys(flat.device)[expert], skipped)
-    else:
-        send_key = key
-    order = torch.sort(send_key, stable=True).indices
-    return key, row, order
+    block = torch.where(routed, group.send_blocks(flat.device)[expert], E)
+    order = torch.sort(block, stable=True).indices
+    return block, row, order
 
 
 def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
@@ -509,20 +514,25 @@ def _exact_maps(
 def _capacity_maps(
     gathered: torch.Tensor,
     row: torch.Tensor,
-    key: torch.Tensor,
+    block: torch.Tensor,
     order: torch.Tensor,
     group: EPGroup,
     k: int,
     capacity: int,
 ) -> tuple[_Maps, MaskedLayout]:
-    """All on the device: no count is read on the host."""
+    """All on the device: no count is read on the host.
+
+    Send rows: ``capacity`` per expert, in :attr:`EPGroup.send_block` order (this rank's own experts
+    last). Received rows: ``[W, L, capacity]`` in :attr:`EPGroup.rank_chunk` order of the source
+    ranks (this rank's own chunk last, filled without the all-to-all) — so the own-expert tail of
+    the send rows and the own chunk of the received rows are the same rows in the same order."""
     W, r, E, L = group.world_size, group.rank, group.num_experts, group.num_local_experts
     ps, cap, device = group.position_start, capacity, order.device
     n_slots = order.shape[0]
-    counts = row[:E]
-    first = torch.cumsum(counts, 0) - counts  # first sorted index per position
-    # Send side: row p * cap + m holds the m-th slot (slot order) routed to position p, if m < cap.
-    key_sorted = key[order]
+    counts = row[:E][group._cached("block_position", device)]  # per block
+    first = torch.cumsum(counts, 0) - counts  # first sorted index per block
+    # Send side: row b * cap + m holds the m-th slot (slot order) routed to block b, if m < cap.
+    key_sorted = block[order]
     routed_sorted = key_sorted < E
     m_sorted = torch.arange(n_slots, device=device) - first[key_sorted.clamp(max=E - 1)]
     send_sorted = torch.where(routed_sorted & (m_sorted < cap), key_sorted * cap + m_sorted, E * cap)
@@ -530,26 +540,27 @@ def _capacity_maps(
     m = torch.arange(cap, device=device)
     if n_slots:
         at = (first[:, None] + m[None, :]).clamp_(max=n_slots - 1)
-        slot_of_send_row = order[at].reshape(-1)  # rows past a position's count: unread
+        slot_of_send_row = order[at].reshape(-1)  # rows past a block's count: unread
     else:
         slot_of_send_row = torch.zeros(E * cap, dtype=torch.int64, device=device)
     token_of_send_row = torch.div(slot_of_send_row, k, rounding_mode="floor")
-    # Receive side: [W, L, cap] rows; source s's kept rows for local expert l go after those of s' < s.
-    kept = gathered[:, ps[r] : ps[r] + L].clamp(max=cap)  # [W, L]
+    # Receive side: source s's kept rows for local expert l go after those of s' < s.
+    kept = gathered[:, ps[r] : ps[r] + L].clamp(max=cap)  # [W, L], by source rank
     before = torch.cumsum(kept, 0) - kept
     max_m = W * cap
     # Rows m >= kept[s, l] are unused; their index stays in range (an unread row of the output).
     row_of_recv = (
         torch.arange(L, device=device)[None, :, None] * max_m
         + (before[:, :, None] + m[None, None, :]).clamp(max=max(max_m - 1, 0))
-    ).reshape(-1)
+    )[group._cached("chunk_rank", device)].reshape(-1)  # [W, L, cap] in chunk order
     masked_m = kept.sum(0)
     if L and max_m:
         i = torch.arange(max_m, device=device).expand(L, max_m).contiguous()
         ends = torch.cumsum(kept, 0).t().contiguous()  # [L, W] inclusive ends
         src = torch.searchsorted(ends, i, right=True).clamp_(max=W - 1)  # source rank of row i
         within = i - before.t().gather(1, src)
-        recv = (src * L + torch.arange(L, device=device)[:, None]) * cap + within
+        chunk = group._cached("rank_chunk", device)[src]
+        recv = (chunk * L + torch.arange(L, device=device)[:, None]) * cap + within
         recv_of_row = torch.where(i < masked_m[:, None], recv, W * L * cap).reshape(-1)
     else:
         recv_of_row = torch.full((L * max_m,), W * L * cap, dtype=torch.int64, device=device)
@@ -558,10 +569,12 @@ def _capacity_maps(
         slot_of_send_row,
         send_row_of_slot.view(-1, k),
         (send_row_of_slot < E * cap).view(-1, k),
+        remote_sent=(E - L) * cap,
+        exchange=W > 1,
         recv_of_row=recv_of_row,
         row_of_recv=row_of_recv,
-        send_splits=tuple((ps[d + 1] - ps[d]) * cap for d in range(W)),
-        recv_splits=(L * cap,) * W,
+        send_splits=tuple(0 if d == r else (ps[d + 1] - ps[d]) * cap for d in range(W)),
+        recv_splits=tuple(0 if s == r else L * cap for s in range(W)),
     )
     return maps, MaskedLayout(masked_m.to(torch.int32), max_m, check=False)
 
@@ -628,7 +641,7 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        key, row, order = _slot_keys(flat, group, mode)
+        block, row, order = _slot_keys(flat, group)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
         device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
@@ -654,7 +667,7 @@ def dispatch(
             lambda: _raise_for_counts(gathered.tolist(), group, flat, k, capacity if overflow == "error" else None),
             "moe_hal.ep.dispatch: a (source rank, expert) pair is over capacity, or a rank's arguments are invalid",
         )
-        maps, layout = _capacity_maps(gathered[:, :E], row, key, order, group, k, capacity)
+        maps, layout = _capacity_maps(gathered[:, :E], row, block, order, group, k, capacity)
         dropped = (row[:E] - row[:E].clamp(max=capacity)).sum()
         ps, r = group.position_start, group.rank
         kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)

@@ -58,12 +58,20 @@ class EPGroup:
         self.position_start: tuple[int, ...] = tuple(
             sum(len(x) for x in self.experts_of_rank[:r]) for r in range(self.world_size + 1)
         )
-        #: exact mode's send order: the other ranks' experts in position order (one all-to-all moves
-        #: them, each rank's rows contiguous and in rank order), then this rank's own experts (their
-        #: rows never enter the all-to-all). Send key of expert e: its position, + E if it is local.
-        self.exchange_key: tuple[int, ...] = tuple(
-            self.expert_position[e] + (num_experts if self.placement[e] == self.rank else 0) for e in range(num_experts)
+        #: the order of the send rows in both modes: each expert's *block* is its position, with this
+        #: rank's own experts moved last — the rows for other ranks are then contiguous and in rank
+        #: order (one all-to-all moves them), and the rows for its own experts, which never enter the
+        #: all-to-all, are the tail.
+        own = range(self.position_start[self.rank], self.position_start[self.rank + 1])
+        block_position = [p for p in range(num_experts) if p not in own] + list(own)
+        self.block_position: tuple[int, ...] = tuple(block_position)  # position of each block
+        position_block = {p: b for b, p in enumerate(block_position)}
+        self.send_block: tuple[int, ...] = tuple(position_block[p] for p in self.expert_position)
+        #: received rows in capacity mode: one fixed chunk per source rank, this rank's own last
+        self.rank_chunk: tuple[int, ...] = tuple(
+            self.world_size - 1 if s == self.rank else s - (s > self.rank) for s in range(self.world_size)
         )
+        self.chunk_rank: tuple[int, ...] = tuple(sorted(range(self.world_size), key=self.rank_chunk.__getitem__))
         self._tensors: dict[tuple[str, torch.device], torch.Tensor] = {}
         self._scratch: dict[tuple[str, torch.device], torch.Tensor] = {}
 
@@ -101,9 +109,9 @@ class EPGroup:
         """int64 ``[E]`` :attr:`expert_position` on ``device`` (cached)."""
         return self._cached("expert_position", device)
 
-    def exchange_keys(self, device: torch.device) -> torch.Tensor:
-        """int64 ``[E]`` :attr:`exchange_key` on ``device`` (cached)."""
-        return self._cached("exchange_key", device)
+    def send_blocks(self, device: torch.device) -> torch.Tensor:
+        """int64 ``[E]`` :attr:`send_block` on ``device`` (cached)."""
+        return self._cached("send_block", device)
 
     def _cached(self, name: str, device: torch.device) -> torch.Tensor:
         t = self._tensors.get((name, device))
