@@ -23,8 +23,8 @@ first says what the mode costs the user, the second how much it adds to its own 
 Bytes per call count the payload rows each rank sends and receives in both directions (bf16 rows).
 bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
 so bare time / ep time). **host s/call** is the time a dispatch + combine spends outside the
-transport's collectives (measured by timing the transport's two methods; waiting for a peer inside
-a collective counts as collective time). ``--trials`` repeats the whole measurement in fresh
+transport's collectives (measured by timing the transport's methods, a non-blocking all-gather's
+``wait()`` included; waiting for a peer inside a collective counts as collective time). ``--trials`` repeats the whole measurement in fresh
 processes and reports the median ratio. The 1-minute load average before and after each trial is
 stored: on a shared host absolute figures move with it. After the timed rounds, each rank times
 ``--repeat`` more calls split into **phases** (:data:`PHASES`: planning, the small all-gathers,
@@ -113,6 +113,29 @@ def _bare(x: torch.Tensor, send: list[int], recv: list[int], own_copy: bool):
     return run
 
 
+class _Started:
+    def __init__(self, wait):
+        self.wait = wait
+
+
+def _wrap_transport(transport, wrap):
+    """Replace the transport's collectives by ``wrap(f"transport.{name}", method)``: the blocking
+    ones, and for a non-blocking all-gather both its start and its ``wait()``. Returns the undo."""
+    for name in ("all_to_all", "all_gather"):
+        setattr(transport, name, wrap(f"transport.{name}", getattr(transport, name)))
+    start = wrap("transport.all_gather", transport.start_all_gather)
+
+    def start_all_gather(*args):
+        return _Started(wrap("transport.all_gather", start(*args).wait))
+
+    transport.start_all_gather = start_all_gather
+
+    def restore():
+        del transport.all_to_all, transport.all_gather, transport.start_all_gather  # the class's again
+
+    return restore
+
+
 def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict) -> dict:
     run_ep = _call(mode, g, x, ids, weights, cfg)
     d = run_ep()
@@ -125,17 +148,19 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
         moved = [len(e) * cap for e in g.experts_of_rank], [g.num_local_experts * cap] * g.world_size
         fns["bare_padded"] = _bare(x, *moved, False)
         fns["bare_padded_own_copy"] = _bare(x, *moved, True)
-    transport = ep.select(g, mode).transport
-    inside = [0.0]
-    for name in ("all_to_all", "all_gather"):  # time spent inside the collectives
-        method = getattr(type(transport), name)
+    inside = [0.0]  # time spent inside the collectives
 
-        def timed(*args, _m=method, _t=transport):
+    def wrap(name, fn):
+        def timed(*args):
             t0 = time.perf_counter()
-            _m(_t, *args)
-            inside[0] += time.perf_counter() - t0
+            try:
+                return fn(*args)
+            finally:
+                inside[0] += time.perf_counter() - t0
 
-        setattr(transport, name, timed)
+        return timed
+
+    restore = _wrap_transport(ep.select(g, mode).transport, wrap)
     try:
         for fn in fns.values():
             for _ in range(cfg["warmup"]):
@@ -143,7 +168,7 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
         inside[0] = 0.0
         times = timing.interleaved_wall_seconds(fns, "cpu", warmup=0, repeat=cfg["repeat"])
     finally:
-        del transport.all_to_all, transport.all_gather  # the class's methods again
+        restore()
     return {
         **{f"{name}_s": statistics.median(t) for name, t in times.items()},
         "bytes_needed": 2 * (sum(needed[0]) + sum(needed[1])) * row_bytes,
@@ -203,8 +228,7 @@ def _phases(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> dict:
     saved = {n: getattr(exchange, n) for n in names}
     for n in names:
         setattr(exchange, n, wrap(n, saved[n]))
-    for n in ("all_to_all", "all_gather"):
-        setattr(transport, n, wrap(f"transport.{n}", getattr(transport, n)))
+    restore = _wrap_transport(transport, wrap)
     try:
         run()
         dist.barrier(g.process_group)
@@ -216,7 +240,7 @@ def _phases(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> dict:
     finally:
         for n in names:
             setattr(exchange, n, saved[n])
-        del transport.all_to_all, transport.all_gather
+        restore()
     out = {phase: sum(spent.get(n, 0.0) for n in fns) / cfg["repeat"] * 1e3 for phase, fns in PHASES.items()}
     out["other (Python, autograd, allocation of d.a and y)"] = total - sum(out.values())
     out["total"] = total

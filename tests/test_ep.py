@@ -169,6 +169,10 @@ class CountingTransport(AllToAllSingle):
         type(self).calls += 1
         super().all_gather(out, inp, group)
 
+    def start_all_gather(self, out, inp, group):
+        type(self).calls += 1
+        return super().start_all_gather(out, inp, group)
+
 
 FAKE = ep.TransportSpec(
     name="fake_graph",
@@ -216,6 +220,20 @@ def test_builtin_transport_declares_its_promises(world1):
     assert "fake_vendor_link: [process_group_backend]" in sel.explain()  # the test vendor's, via the hook
     with pytest.raises(TransportUnavailableError, match="not_graph_safe"):
         ep.select(g, "exact", graph=True)
+
+
+def test_a_transport_without_start_all_gather_blocks_in_all_gather(world1):
+    class Blocking(ep.Transport):  # only the two required collectives
+        def all_to_all(self, out, inp, out_splits, in_splits, group):
+            raise AssertionError("not called on one rank")
+
+        def all_gather(self, out, inp, group):
+            out.copy_(inp + 1)  # marks that this method ran
+
+    out = torch.zeros(2, dtype=torch.int64)
+    pending = Blocking(FAKE).start_all_gather(out, torch.tensor([3, 4]), dist.group.WORLD)
+    assert out.tolist() == [4, 5]  # already complete
+    pending.wait()
 
 
 def test_plugin_transports_are_ranked_and_explained(transport_plugin):

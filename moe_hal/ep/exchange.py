@@ -58,6 +58,7 @@ every dispatch and combine it ran, in the same order (as for any collective in a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -196,8 +197,9 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None) ->
     """Send rows -> a fresh ``[*layout rows, B]`` (uint8) in the local layout; padding rows are zero.
 
     Send row ``s`` is ``src[index[s]]`` (``src`` ``[*, B]`` uint8, ``index`` int64 ``[S]``), or
-    ``src[s]`` when ``index`` is None. Exact mode gathers the rows for other ranks into the send
-    buffer and the rows for this rank's own experts straight into the layout (one copy each)."""
+    ``src[s]`` when ``index`` is None. The rows for other ranks are gathered into the send buffer,
+    those for this rank's own experts straight into the layout (exact mode) or into the own chunk
+    of the received rows (capacity mode): one copy each."""
     m, width, device = d._maps, src.shape[1], src.device
     sent = m.send_token.shape[0]
     if d.mode == "exact":
@@ -237,9 +239,12 @@ def _send_rows(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None, row
     return _gather_into(_rows_buffer(d, "send", rows, src.shape[1], src.device, keep=False), src, index[:rows])
 
 
-def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor:
+def _from_experts(
+    d: EPDispatch, flat: torch.Tensor, keep: bool, before_exchange: Callable[[], None] | None = None
+) -> torch.Tensor:
     """Layout rows ``[layout rows, B]`` (uint8) -> the rows of every send row back on this rank,
-    ``[S + 1, B]`` with the zero row last (a scratch buffer unless ``keep``)."""
+    ``[S + 1, B]`` with the zero row last (a scratch buffer unless ``keep``). ``before_exchange``
+    runs after every local copy, before the all-to-all; it may raise."""
     m, width = d._maps, flat.shape[1]
     sent = m.send_token.shape[0]
     ret = _rows_buffer(d, "ret", sent + 1, width, flat.device, keep)
@@ -249,17 +254,23 @@ def _from_experts(d: EPDispatch, flat: torch.Tensor, keep: bool) -> torch.Tensor
             back = _rows_buffer(d, "send", sum(m.recv_splits), width, flat.device, keep=False)
             for src, dst, n in m.remote_blocks:
                 back[src : src + n].copy_(flat[dst : dst + n])
-            _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
         for src, dst, n in m.local_blocks:
             ret[src : src + n].copy_(flat[dst : dst + n])
+        if before_exchange is not None:
+            before_exchange()
+        if m.exchange:
+            _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
         return ret
     remote = sum(m.recv_splits)
     if m.exchange:
-        back = _rows_buffer(d, "send", remote, width, flat.device, keep=False)
-        _all_to_all(
-            d, ret[: m.remote_sent], _gather_into(back, flat, m.row_of_recv[:remote]), m.send_splits, m.recv_splits
+        back = _gather_into(
+            _rows_buffer(d, "send", remote, width, flat.device, keep=False), flat, m.row_of_recv[:remote]
         )
     _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
+    if before_exchange is not None:
+        before_exchange()
+    if m.exchange:
+        _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
     return ret
 
 
@@ -357,11 +368,16 @@ class _CombineRows(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, expert_out: torch.Tensor, weights: torch.Tensor, anchor: torch.Tensor | None, d: EPDispatch
+        ctx,
+        expert_out: torch.Tensor,
+        weights: torch.Tensor,
+        anchor: torch.Tensor | None,
+        d: EPDispatch,
+        peers_ok: Callable[[], None],
     ) -> torch.Tensor:
         keep = ctx.needs_input_grad[1]  # the weights' gradient reads the returned rows again
         flat = expert_out.reshape(-1, expert_out.shape[-1])
-        rows = _from_experts(d, _byte_rows(flat), keep).view(expert_out.dtype)
+        rows = _from_experts(d, _byte_rows(flat), keep, peers_ok).view(expert_out.dtype)
         w = weights.to(torch.float32)
         if d._maps.kept_slots is not None:
             w = torch.where(d._maps.kept_slots, w, 0.0)
@@ -387,7 +403,7 @@ class _CombineRows(torch.autograd.Function):
         if ctx.anchor is not None:
             shape, dtype, device = ctx.anchor
             grad_anchor = torch.zeros((), dtype=dtype, device=device).expand(shape)
-        return grad_out, grad_w, grad_anchor, None
+        return grad_out, grad_w, grad_anchor, None, None
 
 
 # -- planning ------------------------------------------------------------------------------------
@@ -710,7 +726,8 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     and in the ``topk_weights`` given to :func:`dispatch`. Every rank must call it.
 
     Failure protocol (as dispatch's): every rank checks its arguments, then the ranks exchange one
-    status flag each before any row moves; a rank whose arguments are invalid raises its own error
+    status flag each before any row moves (the flags travel while the rows bound for other ranks
+    are copied into the send buffer); a rank whose arguments are invalid raises its own error
     and every other rank :class:`~moe_hal.errors.PeerRankError` naming it (on an accelerator: a
     device-side assertion, see the module docstring) — nobody waits in a collective for it.
     """
@@ -722,20 +739,28 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     except ArgumentError as exc:
         local_error = exc
     status = torch.full((1,), int(local_error is not None), dtype=torch.int64, device=d.send_counts.device)
-    flags = _gather_rows(d._selection, d.group, status)
+    W = d.group.world_size
+    flags = status.new_empty(W)
+    # Non-blocking: the rows bound for other ranks are copied into the send buffer while the flags
+    # travel (a peer that is behind costs less waiting); they are checked before any row moves.
+    pending = d._selection.transport.start_all_gather(flags, status, d.group.process_group)
     if local_error is not None:
+        pending.wait()  # this rank's part of the exchange is complete before it gives up
         raise local_error
 
     def peers_failed() -> None:
-        failed = [s for s, (flag,) in enumerate(flags.tolist()) if flag]
+        failed = [s for s, flag in enumerate(flags.tolist()) if flag]
         raise PeerRankError("moe_hal.ep.combine", failed, "invalid arguments")
 
-    _require((flags == 0).all(), peers_failed, "moe_hal.ep.combine: a peer rank's arguments are invalid")
+    def peers_ok() -> None:
+        pending.wait()
+        _require((flags == 0).all(), peers_failed, "moe_hal.ep.combine: a peer rank's arguments are invalid")
+
     weights = d.topk_weights
     if weights is None:
         weights = torch.ones(d.num_tokens, d.top_k, dtype=torch.float32, device=expert_out.device)
     anchor = d.a if isinstance(d.a, torch.Tensor) and d.a.requires_grad else None
-    return _CombineRows.apply(expert_out, weights, anchor, d)
+    return _CombineRows.apply(expert_out, weights, anchor, d, peers_ok)
 
 
 __all__ = ["OVERFLOW_POLICIES", "EPDispatch", "combine", "dispatch"]

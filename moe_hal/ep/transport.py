@@ -4,7 +4,7 @@ A transport is declared by a :class:`~moe_hal.ep.spec.TransportSpec` (its own mo
 import) registered through the ``moe_hal_ep_transports`` hook — the built-in one by
 :mod:`moe_hal.builtin`, others (DeepEP, NVSHMEM / symmetric memory, Ascend MC2) by plugins, without
 changes to the core. Its implementation (:class:`Transport`, named lazily by ``spec.impl``)
-provides two collectives: a variable-split all-to-all of byte rows (called once per direction of
+provides two collectives (the all-gather optionally non-blocking): a variable-split all-to-all of byte rows (called once per direction of
 dispatch and of combine, often on row slices of larger contiguous buffers; in exact mode a rank's
 own split is 0, its rows for its own experts never pass through it) and an all-gather of small int64 rows
 (dispatch's count matrix, combine's status flags).
@@ -37,6 +37,16 @@ from ..errors import ArgumentError, TransportUnavailableError
 from .spec import BUILTIN, MODES, TransportSpec
 
 
+class Pending:
+    """A collective in flight: ``wait()`` returns once it is complete on this rank."""
+
+    def wait(self) -> None:
+        pass
+
+
+_DONE = Pending()
+
+
 class Transport:
     """Runtime side of a transport. The all-to-all moves 2-D ``uint8`` byte rows (every payload —
     bf16, fp32, fp8 data and its fp32 scales — travels as a byte view, which every engine
@@ -64,6 +74,14 @@ class Transport:
         """``out`` 1-D ``[world * n]`` receives every rank's 1-D ``inp`` ``[n]`` in rank order."""
         raise NotImplementedError("need all_gather")
 
+    # optional
+    def start_all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> Pending:
+        """:meth:`all_gather`, begun: ``out`` is valid once ``wait()`` of the result has returned, and
+        the caller may work in between (combine copies rows while its status flags travel).
+        Default: the blocking :meth:`all_gather`, already done."""
+        self.all_gather(out, inp, group)
+        return _DONE
+
 
 class AllToAllSingle(Transport):
     """The built-in transport: ``torch.distributed.all_to_all_single`` (gloo, NCCL, HCCL alike)."""
@@ -73,6 +91,9 @@ class AllToAllSingle(Transport):
 
     def all_gather(self, out, inp, group) -> None:
         _all_gather_single(out, inp, group=group)
+
+    def start_all_gather(self, out, inp, group) -> Pending:
+        return _all_gather_single(out, inp, group=group, async_op=True)
 
 
 # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
@@ -288,6 +309,7 @@ __all__ = [
     "MODES",
     "AllToAllSingle",
     "Candidate",
+    "Pending",
     "Transport",
     "TransportSelection",
     "TransportSpec",
