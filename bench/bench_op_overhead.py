@@ -13,16 +13,32 @@ one process and interleaved:
   branch and finding the host layout again (``graph_added_us = op_graph - direct``),
 * ``floor``: a custom op with the same schema whose Python kernel does nothing (registered here,
   namespace ``moe_hal_bench``): what any ``torch.library`` op with a Python kernel costs to call,
-  which no change inside moe_hal removes,
+  which no change inside moe_hal removes (called as ``moe_hal.ops.call`` calls its op, as is
+  ``dispatched``),
+* ``direct_then_floor``: ``direct`` and then ``floor``, one after the other (not nested),
+* ``dispatched``: a custom op with the same schema whose Python Autograd kernel (with the keyset,
+  as moe_hal's) runs ``direct``'s call on the host layout and returns its result: the dispatcher
+  around the same checked work, without anything of moe_hal's op path,
 * ``op``: the API call through the custom op (``moe_hal.ops.call``), nothing requiring grad:
-  ``op_graph`` plus flattening the layout and operands (``added_us = op - plain``),
+  flattening the layout, the Autograd kernel's checks and the eager kernel around the checked
+  path (``added_us = op - plain``),
 * ``op_autograd``: the op with operands that require grad (records the backward node; the
   backward itself is not timed),
 
 for the contiguous (host layout and :class:`~moe_hal.PsumLayout`), masked and K-grouped layouts.
-``own_us = op_graph - direct - floor`` is what moe_hal's own Autograd and eager kernels add to
-the checked path beyond the dispatcher's floor. Times are this thread's CPU time by default (``--clock thread``), which
-a shared, oversubscribed machine disturbs less than wall time. Never run as a test.
+Where the op path's time goes, every term measured (``added_us = dispatch_us + own_us -
+api_added_us`` exactly):
+
+* ``dispatch_us = dispatched - direct``: the dispatcher's round trip around the work, of which
+  ``floor`` is the bare call and ``pair_extra_us = direct_then_floor - direct - floor`` what the
+  two code paths cost more run one after the other than each alone (caches and branch predictors
+  shared between them: no line of code to remove),
+* ``own_us = op - dispatched``: moe_hal's own Python on the op path,
+* ``api_added_us = plain - direct``: the API's path decision, which ``op`` (called directly)
+  skips.
+
+Times are this thread's CPU time by default (``--clock thread``), which a shared,
+oversubscribed machine disturbs less than wall time. Never run as a test.
 
     python bench/bench_op_overhead.py [--json bench/results/op_overhead_cpu.json] [--repeats 15]
 """
@@ -46,14 +62,28 @@ STATISTICS = {"median": statistics.median, "min": min}
 
 
 @functools.cache
+def _bench_lib() -> torch.library.Library:
+    """The ``moe_hal_bench`` namespace of this script's ops (they live as long as the Library)."""
+    return torch.library.Library("moe_hal_bench", "DEF")
+
+
+@functools.cache
 def noop_op():
     """A custom op with ``torch.ops.moe_hal.grouped_gemm``'s schema and a Python kernel that
     returns ``a``: the dispatcher's own cost for such an op (the ``floor`` row)."""
-    lib = torch.library.Library("moe_hal_bench", "DEF")
+    lib = _bench_lib()
     lib.define("noop" + ops.GROUPED_GEMM_SCHEMA)
     lib.impl("noop", lambda a, *args: a, "CompositeExplicitAutograd")
-    noop_op.lib = lib  # the registration lives as long as its Library object
     return torch.ops.moe_hal_bench.noop.default
+
+
+def dispatched_op(name: str, work):
+    """A custom op ``moe_hal_bench.<name>`` with moe_hal's schema whose Autograd kernel (with the
+    keyset, as moe_hal's) returns ``work()``: the dispatcher around ``work`` alone."""
+    lib = _bench_lib()
+    lib.define(name + ops.GROUPED_GEMM_SCHEMA)
+    lib.impl(name, lambda keyset, *args: work(), "Autograd", with_keyset=True)
+    return getattr(torch.ops.moe_hal_bench, name).default
 
 
 def cases(gen: torch.Generator) -> dict[str, tuple]:
@@ -75,22 +105,31 @@ def cases(gen: torch.Generator) -> dict[str, tuple]:
 def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic) -> dict:
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     groups, op_name, alignment, _ = ops.layout_args(lay, a.device)
+    # the op's arguments as moe_hal.ops.call passes them (trailing defaults left out) to the
+    # operator's C++ entry point (OpOverload._op), for the ops timed against it
+    args = (a, b, groups, op_name, alignment) + (() if c is None else (c, None))
+    floor = noop_op()._op
     fns = {
         "op_graph": lambda: ops.grouped_gemm_op(a, b, groups, op_name, alignment, c),
-        "floor": lambda: noop_op()(a, b, groups, op_name, alignment, c),
+        "floor": lambda: floor(*args),
         "op": lambda: ops.call(a, b, lay, c=c),
         "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
     }
     if not isinstance(lay, moe_hal.PsumLayout):  # a PsumLayout always takes the op path
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
         fns["direct"] = lambda: execution.run(a, b, lay, c=c)
+        fns["direct_then_floor"] = lambda: (fns["direct"](), fns["floor"]())
+        dispatched = dispatched_op(f"dispatched_{name}", fns["direct"])._op
+        fns["dispatched"] = lambda: dispatched(*args)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock, statistic=statistic)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
     if "plain" in t:
         row["api_added_us"] = (t["plain"] - t["direct"]) * 1e6
         row["graph_added_us"] = (t["op_graph"] - t["direct"]) * 1e6
-        row["own_us"] = (t["op_graph"] - t["direct"] - t["floor"]) * 1e6
+        row["dispatch_us"] = (t["dispatched"] - t["direct"]) * 1e6
+        row["pair_extra_us"] = (t["direct_then_floor"] - t["direct"] - t["floor"]) * 1e6
+        row["own_us"] = (t["op"] - t["dispatched"]) * 1e6
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
     return row
