@@ -370,6 +370,20 @@ def test_call_hands_its_layout_to_the_eager_kernel_and_nothing_stays_behind(gen,
     assert ops._handoff.pending is None
 
 
+def test_the_op_path_under_eager_functionalization_redispatches_and_equals_the_direct_call(gen):
+    # the Autograd kernel sees the Functionalize key and redispatches; the eager kernel then gets
+    # unwrapped operands and the caller's own psum, so the handed-over layout still applies
+    a, b, lay = _contiguous(gen, [3, 0, 5])
+    x, dy = randn(gen, 12, 5), randn(gen, 12, 6)
+    klay = moe_hal.KGroupedLayout.from_counts([3, 0, 5], alignment=4)
+    c = randn(gen, 3, 5, 6)
+    got = torch.func.functionalize(lambda p, q: ops.call(p, q, lay))(a, b)
+    assert torch.equal(got, moe_hal.grouped_gemm(a, b, lay))
+    got = torch.func.functionalize(lambda p, q, r: ops.call(p, q, klay, c=r))(x, dy, c)
+    assert torch.equal(got, moe_hal.grouped_gemm(x, dy, klay, c=c))
+    assert ops._handoff.pending is None
+
+
 def _count_host_reads(monkeypatch) -> list[int]:
     """Counts the rebuilds of a host layout from a psum tensor (each one reads it on the host)."""
     from moe_hal.layouts import SegmentLayout
