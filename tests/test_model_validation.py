@@ -30,11 +30,11 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (40.1%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (31.4%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
-#: It was 0.32 on the 91-case set; the dense GEMMs added since (DeepGEMM PRs #31 and #168,
-#: issue #136) time the same call up to 1.59x apart on the same silicon figures (same_call_spread).
-WORST_RECORDED = 0.41
+#: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
+#: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state).
+WORST_RECORDED = 0.32
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -483,23 +483,28 @@ print(perf.estimate(perf.SEED_COUNTS, n=4096, k=7168, hw="nvidia-h200-sxm", dtyp
     assert out.stdout.split() == ["(64,", "128)", "2560"]
 
 
-def test_l2_operand_load_term_favours_taller_tiles():
-    # 4 cores at 1 TFLOP/s each; L2 feeds each core 10 GB/s: a 64x128 bf16 tile needs
-    # (64*2 + 128*2) * K bytes, more time than its MMA, so taller tiles win when compute-bound
-    hw = perf.Hardware("small", 4, {"bf16": 4e12}, 1e15, l2_bandwidth=4e10)
-    k = 256
-    kw = dict(n=128, k=k, hw=hw, dtype="bf16", block_n=128)
-    short = perf.estimate([128] * 4, block_m=64, **kw)
-    tall = perf.estimate([128] * 4, block_m=128, **kw)
-    t64 = max(2 * 64 * 128 * k / 1e12, (64 * 2 + 128 * 2) * k / 1e10)
-    t128 = max(2 * 128 * 128 * k / 1e12, (128 * 2 + 128 * 2) * k / 1e10)
-    assert short.t_compute == pytest.approx(2 * t64) and tall.t_compute == pytest.approx(t128)
-    assert perf.advise([128] * 4, 128, k, hw, "bf16", tiles=[(64, 128), (128, 128)]).tile == (128, 128)
-    # without the term both tiles predict the same time
-    plain = hw.replace(l2_bandwidth=None)
-    assert perf.estimate([128] * 4, block_m=64, **{**kw, "hw": plain}).t_compute == pytest.approx(
-        perf.estimate([128] * 4, block_m=128, **{**kw, "hw": plain}).t_compute
-    )
+def test_l2_resident_operands_stream_at_the_l2_rate():
+    # one group, 64 x 4096 x 4096 bf16 on a device with a 16 MB L2 streaming 8 TB/s and 2 TB/s
+    # memory: A 64*4096*2 = 0.5 MiB and B 4096*4096*2 = 32 MiB are read, C 0.5 MiB written
+    hw = perf.Hardware("small", 4, {"bf16": 1e18}, 2e12, l2_bytes=16_000_000, l2_bandwidth=8e12)
+    kw = dict(n=4096, k=4096, hw=hw, dtype="bf16", block_m=64, block_n=128)
+    read, written = 64 * 4096 * 2 + 4096 * 4096 * 2, 64 * 4096 * 2
+    cold = perf.estimate([64], **kw)
+    assert cold.operands == "hbm" and cold.bytes_l2 == 0
+    assert cold.t_memory == pytest.approx((read + written) / 2e12)
+    warm = perf.estimate([64], operands="l2", **kw)
+    # 16 MB of the operands come from the L2, the other operand bytes and the output from memory
+    assert warm.bytes_l2 == 16_000_000
+    assert warm.t_memory == pytest.approx(16e6 / 8e12 + (read + written - 16e6) / 2e12)
+    assert "16.0 MB" in warm.basis["operands"]
+    # operands that fit entirely: all read bytes from the L2
+    small = perf.estimate([64], operands="l2", **{**kw, "n": 512})
+    assert small.bytes_l2 == 64 * 4096 * 2 + 512 * 4096 * 2
+    # without an L2 rate the call is predicted cold, and the basis says so
+    plain = perf.estimate([64], operands="l2", **{**kw, "hw": hw.replace(l2_bandwidth=None)})
+    assert plain.t_memory == cold.t_memory and "predicted cold" in plain.basis["operands"]
+    with pytest.raises(ArgumentError, match="operands"):
+        perf.estimate([64], operands="warm", **kw)
 
 
 H20 = perf.Hardware("h20-example", 78, {"fp8": 296e12}, 4.0e12, mma_min_m=64)

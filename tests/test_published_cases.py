@@ -143,3 +143,19 @@ def test_deepgemm_cases_launch_only_what_their_version_could():
     assert {bm for bm, _ in cases["h800-readme1-contig-4x8192-n4096-k7168"].tiles} == {128}
     # a version the source does not pin keeps the implementation's own list
     assert (128, 256) in cases["h200-tileops-deepgemm-glmup-32768"].tiles
+
+
+def test_a_known_cache_state_names_its_evidence_and_reaches_the_model(published):
+    from moe_hal.perf import calibration
+
+    for name, source in published["sources"].items():
+        if source["cache_state"] != "unknown":
+            # a commit (7 or more hex digits) or a file and line of the benchmark
+            evidence = source["cache_evidence"]
+            assert any(
+                len(w.strip("(),;:")) >= 7 and all(ch in "0123456789abcdef" for ch in w.strip("(),;:"))
+                for w in evidence.split()
+            ), name
+    operands = {c.source: c.operands for c in calibration.load_published()}
+    for name, source in published["sources"].items():
+        assert operands[name] == ("l2" if source["cache_state"] == "l2_warm" else "hbm"), name

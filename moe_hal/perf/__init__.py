@@ -21,14 +21,16 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = max(2 * max(BM, mma_min_m) * BN * K / (R / S),       one tile on one core: MMA,
-                   (BM * e_a + BN * e_b) * K / (l2_bw / S))         or operand loads (optional),
-               + t_oh                                          plus the per-tile overhead
+    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + t_oh   one tile on one core: MMA
+                                                               plus the per-tile overhead
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles
     B_min    = G_act*N*K*e_b + sum M_g*K*e_a + sum M_g*N*e_c   each byte once, active experts
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
                      [+ sum (Mpad_g - M_g)*K*e_a if it reads padding rows]
     T_mem    = B_kernel / BW_eff,  BW_eff = min(B, min(tiles, S) * bw_per_core)   (cap optional)
+               operands="l2" (operands just written, a benchmark's warm cache): B_L2 =
+               min(B_kernel - output bytes, L2 size) stream at l2_bw instead:
+               T_mem = (B_kernel - B_L2) / BW_eff + B_L2 / l2_bw
     T_pred   = max(T_comp, T_mem) + t_fixed            (or (T_comp^p + T_mem^p)^(1/p))
     T_ideal  = max(F_useful / peak, B_min / BW)        the plain roofline (speed of light)
     M*       = R * e_b / (2 * B)                       ridge height in rows

@@ -10,7 +10,13 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
   says binds it, the fraction that case needs is computed, and the median over the cases is
   kept (capped at 1: no kernel beats the datasheet). Attribution and fractions are iterated to
-  a fixed point.
+  a fixed point;
+* the cache state is a measurement condition, like the device: the bandwidth fraction is fitted
+  from cold cases only (operands streamed from device memory), and per architecture the L2 rate
+  (``l2_bandwidth``) from memory-bound warm cases only (a source whose benchmark wrote the
+  operands just before the timed call: ``operands="l2"``), and only from calls whose L2-resident
+  bytes are most of their bytes (elsewhere the L2 term is too small a part of the time to
+  measure its rate); it needs :data:`~moe_hal.perf.efficiency.MIN_CASES` such calls.
 
 :func:`leave_one_source_out` is the honest figure: for each source (a README table, an issue, a
 PR) it fits on every *other* source and predicts this one's cases with :func:`predict`, which is
@@ -29,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError
-from .efficiency import FAMILY_OF_OP, FRACTIONS, SECONDS, Achieved, EfficiencyTable
+from .efficiency import FAMILY_OF_OP, FRACTIONS, MIN_CASES, SECONDS, Achieved, EfficiencyTable
 from .hardware import Hardware
 from .model import Estimate, estimate
 
@@ -48,6 +54,13 @@ GRID: tuple[tuple[float, float], ...] = tuple(
 #: Iterations of the attribute-then-refit loop (it settles in 3-4).
 ITERATIONS = 6
 
+#: A warm call informs the L2 rate only when its L2-resident bytes are more than this share of
+#: its bytes (otherwise its time says little about the L2).
+L2_SHARE = 0.5
+
+#: The model's ``operands`` for each ``cache_state`` of a source (unknown is predicted cold).
+OPERANDS_OF_CACHE_STATE = {"cold": "hbm", "unknown": "hbm", "l2_warm": "l2"}
+
 
 @dataclass(frozen=True)
 class MeasuredCase:
@@ -57,7 +70,9 @@ class MeasuredCase:
     ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
     launch. ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
     whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
-    plain GEMM, modelled as one contiguous group).
+    plain GEMM, modelled as one contiguous group). ``operands``: where the operands were when
+    the source timed the call (``hbm``: cold or unknown; ``l2``: its benchmark had just written
+    them, the source's ``cache_state`` ``l2_warm``).
     """
 
     id: str
@@ -76,6 +91,7 @@ class MeasuredCase:
     swap_ab: bool = False
     streams_all_experts: bool = False
     kernel_family: str | None = None
+    operands: str = "hbm"
 
     @property
     def family(self) -> str:
@@ -109,6 +125,7 @@ class Outcome:
             "op": self.case.op,
             "family": self.case.family,
             "dtype": self.case.dtype,
+            "operands": self.case.operands,
             "measured_us": self.case.t_measured * 1e6,
             "predicted_us": e.t_predicted * 1e6,
             "roofline_us": self.t_roofline * 1e6,
@@ -141,15 +158,18 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
     impls, sources = data.get("impls", {}), data["sources"]
     return [
         _case(
-            raw, {**impls.get(raw["impl"], {}), **sources[raw["source"]].get("kernel_tiles", {}).get(raw["impl"], {})}
+            raw,
+            {**impls.get(raw["impl"], {}), **sources[raw["source"]].get("kernel_tiles", {}).get(raw["impl"], {})},
+            OPERANDS_OF_CACHE_STATE[sources[raw["source"]]["cache_state"]],
         )
         for raw in data["cases"]
     ]
 
 
-def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
+def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str) -> MeasuredCase:
     """One case of the published set; ``impl``: what its kernel can launch (``impls.<impl>`` of
-    the set, overridden by the source's ``kernel_tiles.<impl>``: the kernel version it ran)."""
+    the set, overridden by the source's ``kernel_tiles.<impl>``: the kernel version it ran);
+    ``operands``: where its source's benchmark left the operands."""
     layout = raw["layout"]
     # a dense GEMM is one contiguous group run by a dense kernel (its own compute fraction)
     op, family = ("contiguous", "dense") if layout == "dense" else (layout, None)
@@ -196,6 +216,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any]) -> MeasuredCase:
         swap_ab=bool(impl.get("swap_ab", False)),
         streams_all_experts=bool(raw.get("streams_all_experts", False)),
         kernel_family=family,
+        operands=operands,
     )
 
 
@@ -231,6 +252,7 @@ def _call_options(case: MeasuredCase) -> dict[str, Any]:
         "swap_ab": case.swap_ab,
         "streams_all_experts": case.streams_all_experts,
         "family": case.kernel_family,
+        "operands": case.operands,
     }
     if case.op == "k_grouped":
         options["m"] = case.m
@@ -246,6 +268,8 @@ class _Candidate:
     t_compute_unit: float  # compute time at the full datasheet peak, no tile overhead
     waves: int
     t_memory_unit: float  # memory time at the full datasheet bandwidth
+    share_l2: float  # the share of its bytes a warm call streams from the L2 (0 when cold)
+    bytes_l2: float  # those bytes
 
 
 @dataclass
@@ -262,9 +286,14 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
     for case in cases:
         hw = datasheet_hardware(case.device)
         prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
+        # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
+        split = hw.replace(l2_bandwidth=hw.mem_bandwidth)
         for bm, bn in case.tiles:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
-            prepared.candidates.append(_Candidate((bm, bn), est.t_compute, est.waves, est.t_memory))
+            resident = estimate(case.counts, case.n, case.k, split, case.dtype, bm, bn, **_call_options(case)).bytes_l2
+            prepared.candidates.append(
+                _Candidate((bm, bn), est.t_compute, est.waves, est.t_memory, resident / est.bytes_kernel, resident)
+            )
         out.append(prepared)
     return out
 
@@ -278,10 +307,13 @@ def _fast_predict(
     band = table.bandwidth(c.device, p.architecture, c.impl)
     eta_c = comp.value if comp else 1.0
     eta_b = band.value if band else 1.0
+    l2 = table.figure("l2_bandwidth", c.device, p.architecture, c.impl) if c.operands == "l2" else None
     best = None
     for cand in p.candidates:
         t_comp = cand.t_compute_unit / eta_c + cand.waves * overhead
         t_mem = cand.t_memory_unit / eta_b
+        if l2 is not None:
+            t_mem = cand.t_memory_unit * (1 - cand.share_l2) / eta_b + cand.bytes_l2 / l2.value
         t = max(t_comp, t_mem) + launch
         if best is None or t < best[0]:
             best = (t, cand, "compute" if t_comp >= t_mem else "memory")
@@ -328,6 +360,7 @@ def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis
     for _ in range(ITERATIONS):
         compute: dict[tuple, list[float]] = {}
         bandwidth: dict[tuple, list[float]] = {}
+        l2: list[float] = []
         for p in group:
             c = p.case
             _, cand, bound = _fast_predict(p, table, overhead, launch)
@@ -338,8 +371,14 @@ def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)
                     )
-            elif left > 0:
+            elif left > 0 and c.operands == "hbm":
                 bandwidth.setdefault((c.device, c.impl), []).append(min(1.0, cand.t_memory_unit / left))
+            elif left > 0 and cand.share_l2 > L2_SHARE:
+                # the time left once the bytes outside the L2 have streamed at the cold rate
+                band = table.bandwidth(c.device, p.architecture, c.impl)
+                rest = left - cand.t_memory_unit * (1 - cand.share_l2) / (band.value if band else 1.0)
+                if rest > 0:
+                    l2.append(cand.bytes_l2 / rest)
         arch = group[0].architecture
         records = [
             Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dtype=dt, family=f)
@@ -349,6 +388,12 @@ def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis
             Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source)
             for (d, i), v in bandwidth.items()
         ]
+        if len(l2) >= MIN_CASES:
+            note = f"{source} (one value per architecture, from {len(l2)} warm-cache cases)"
+            records += [
+                Achieved(d, arch, "*", "l2_bandwidth", statistics.median(l2), len(l2), basis, note)
+                for d in sorted({p.case.device for p in group})
+            ]
         table = EfficiencyTable(records)
     return table
 

@@ -12,8 +12,9 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
   epilogue), which is what makes short and small tiles less efficient;
 * ``launch``: fixed seconds per call (launch and prologue);
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
-  with fewer tiles than cores; ``l2_bandwidth``: aggregate L2-to-core bytes/s (a tile then takes
-  at least the time to load its operands from L2).
+  with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
+  stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
+  operands just before the timed call).
 
 Figures live in the hardware DB under ``achieved.<impl>`` (fitted from published measurements or
 measured by calibration, ``hwdb/measured/``). :class:`EfficiencyTable` answers "which figure

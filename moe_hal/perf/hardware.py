@@ -23,9 +23,9 @@ class Hardware:
     instruction computes (a tile with BM below it costs ``mma_min_m`` rows; None = no floor).
     ``bw_per_core``: bytes/s one core can stream (caps bandwidth when fewer tiles than cores
     run; None = no cap). ``t_fixed``: seconds of launch + prologue added to every prediction.
-    ``l2_bandwidth``: aggregate bytes/s from L2 into the cores. When set, a tile takes at least
-    the time to load its ``(BM * e_a + BN * e_b) * K`` operand bytes at ``l2_bandwidth / S``, which
-    is what makes short tiles slower in compute-bound calls (None = not modelled).
+    ``l2_bandwidth``: bytes/s at which operands already in the L2 stream into the cores; used
+    for calls estimated with ``operands="l2"`` (None = not known: such calls are predicted cold).
+    ``l2_bytes``: the L2 size.
     ``sources``: where each number came from (free text per key, for reports).
 
     Achieved efficiency (:mod:`moe_hal.perf.efficiency`): ``efficiency`` is the table of achieved

@@ -13,6 +13,12 @@ from .efficiency import FAMILIES, Rates
 from .hardware import Hardware, resolve_hardware
 from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
+#: Where a call's operands are when it starts: ``hbm`` (cold: every byte streams from device
+#: memory, as for MoE weights in a real model) or ``l2`` (just written and not flushed: the
+#: operand bytes that fit in the L2 stream at the L2 rate, as in a benchmark that rebuilds its
+#: operands before each timed call).
+OPERANDS = ("hbm", "l2")
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -22,7 +28,9 @@ class Estimate:
     bandwidth (measured or datasheet, as ``basis["roofline"]`` says). ``t_predicted`` (the
     expected time) uses what kernels achieve: ``achieved_flops``, ``achieved_bandwidth``,
     ``tile_overhead`` per tile and ``t_fixed`` per call; ``basis`` says where each came from.
-    ``ridge_m`` is computed from the achieved pair (one basis).
+    ``ridge_m`` is computed from the achieved pair (one basis). ``operands``: where the
+    operands were (:data:`OPERANDS`); ``bytes_l2``: the operand bytes streamed from the L2
+    (``operands="l2"``), the rest of ``bytes_kernel`` streams at ``achieved_bandwidth``.
 
     For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
     group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
@@ -67,6 +75,8 @@ class Estimate:
     achieved_flops: float = 0.0
     achieved_bandwidth: float = 0.0
     tile_overhead: float = 0.0
+    operands: str = "hbm"
+    bytes_l2: float = 0.0
     basis: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -121,6 +131,7 @@ def estimate(
     impl: str | None = None,
     swap_ab: bool = False,
     family: str | None = None,
+    operands: str = "hbm",
 ) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
@@ -141,6 +152,11 @@ def estimate(
     hardware's ``mma_min_n`` rows instead of ``mma_min_m``.
     ``family``: the kernel family whose achieved compute fraction applies (default: the grouped
     family of ``op``); ``"dense"`` models a plain GEMM as one contiguous group run by a dense kernel.
+    ``operands``: where the operands are when the call starts (:data:`OPERANDS`): ``"hbm"``
+    (default: MoE weights are not L2-resident in a model) or ``"l2"`` (a benchmark that wrote them
+    just before the call): then ``min(operand bytes, L2 size)`` stream at the implementation's
+    ``l2_bandwidth`` and the rest at its streaming bandwidth; without an L2 size or L2 rate the
+    call is predicted cold and ``basis["operands"]`` says so.
     """
     call = Call.build(
         counts,
@@ -161,6 +177,7 @@ def estimate(
         impl=impl,
         swap_ab=swap_ab,
         family=family,
+        operands=operands,
     )
     return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
 
@@ -186,6 +203,7 @@ class Call:
     overlap_p: float | None
     swap_ab: bool
     rates: Rates
+    operands: str = "hbm"
 
     @classmethod
     def build(
@@ -209,9 +227,12 @@ class Call:
         impl: str | None = None,
         swap_ab: bool = False,
         family: str | None = None,
+        operands: str = "hbm",
     ) -> "Call":
         if op not in OPS:
             raise ArgumentError("op", f"one of {OPS}", op)
+        if operands not in OPERANDS:
+            raise ArgumentError("operands", f"one of {OPERANDS}", operands)
         if family is not None and family not in FAMILIES:
             raise ArgumentError("family", f"None or one of {FAMILIES}", family)
         if hw is None:
@@ -264,6 +285,7 @@ class Call:
             overlap_p,
             bool(swap_ab),
             rates,
+            operands,
         )
 
     def estimate(self, block_m: int, block_n: int) -> Estimate:
@@ -279,15 +301,11 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
-        l2_per_core = rates.l2_bandwidth / S if rates.l2_bandwidth else None
 
         def tile_time(depth: int) -> float:
-            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA (or
-            operand loads from L2) plus the fixed per-tile overhead (pipeline fill, epilogue)."""
-            t = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
-            if l2_per_core is not None:
-                t = max(t, (block_m * e_a + block_n * e_b) * depth / l2_per_core)
-            return t + rates.tile_overhead
+            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA plus
+            the fixed per-tile overhead (pipeline fill, epilogue)."""
+            return 2.0 * max(block_m, m_floor) * block_n * depth / per_core + rates.tile_overhead
 
         # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
         terms: dict[int, tuple[float, float]] = {}
@@ -304,6 +322,7 @@ class Call:
             cost = {kg: tile_time(kg) for kg in hist}
             t_comp = _round_robin_makespan(((tiles_per_group, cost[kg]) for kg in self.values if kg), S)
             out_bytes = groups * m * n * e_c * (2 if self.accumulate else 1)
+            written = groups * m * n * e_c
             bytes_min = total_k * (m + n) * e_a + out_bytes
             bytes_kernel = bytes_min
             for kg in hist:
@@ -323,6 +342,7 @@ class Call:
             t_tile = tile_time(k)
             t_comp = ceil_div(tiles, S) * t_tile
             bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
+            written = rows * n * e_c
             bytes_kernel = bytes_min
             if self.streams_all_experts:
                 bytes_kernel += (groups - active) * n * k * e_b
@@ -339,7 +359,20 @@ class Call:
         bw_eff = bw
         if rates.bw_per_core is not None and tiles:
             bw_eff = min(bw, min(tiles, S) * rates.bw_per_core)
-        t_mem = bytes_kernel / bw_eff
+        bytes_l2, basis = 0.0, dict(rates.basis)
+        if self.operands == "l2":
+            if h.l2_bytes and rates.l2_bandwidth:
+                # the operands read (not the output written) that fit in the L2 come from it
+                bytes_l2 = float(min(bytes_kernel - written, h.l2_bytes))
+                basis["operands"] = (
+                    f"l2: {bytes_l2 / 1e6:.1f} MB of operands stream from the L2 at "
+                    f"{rates.l2_bandwidth / 1e12:.2f} TB/s, the rest from memory"
+                )
+            else:
+                basis["operands"] = "l2 asked, but the L2 size or L2 bandwidth is not known: predicted cold"
+        else:
+            basis["operands"] = "hbm: every byte streams from device memory"
+        t_mem = (bytes_kernel - bytes_l2) / bw_eff + (bytes_l2 / rates.l2_bandwidth if bytes_l2 else 0.0)
         p = self.overlap_p
         t_body = max(t_comp, t_mem) if p is None else _p_norm(t_comp, t_mem, p)
         bound_of = {c: "empty" if c == 0 else ("compute" if tc > tm else "memory") for c, (tc, tm) in terms.items()}
@@ -384,7 +417,9 @@ class Call:
             achieved_flops=rates.flops,
             achieved_bandwidth=bw,
             tile_overhead=rates.tile_overhead,
-            basis=rates.basis,
+            operands=self.operands,
+            bytes_l2=bytes_l2,
+            basis=basis,
         )
 
 
