@@ -24,8 +24,8 @@ Bytes per call count the payload rows each rank sends and receives in both direc
 bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
 so bare time / ep time). **host s/call** is the time a dispatch + combine spends outside the
 transport's collectives (measured by timing the transport's methods, a non-blocking all-gather's
-``wait()`` included; waiting for a peer inside a collective counts as collective time). ``--trials`` repeats the whole measurement in fresh
-processes and reports the median ratio. The 1-minute load average before and after each trial is
+``wait()`` included; waiting for a peer inside a collective counts as collective time).
+``--trials`` repeats the whole measurement in fresh processes and reports the median ratio. The 1-minute load average before and after each trial is
 stored: on a shared host absolute figures move with it. After the timed rounds, each rank times
 ``--repeat`` more calls split into **phases** (:data:`PHASES`: planning, the small all-gathers,
 the payload all-to-alls, the row gathers and block copies, combine's fp32 sum, the rest), stored

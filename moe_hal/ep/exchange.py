@@ -93,8 +93,9 @@ class _Maps:
     own rows, ``[remote_sent, S)``, never enter it (send rows are in :attr:`EPGroup.send_block`
     order). Exact mode moves contiguous blocks between the exchanged rows and the layout.
     Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert); its own chunk of the
-    received rows is the send rows' tail) and gathers on the experts' side: an empty *source* row (a send row no slot fills, a received row no
-    expert row uses) is never read on the other side, so its index is merely clamped into range."""
+    received rows is the send rows' tail) and gathers on the experts' side: an empty *source* row
+    (a send row no slot fills, a received row no expert row uses) is never read on the other side,
+    so its index is merely clamped into range."""
 
     send_token: torch.Tensor  # int64 [S]: source token of each send row (clamped where empty)
     send_slot: torch.Tensor  # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
@@ -291,8 +292,8 @@ def _sum_slots(
     Token chunk by token chunk (on the CPU), choice by choice: the chunk's ``j``-th rows are
     gathered straight from ``rows`` into a scratch buffer, widened to fp32 there, weighted and added
     to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks, which stays in a
-    core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no fresh allocation, whose page faults cost more than the
-    arithmetic."""
+    core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no
+    fresh allocation, whose page faults cost more than the arithmetic."""
     T, k = slot_row.shape
     C = rows.shape[1]
     out = torch.empty(T, C, dtype=dtype, device=rows.device)

@@ -4,9 +4,10 @@ A transport is declared by a :class:`~moe_hal.ep.spec.TransportSpec` (its own mo
 import) registered through the ``moe_hal_ep_transports`` hook — the built-in one by
 :mod:`moe_hal.builtin`, others (DeepEP, NVSHMEM / symmetric memory, Ascend MC2) by plugins, without
 changes to the core. Its implementation (:class:`Transport`, named lazily by ``spec.impl``)
-provides two collectives (the all-gather optionally non-blocking): a variable-split all-to-all of byte rows (called once per direction of
-dispatch and of combine, often on row slices of larger contiguous buffers; in exact mode a rank's
-own split is 0, its rows for its own experts never pass through it) and an all-gather of small int64 rows
+provides two collectives (the all-gather optionally non-blocking): a variable-split all-to-all
+of byte rows (called once per direction of dispatch and of combine, often on row slices of larger
+contiguous buffers; in exact mode a rank's own split is 0, its rows for its own experts never pass
+through it) and an all-gather of small int64 rows
 (dispatch's count matrix, combine's status flags).
 
 Each spec declares the promises selection relies on:

@@ -29,7 +29,8 @@ leave-one-source-out validation, so the validation tests exactly what prediction
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
 stands on its own), and so does the implementation a level calls the best known (one timing
-makes no "best"). Without ``impl`` every level takes the best implementation known. Each answer carries its basis and the level it came from.
+makes no "best"). Without ``impl`` every level takes the best implementation known. Each answer
+carries its basis and the level it came from.
 """
 
 from __future__ import annotations
