@@ -448,6 +448,22 @@ def cases(rank: int, world: int) -> dict:
                 raise AssertionError(f"{mode}: rank {rank} did not fail")
         check(make(24, rank, tok, E, 2), g, E)  # the group still works afterwards
 
+    def combine_refuses_ranks_that_disagree_on_the_output_row():
+        for mode, cap in (("exact", None), ("capacity", 64)):
+            for change in ("width", "dtype"):
+                p = make(25, rank, tok, E, 2)
+                d = ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
+                out = d.a
+                if rank == W - 1:  # valid on its own, but not the row the other ranks send
+                    out = torch.cat([out, out], dim=-1) if change == "width" else out.to(torch.float64)
+                try:
+                    ep.combine(out, d)
+                except ShapeError as exc:
+                    assert exc.argument == "expert_out" and f"rank {W - 1}: " in str(exc), (mode, change, exc)
+                else:
+                    raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
+        check(make(26, rank, tok, E, 2), g, E)  # the group still works afterwards
+
     def nn_moe_with_ep_group():
         from moe_hal.nn import GroupedExperts, MoE, TopKRouter
 
@@ -519,6 +535,7 @@ CASES = [
     "capacity_fp8",
     "broken_rank_fails_everywhere",
     "broken_rank_in_combine_fails_everywhere",
+    "combine_refuses_ranks_that_disagree_on_the_output_row",
     "nn_moe_with_ep_group",
     "select_explains",
 ]

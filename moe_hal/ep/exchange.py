@@ -709,6 +709,12 @@ def dispatch(
     return d
 
 
+#: the dtypes combine takes, numbered for the status exchange (every floating-point dtype of torch)
+_ROW_DTYPES = tuple(
+    dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype) and t.is_floating_point)
+)
+
+
 def _check_combine(expert_out, d: EPDispatch) -> None:
     if not isinstance(expert_out, torch.Tensor) or not expert_out.dtype.is_floating_point:
         got = expert_out.dtype if isinstance(expert_out, torch.Tensor) else type(expert_out).__name__
@@ -730,7 +736,9 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     status flag each before any row moves (the flags travel while the rows bound for other ranks
     are copied into the send buffer); a rank whose arguments are invalid raises its own error
     and every other rank :class:`~moe_hal.errors.PeerRankError` naming it (on an accelerator: a
-    device-side assertion, see the module docstring) — nobody waits in a collective for it.
+    device-side assertion, see the module docstring) — nobody waits in a collective for it. With
+    its flag each rank states its ``expert_out`` row (last dimension, dtype); ranks that disagree
+    all raise :class:`~moe_hal.errors.ShapeError` naming every rank's row.
     """
     if not isinstance(d, EPDispatch):  # without a dispatch there is no group to tell
         raise DTypeError("d", "a moe_hal.ep.EPDispatch (from moe_hal.ep.dispatch)", type(d).__name__)
@@ -739,9 +747,13 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         _check_combine(expert_out, d)
     except ArgumentError as exc:
         local_error = exc
-    status = torch.full((1,), int(local_error is not None), dtype=torch.int64, device=d.send_counts.device)
+    # Besides its error flag, each rank states its output row (width, dtype): the rows travel as
+    # bytes, so ranks that disagree would exchange rows of different sizes, or misread each
+    # other's values when only the dtype differs.
+    row = (-1, -1) if local_error is not None else (expert_out.shape[-1], _ROW_DTYPES.index(expert_out.dtype))
+    status = torch.tensor([int(local_error is not None), *row], dtype=torch.int64, device=d.send_counts.device)
     W = d.group.world_size
-    flags = status.new_empty(W)
+    flags = status.new_empty(W * status.numel())
     # Non-blocking: the rows bound for other ranks are copied into the send buffer while the flags
     # travel (a peer that is behind costs less waiting); they are checked before any row moves.
     pending = d._selection.transport.start_all_gather(flags, status, d.group.process_group)
@@ -749,13 +761,24 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         pending.wait()  # this rank's part of the exchange is complete before it gives up
         raise local_error
 
+    per_rank = flags.view(W, status.numel())
+
     def peers_failed() -> None:
-        failed = [s for s, flag in enumerate(flags.tolist()) if flag]
+        failed = [s for s, flag in enumerate(per_rank[:, 0].tolist()) if flag]
         raise PeerRankError("moe_hal.ep.combine", failed, "invalid arguments")
+
+    def rows_disagree() -> None:
+        given = ", ".join(f"rank {s}: {n} x {_ROW_DTYPES[i]}" for s, (n, i) in enumerate(per_rank[:, 1:].tolist()))
+        raise ShapeError("expert_out", "the same last dimension and dtype on every rank", given)
 
     def peers_ok() -> None:
         pending.wait()
-        _require((flags == 0).all(), peers_failed, "moe_hal.ep.combine: a peer rank's arguments are invalid")
+        _require((per_rank[:, 0] == 0).all(), peers_failed, "moe_hal.ep.combine: a peer rank's arguments are invalid")
+        _require(
+            (per_rank[:, 1:] == per_rank[0, 1:]).all(),
+            rows_disagree,
+            "moe_hal.ep.combine: the ranks' expert_out differ in last dimension or dtype",
+        )
 
     weights = d.topk_weights
     if weights is None:
