@@ -417,5 +417,11 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
     if x.device != y.device or x.numel() == 0 or y.numel() == 0:
         return False
+    # Eager functionalization (torch.func.functionalize) hands over wrappers whose data_ptr() is 0:
+    # the tensors they wrap hold the memory to compare.
+    if torch._is_functional_tensor(x):
+        x = torch._from_functional_tensor(x)
+    if torch._is_functional_tensor(y):
+        y = torch._from_functional_tensor(y)
     (x0, x1), (y0, y1) = _byte_range(x), _byte_range(y)
     return x0 < y1 and y0 < x1

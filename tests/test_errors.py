@@ -158,6 +158,25 @@ def test_out_overlapping_an_input_is_rejected(gen):
     raises(errors.AliasError, "out", lambda: moe_hal.grouped_gemm(randn(gen, 4, 8), w, LAY, out=w[0, :4, :6]))
 
 
+def test_out_under_eager_functionalization_is_checked_on_the_wrapped_memory(gen):
+    # functionalize's wrappers all report data_ptr() 0: comparing those refused every out=
+    a, b = randn(gen, 3, 8, 16), randn(gen, 3, 5, 16)
+    lay = moe_hal.MaskedLayout(torch.tensor([3, 0, 8], dtype=torch.int32), 8)
+
+    def into(a, b, out):
+        moe_hal.grouped_gemm(a, b, lay, out=out)
+        return out
+
+    got = torch.func.functionalize(into)(a, b, sentinel(3, 8, 5))
+    want = into(a, b, sentinel(3, 8, 5))
+    assert torch.equal(got, want) and (got[0, 3:] == SENTINEL).all() and (got[1] == SENTINEL).all()
+
+    def overlapping(buf, b):
+        moe_hal.grouped_gemm(buf[:, :, :16], b, lay, out=buf[:, :, :5])
+
+    raises(errors.AliasError, "out", lambda: torch.func.functionalize(overlapping)(randn(gen, 3, 8, 16), b))
+
+
 def test_masked_shape_errors(gen):
     lay = moe_hal.MaskedLayout(torch.tensor([1, 2], dtype=torch.int32), 4)
     out = sentinel(2, 4, 3)
