@@ -12,8 +12,15 @@ replaced by a no-op. Two regimes, interleaved in rounds so drifts of a shared ma
   one is the router's cost, reported separately as ``layout_build_us``).
 * ``cached``: the same layout object every call (its device tensors and plan already made).
 
-Time is this thread's CPU time (``time.thread_time``): on a shared, oversubscribed host, wall time
-also counts the time other processes hold the core.
+A fresh layout lives as a MoE step's does: the bench holds it only until the round it was used in
+ends, and drops it once the round's clock has stopped (its construction and its destruction are
+the router's cost, not the launch's). Holding every layout of the run instead would time
+something no training loop does: a heap growing by each layout's uploaded group bounds, a page
+fault every few calls.
+
+Time is this thread's CPU time (``--clock thread``, the default): on a shared, oversubscribed
+host, wall time (``--clock wall``) also counts the time other processes hold the core. Each
+figure is the median over the rounds; the least disturbed round (``*_min_us``) is reported too.
 
 Operands are CPU tensors (host time does not depend on N and K, so they are small); with the
 kernel stubbed, the device operations of the path (output allocation, fp8 activation-scale
@@ -21,16 +28,16 @@ conversion, the layout's group-end upload — a no-op on the CPU, one ``cudaMemc
 pageable memory on a GPU, which does not wait for the device) execute on the CPU, so the fp8
 figures include the scale conversion computed here. Nothing here ran on a GPU.
 
-    python bench/bench_cuda_host_time.py [--json bench/results/cuda_host_time_cpu.json]
+    python bench/bench_cuda_host_time.py [--clock thread|wall] [--json bench/results/cuda_host_time_cpu.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -41,10 +48,10 @@ import torch  # noqa: E402 - after the environment set-up above, which must come
 import moe_hal  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.quant import quantize_fp8  # noqa: E402 - after the environment set-up above, which must come first
-from moe_hal.timing import host_seconds_per_call  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.workloads import synthetic_counts  # noqa: E402 - after the environment set-up above, which must come first
 
 TARGET_US = 30.0
+CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 
 
 def _stub_kernels():
@@ -84,9 +91,35 @@ def routings(kind: str, steps: int) -> list[list[int]]:
     return [synthetic_counts("uniform", 4096, 256, topk=8, seed=step) for step in range(steps)]
 
 
-def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, gen) -> dict:
+def _time_rounds(fresh_args: list, cached_args: tuple, call, per_round: int, rounds: int, clock) -> dict:
+    """Seconds per call of each regime, one list entry per round, the regimes interleaved in every
+    round. ``fresh_args`` is consumed (popped from its end): each call's arguments are held until
+    the round ends and released after its clock has stopped (see the module docstring)."""
+    samples: dict[str, list[float]] = {"fresh": [], "cached": []}
+    for _ in range(max(3, per_round // 10)):
+        call(*fresh_args.pop())
+        call(*cached_args)
+    for _ in range(rounds):
+        used = []
+        t0 = clock()
+        for _ in range(per_round):
+            args = fresh_args.pop()
+            used.append(args)
+            call(*args)
+        samples["fresh"].append((clock() - t0) / per_round)
+        t0 = clock()
+        for _ in range(per_round):
+            call(*cached_args)
+        samples["cached"].append((clock() - t0) / per_round)
+        del used, args  # the round's layouts die here, off the clock
+    return samples
+
+
+def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, gen, clock) -> dict:
     be = _backend(arch)
-    counts_per_step = routings(routing, calls + calls // 5 + 10)  # more than warm-up + timed calls
+    per_round = max(calls // rounds, 1)
+    steps = 1 + max(3, per_round // 10) + per_round * rounds
+    counts_per_step = routings(routing, steps)
     groups = len(counts_per_step[0])
     k, n = 256, 64
     ue8m0 = arch == "sm100"
@@ -123,21 +156,18 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
             return t[:r] if dtype != "fp8" else type(t)(t.data[:r], t.scale[: -(-r // 128)], t.block, t.scale_format)
 
         args = [(rows_of(x, lay.num_rows), rows_of(dy, lay.num_rows), lay) for lay in layouts]
+    del layouts  # ``args`` holds the only references: a fresh layout dies after its round
 
     def call(a, b, lay):
         p = Problem.build(a, b, lay, out_dtype=torch.float32 if op == "k_grouped" else None)
         return be.run(p, None)
 
-    call(*args[0])  # weights prepared, the first plan of the bucket made: as after a model's first step
-    fresh = itertools.cycle(args[1:])  # every fresh call sees a layout object new to the backend
-    per_round = max(calls // rounds, 1)
-    seconds = host_seconds_per_call(
-        {"fresh": lambda: call(*next(fresh)), "cached": lambda: call(*args[0])},
-        iters=per_round,
-        repeats=rounds,
-        clock=time.thread_time,
-    )
-    fresh_us, cached_us = seconds["fresh"] * 1e6, seconds["cached"] * 1e6
+    cached = args[0]
+    call(*cached)  # weights prepared, the first plan of the bucket made: as after a model's first step
+    fresh = args[:0:-1]  # every fresh call sees a layout object new to the backend (popped from the end)
+    del args
+    samples = _time_rounds(fresh, cached, call, per_round, rounds, CLOCKS[clock])
+    fresh_us, cached_us = (statistics.median(samples[r]) * 1e6 for r in ("fresh", "cached"))
     return {
         "arch": arch,
         "op": op,
@@ -147,6 +177,8 @@ def case(arch: str, op: str, dtype: str, routing: str, calls: int, rounds: int, 
         "fresh_layout_us": round(fresh_us, 2),
         "cached_layout_us": round(cached_us, 2),
         "fresh_over_cached": round(fresh_us / cached_us, 3),
+        "fresh_layout_min_us": round(min(samples["fresh"]) * 1e6, 2),
+        "cached_layout_min_us": round(min(samples["cached"]) * 1e6, 2),
         "layout_build_us": round(build_us, 2),
         "plans_made": len(be._plans),
         # fp8 rows also execute the activation-scale conversion on the CPU (device work on a GPU)
@@ -159,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--calls", type=int, default=1000, help="fresh layouts per case")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="thread", help="thread: this thread's CPU time; wall: elapsed"
+    )
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     _stub_kernels()
@@ -172,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sm90", "k_grouped", "bf16", "seed32"),
         ("sm100", "k_grouped", "fp8", "seed32"),
     ]:
-        row = case(arch, op, dtype, routing, opts.calls, opts.rounds, gen)
+        row = case(arch, op, dtype, routing, opts.calls, opts.rounds, gen, opts.clock)
         rows.append(row)
         print(
             f"{arch:6} {op:10} {dtype:5} {routing:10} fresh {row['fresh_layout_us']:7.1f} us  "
@@ -184,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         "what": "host time per call of the cuda backends' launch path (Problem.build + backend.run, Triton launch "
         "stubbed), a new layout object every call vs one cached layout; CPU only, nothing ran on a GPU",
         "target_us": TARGET_US,
-        "clock": "time.thread_time (this thread's CPU time)",
+        "clock": "time.thread_time (this thread's CPU time)"
+        if opts.clock == "thread"
+        else "time.perf_counter (wall time)",
+        "statistic": "median over rounds (the *_min_us fields: the least disturbed round)",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": platform.machine(),

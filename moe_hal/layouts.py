@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
+import struct
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Iterable, Sequence
@@ -87,6 +88,39 @@ def _host_ints(values: IntsLike | Iterable[int], argument: str) -> list[int]:
         if abs(v) > INT32_MAX:
             raise LayoutError(f"{argument}[{i}]", f"a value that fits int32 (|v| <= {INT32_MAX})", v)
     return out
+
+
+def _int32_tensor(values: tuple[int, ...]) -> torch.Tensor:
+    """Host int32 tensor of ``values``, packed by one ``struct`` call (a C loop; ``torch.tensor``
+    on a tuple of ints costs about three times as much, on every new layout of a launch)."""
+    if not values or torch.compiler.is_compiling():  # dynamo traces torch.tensor, not bytearray
+        return torch.tensor(values, dtype=torch.int32)
+    buffer = bytearray(4 * len(values))
+    struct.pack_into(f"={len(values)}i", buffer, 0, *values)
+    return torch.frombuffer(buffer, dtype=torch.int32)
+
+
+def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The host tensor ``host`` on ``device``, copied without making the host wait for the device.
+
+    On CUDA the bytes go through pinned memory: from pageable memory ``cudaMemcpyAsync`` "may
+    synchronize with the stream" to stage them (CUDA runtime API, "API synchronization
+    behavior"), while from pinned memory the copy is asynchronous, and torch's caching host
+    allocator keeps the pinned block until the copy has run. A copy cannot be recorded into a
+    CUDA graph: inside capture this raises (make one call with the layout before capturing).
+    """
+    if device.type == "cpu":
+        return host
+    if torch.compiler.is_compiling():  # traced into a graph: the copy is the graph's, as before
+        return host.to(device)
+    if device.type == "cuda":
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "a layout's group bounds were needed for the first time inside CUDA-graph capture, where "
+                "they cannot be uploaded: make one call with this layout before capturing"
+            )
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
 
 
 class SegmentLayout:
@@ -208,12 +242,12 @@ class SegmentLayout:
     @property
     def counts(self) -> torch.Tensor:
         """int32 ``[G]`` rows per group (host tensor)."""
-        return torch.tensor(self._counts, dtype=torch.int32)
+        return _int32_tensor(self._counts)
 
     @property
     def psum(self) -> torch.Tensor:
         """int32 ``[G]`` exclusive end row of each group (DeepGEMM psum; host tensor)."""
-        return torch.tensor(self._ends, dtype=torch.int32)
+        return _int32_tensor(self._ends)
 
     @property
     def counts_list(self) -> tuple[int, ...]:
@@ -242,8 +276,18 @@ class SegmentLayout:
         return self._cached("m_indices", device, self._build_m_indices)
 
     def psum_on(self, device: torch.device | str | None) -> torch.Tensor:
-        """The int32 psum tensor on ``device`` (cached per device)."""
-        return self._cached("psum", device, lambda: self.psum)
+        """The int32 psum tensor ``[G]`` on ``device`` (cached per device; uploaded without
+        making the host wait, see :func:`upload`)."""
+        hit = self._device_cache.get(("psum", device))  # the hot path of a launch: one look-up
+        return hit if hit is not None else self._cached("psum", device, lambda: self.psum)
+
+    def bounds_on(self, device: torch.device | str | None) -> torch.Tensor:
+        """int32 ``[2, G]`` on ``device``: each group's first row (row 0) and exclusive end row
+        (row 1), for kernels that read both (cached per device, uploaded like :meth:`psum_on`)."""
+        hit = self._device_cache.get(("bounds", device))
+        if hit is not None:
+            return hit
+        return self._cached("bounds", device, lambda: _int32_tensor(self._starts + self._ends).reshape(2, -1))
 
     def aligned_ends_on(self, device: torch.device | str | None) -> torch.Tensor:
         """int32 ``[G]`` of ``align(psum[g], alignment)``: segment ends padding included (cached)."""
@@ -284,11 +328,11 @@ class SegmentLayout:
         hit = self._device_cache.get((kind, device))
         if hit is not None:
             return hit
-        dev = torch.device(device) if device is not None else torch.device("cpu")
+        dev = device if isinstance(device, torch.device) else torch.device(device or "cpu")
         key = (kind, dev)
-        hit = self._device_cache.get(key)
+        hit = self._device_cache.get(key) if dev is not device else None
         if hit is None:
-            hit = build().to(dev)
+            hit = upload(build(), dev)
             self._device_cache[key] = hit
         return hit
 

@@ -54,6 +54,7 @@ class Problem:
     )
 
     def __init__(self, op, a, b, layout, c, out_dtype, device, num_groups, m, n, k, b_major):
+        # Runs on every call: plain stores, each value computed once (host time is a target).
         self.op = op
         self.a = a
         self.b = b
@@ -63,24 +64,28 @@ class Problem:
         self.device = device
         self.device_type = device.type
         self.num_groups = num_groups
-        self.m, self.n, self.k = m, n, k
-        self.in_dtype = _NAMES[a.dtype]
-        self.out_dtype_name = _NAMES[out_dtype]
-        quantized = self.quantized = isinstance(a, QuantizedTensor)
-        self.scale_format = _combined_scale_format(a, b) if quantized else None
-        self.scale_blocks = (a.block, b.block) if quantized else None
+        self.m = m
+        self.n = n
+        self.k = k
+        self.in_dtype = in_dtype = _NAMES[a.dtype]
+        self.out_dtype_name = out_name = _NAMES[out_dtype]
+        self.quantized = quantized = type(a) is QuantizedTensor or isinstance(a, QuantizedTensor)
+        if quantized:
+            self.scale_format = scale_format = _combined_scale_format(a, b)
+            self.scale_blocks = scale_blocks = (a.block, b.block)
+        else:
+            self.scale_format = scale_format = self.scale_blocks = scale_blocks = None
         self.b_major = b_major
-        alignment = getattr(layout, "alignment", None)
         self.signature = (
             op,
-            self.in_dtype,
-            self.out_dtype_name,
-            self.scale_format,
-            self.scale_blocks,
+            in_dtype,
+            out_name,
+            scale_format,
+            scale_blocks,
             num_groups,
             n,
             k,
-            alignment,
+            getattr(layout, "alignment", None),
             b_major,
             device,
             c is not None,
@@ -158,9 +163,9 @@ class Problem:
         """Validate a call and return its :class:`Problem`; raises a :mod:`moe_hal.errors`
         ``ArgumentError`` subclass naming the argument on any inconsistency."""
         a_q, b_q = isinstance(a, QuantizedTensor), isinstance(b, QuantizedTensor)
-        if not a_q:
+        if not (a_q or isinstance(a, torch.Tensor)):
             _check_operand(a, "a")
-        if not b_q:
+        if not (b_q or isinstance(b, torch.Tensor)):
             _check_operand(b, "b")
         if a_q != b_q:
             raise DTypeError(
@@ -185,7 +190,7 @@ class Problem:
 
         if a_q:
             a, b = _row_block_origin(a, "a", layout), _row_block_origin(b, "b", layout)
-        if isinstance(layout, ContiguousLayout):
+        if type(layout) is ContiguousLayout or isinstance(layout, ContiguousLayout):
             problem = cls._contiguous(a, b, layout, c, out_dtype, device)
         elif isinstance(layout, MaskedLayout):
             problem = cls._masked(a, b, layout, c, out_dtype, device)
@@ -201,12 +206,13 @@ class Problem:
     def _contiguous(cls, a, b, layout, c, out_dtype, device):
         if c is not None:
             _no_c(c, "contiguous")
-        if a.dim() != 2:
+        a_shape, b_shape = a.shape, b.shape
+        if len(a_shape) != 2:
             _rank(a, 2, "a", "[num_rows, K]")
-        if b.dim() != 3:
+        if len(b_shape) != 3:
             _rank(b, 3, "b", "[G, N, K]")
-        m, k = a.shape
-        g, n, kb = b.shape
+        m, k = a_shape
+        g, n, kb = b_shape
         if m != layout.num_rows:
             raise ShapeError(
                 "a.shape[0]",
@@ -218,7 +224,8 @@ class Problem:
             raise ShapeError("b.shape[0]", f"{layout.num_groups} groups (layout.num_groups)", g)
         if kb != k:
             raise ShapeError("b.shape[2]", f"K = {k} (a.shape[1])", kb)
-        return cls("contiguous", a, b, layout, None, _out_dtype(a, out_dtype, None), device, g, m, n, k, _b_major(b))
+        out_dtype = _out_dtype(a, out_dtype, None)
+        return cls("contiguous", a, b, layout, None, out_dtype, device, g, m, n, k, _b_major(b, n, kb))
 
     @classmethod
     def _masked(cls, a, b, layout, c, out_dtype, device):
@@ -237,7 +244,8 @@ class Problem:
             raise ShapeError("b.shape[2]", f"K = {k} (a.shape[2])", kb)
         if layout.masked_m.device != device:
             raise DeviceError("layout.masked_m", f"device {device} (that of a)", layout.masked_m.device)
-        return cls("masked", a, b, layout, None, _out_dtype(a, out_dtype, None), device, g, max_m, n, k, _b_major(b))
+        out_dtype = _out_dtype(a, out_dtype, None)
+        return cls("masked", a, b, layout, None, out_dtype, device, g, max_m, n, k, _b_major(b, n, kb))
 
     @classmethod
     def _k_grouped(cls, a, b, layout, c, out_dtype, device, out):
@@ -333,10 +341,9 @@ def _no_c(c, op: str) -> None:
         raise ArgumentError("c", f"None (c is only used by K-grouped calls, not {op})", type(c).__name__)
 
 
-def _b_major(b) -> str:
-    data = b.data if isinstance(b, QuantizedTensor) else b
-    _, n, k = data.shape
-    _, s_n, s_k = data.stride()
+def _b_major(b, n: int, k: int) -> str:
+    """How ``b[G, N, K]`` (``n``, ``k`` its sizes) is laid out: see :attr:`Problem.b_major`."""
+    _, s_n, s_k = (b.data if isinstance(b, QuantizedTensor) else b).stride()
     if s_k == 1 or k == 1:
         return "k"
     if s_n == 1 or n == 1:
@@ -350,6 +357,8 @@ def _combined_scale_format(a: QuantizedTensor, b: QuantizedTensor) -> str:
 
 
 def _out_dtype(a, out_dtype: torch.dtype | None, c: torch.Tensor | None) -> torch.dtype:
+    if out_dtype is None and c is None and type(a) is torch.Tensor:
+        return a.dtype  # the common call, answered first
     quantized = isinstance(a, QuantizedTensor)
     natural = torch.bfloat16 if quantized else a.dtype
     if out_dtype is None:

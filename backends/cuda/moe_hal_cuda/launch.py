@@ -6,18 +6,17 @@ Each function takes plain tensors (the fp8 *data* of quantized operands), option
 
 **No host synchronisation.** Nothing here reads a device value on the host: grids come from host
 sizes (row count, group count, ``max_m``, N) and the kernels find their tiles from device tensors
-(:mod:`moe_hal_cuda.kernels`). The only device data built here are a layout's group ends (and, for
-K-grouped calls, starts), uploaded once per layout object with a non-blocking copy
-(:func:`layout_tensor`); a copy cannot be recorded into a CUDA graph, so a contiguous or K-grouped
-call captured in a graph needs one call with its layout before capture (the graph then replays
-that routing). Every small tensor a kernel indexes without a stride argument (``masked_m``, the
+(:mod:`moe_hal_cuda.kernels`). The only device data a call may need uploaded are a layout's group
+ends (and, for K-grouped calls, starts), which the layout uploads once per device without making
+the host wait (``psum_on`` / ``bounds_on``, :func:`moe_hal.layouts.upload`); a copy cannot be
+recorded into a CUDA graph, so a contiguous or K-grouped call captured in a graph needs one call
+with its layout before capture (the graph then replays that routing). Every small tensor a kernel indexes without a stride argument (``masked_m``, the
 layout tensors) is made contiguous first; everything else has its strides passed.
 """
 
 from __future__ import annotations
 
 import functools
-import struct
 
 import torch
 
@@ -27,43 +26,10 @@ from . import kernels  # first: it sets TRITON_INTERPRET before triton is import
 from .configs import KernelConfig
 from .scales import SCALES_NONE, Physical
 
-#: Device tensors per layout object, by identity — never by the layout's value: hashing a layout
-#: walks its G group counts on every call (several microseconds at 256 experts). Dropped with the
-#: layout.
-_layout_tensors = IdentityTable()
-
 #: Programs per SM of the persistent masked kernel.
 PROGRAMS_PER_SM = 2
 #: Programs of the persistent masked kernel when it is interpreted (no SMs to fill).
 INTERPRETED_PROGRAMS = 3
-
-
-def layout_tensor(layout, kind: str, device: torch.device) -> torch.Tensor:
-    """int32 device tensor of a segment layout, cached per layout object and device:
-    ``"psum"`` — ``[G]`` exclusive group ends; ``"bounds"`` — ``[2, G]`` group starts and ends.
-
-    Packed from the layout's host tuples with one ``struct.pack_into`` (a C loop over the G ints,
-    no tensor built element by element) and copied with ``non_blocking=True``: from pageable
-    memory the driver stages the bytes before returning, so the host never waits for the device.
-    Inside CUDA-graph capture a copy cannot be recorded: an uncached layout raises there.
-    """
-    cached = _layout_tensors.slot(layout)
-    hit = cached.get((kind, device))
-    if hit is not None:
-        return hit
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        raise RuntimeError(
-            "a contiguous or K-grouped layout used for the first time inside CUDA-graph capture: "
-            "make one call with this layout before capturing (its group bounds are uploaded then)"
-        )
-    rows = layout.ends if kind == "psum" else (*layout.starts, *layout.ends)
-    buffer = bytearray(4 * len(rows))
-    struct.pack_into(f"={len(rows)}i", buffer, 0, *rows)
-    host = torch.frombuffer(buffer, dtype=torch.int32) if rows else torch.zeros(0, dtype=torch.int32)
-    if kind == "bounds":
-        host = host.reshape(2, -1)
-    hit = cached[(kind, device)] = host.to(device, non_blocking=True)
-    return hit
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,7 +64,7 @@ B_POINTER, B_TMA_K_MAJOR, B_TMA_N_MAJOR = 0, 1, 2
 
 
 @functools.lru_cache(maxsize=None)
-def _checked_block(block: tuple[int, ...]) -> list[int]:
+def _checked_block(*block: int) -> list[int]:
     """``block`` as a list, after Triton's own check of a descriptor box (powers of two, at most
     the largest tile): it depends on the config only, so it runs once per box shape."""
     from triton._utils import validate_block_shape  # here: triton is imported after kernels' set-up
@@ -136,7 +102,7 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> ker
     """A TMA descriptor of ``t`` seen as ``shape``/``strides``, or None when TMA cannot read it."""
     if not _tma_readable(t, shape, strides):
         return None
-    return _make_descriptor(t, shape, strides, _checked_block(tuple(block)))
+    return _make_descriptor(t, shape, strides, _checked_block(*block))
 
 
 #: Checked descriptor geometry of weight operands (``b`` of the contiguous and masked kernels,
@@ -159,9 +125,9 @@ def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
         sg, sn, sk = strides
         bn, bk = config.block_n, config.block_k
         if sk == 1:
-            geometry = ([g, n, k], [sg, sn, 1], _checked_block((1, bn, bk)), B_TMA_K_MAJOR)
+            geometry = ([g, n, k], [sg, sn, 1], _checked_block(1, bn, bk), B_TMA_K_MAJOR)
         else:
-            geometry = ([g, k, n], [sg, sk, sn], _checked_block((1, bk, bn)), B_TMA_N_MAJOR)
+            geometry = ([g, k, n], [sg, sk, sn], _checked_block(1, bk, bn), B_TMA_N_MAJOR)
         if not _tma_readable(b, geometry[0], geometry[1]):
             geometry = None, None, None, B_POINTER
         known[ident] = geometry
@@ -174,10 +140,18 @@ def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
     (``a[G, max_m, K]``) kernels: TMA descriptors where the operand's alignment allows, else the
     tensors themselves (pointer loads with masks, pipelined by cp.async). ``b[G, N, K]`` is
     described K-major (stride 1 along K) or, for a 16-bit N-major weight, as ``[G, K, N]``."""
-    a_block = [config.block_m, config.block_k] if a.dim() == 2 else [1, config.block_m, config.block_k]
-    a_desc = _descriptor(a, list(a.shape), list(a.stride()), a_block)
+    shape, strides = list(a.shape), list(a.stride())
+    if _tma_readable(a, shape, strides):
+        box = (
+            _checked_block(config.block_m, config.block_k)
+            if len(shape) == 2
+            else _checked_block(1, config.block_m, config.block_k)
+        )
+        a_src, a_tma = _make_descriptor(a, shape, strides, box), True
+    else:
+        a_src, a_tma = a, False
     b_src, b_kind = _weight_source(b, config)
-    return (a if a_desc is None else a_desc, a_desc is not None, b_src, b_kind)
+    return a_src, a_tma, b_src, b_kind
 
 
 def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig, k_major: bool = False) -> str:
@@ -263,7 +237,7 @@ def contiguous(
         return out
     if groups == 0:
         return out.zero_()
-    psum = layout_tensor(layout, "psum", a.device)
+    psum = layout.psum_on(a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
     row_tiles = _cdiv(num_rows, config.block_m) + groups  # upper bound; the kernel finds the real ones
@@ -369,7 +343,7 @@ def k_grouped(
     groups = out.shape[0]
     if out.numel() == 0:
         return out
-    bounds = layout_tensor(layout, "bounds", a.device)
+    bounds = layout.bounds_on(a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, _ = _scale_args(sb, 2, a)
     c_t = c if c is not None else out

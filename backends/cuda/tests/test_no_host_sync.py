@@ -22,7 +22,7 @@ import moe_hal
 from moe_hal.problem import Problem
 from moe_hal.quant import quantize_fp8
 from moe_hal_cuda import backend as cuda_backend
-from moe_hal_cuda import configs, kernels, launch, plugin
+from moe_hal_cuda import configs, kernels, plugin
 
 _READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__", "__len__"}
 _VALUE_SHAPED = {
@@ -200,14 +200,14 @@ def test_detector_catches_a_host_read(stubbed, monkeypatch):
     weight = _operand(gen, 8, 64, 256, block=None, quantized=False, ue8m0=False)
     p = _device_call(be, "contiguous", gen, 0, False, weight)
     be.plan(p)
-    real = launch.layout_tensor
+    real = moe_hal.ContiguousLayout.psum_on
 
-    def reading(layout, kind, device):
-        t = real(layout, kind, device)
+    def reading(layout, device):
+        t = real(layout, device)
         int(t[0])  # what the old host-built schedule amounted to
         return t
 
-    monkeypatch.setattr(launch, "layout_tensor", reading)
+    monkeypatch.setattr(moe_hal.ContiguousLayout, "psum_on", reading)
     with pytest.raises(HostSyncError), NoHostSync():
         be.run(p, p.new_out())
 
