@@ -106,8 +106,10 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     On CUDA the bytes go through pinned memory: from pageable memory ``cudaMemcpyAsync`` "may
     synchronize with the stream" to stage them (CUDA runtime API, "API synchronization
     behavior"), while from pinned memory the copy is asynchronous, and torch's caching host
-    allocator keeps the pinned block until the copy has run. A copy cannot be recorded into a
-    CUDA graph: inside capture this raises (make one call with the layout before capturing).
+    allocator keeps the pinned block until the copy has run. The copy is queued on the current
+    stream: like any tensor made on one stream, a use on another needs ordering after it. A copy
+    cannot be recorded into a CUDA graph: inside capture this raises (make one call with the
+    layout before capturing).
     """
     if device.type == "cpu":
         return host

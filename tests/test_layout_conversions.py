@@ -115,3 +115,20 @@ def test_conversion_errors():
     assert info.value.argument == "masked_m[1]" and info.value.actual == 4
     with pytest.raises(LayoutError, match="alignment"):
         masked_to_contiguous(torch.zeros(2, 3, 8), masked, alignment=0)
+
+
+def test_device_bounds_golden_and_uploaded_without_waiting(monkeypatch):
+    # counts [2, 0, 3], alignment 4: starts (0, 4, 4), ends (2, 4, 7) — worked out by hand.
+    layout = ContiguousLayout.from_counts([2, 0, 3], alignment=4)
+    psum, bounds = layout.psum_on("cpu"), layout.bounds_on(torch.device("cpu"))
+    assert psum.dtype == bounds.dtype == torch.int32
+    assert psum.tolist() == [2, 4, 7] and bounds.tolist() == [[0, 4, 4], [2, 4, 7]]
+    assert layout.psum_on(torch.device("cpu")) is psum and layout.counts.tolist() == [2, 0, 3]
+    assert ContiguousLayout.from_counts([]).bounds_on("cpu").shape == (2, 0)
+    # Off the host, the copy is requested non-blocking (meta plays the device here).
+    copies = []
+    real = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(k) or real(self, *a, **k))
+    on_meta = ContiguousLayout.from_counts([5, 1], alignment=1).bounds_on("meta")
+    assert on_meta.device.type == "meta" and on_meta.shape == (2, 2)
+    assert copies == [{"non_blocking": True}]
