@@ -14,6 +14,7 @@ group's end and the next start, and rows past ``align(psum[-1], alignment)``, be
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import struct
@@ -96,8 +97,14 @@ def _int32_tensor(values: tuple[int, ...]) -> torch.Tensor:
     if not values or torch.compiler.is_compiling():  # dynamo traces torch.tensor, not bytearray
         return torch.tensor(values, dtype=torch.int32)
     buffer = bytearray(4 * len(values))
-    struct.pack_into(f"={len(values)}i", buffer, 0, *values)
+    _packer(len(values)).pack_into(buffer, 0, *values)
     return torch.frombuffer(buffer, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def _packer(count: int) -> struct.Struct:
+    """The compiled ``struct`` format of ``count`` native int32 (one per group count seen)."""
+    return struct.Struct(f"={count}i")
 
 
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:

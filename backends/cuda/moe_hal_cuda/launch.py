@@ -207,7 +207,9 @@ def _k_grouped_source(x: torch.Tensor, k_major: bool, block_mn: int, block_k: in
     return (src, False, (st, smn)) if desc is None else (desc, True, (0, 0))
 
 
+@functools.lru_cache(maxsize=256)
 def _launch_kwargs(config: KernelConfig) -> dict:
+    """The config's launch keywords, built once per config (callers unpack it, never change it)."""
     return dict(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
@@ -232,7 +234,7 @@ def contiguous(
     rows of no group are written as zeros."""
     _check_config(config, sa is not None)
     num_rows, k = a.shape
-    groups, n = b.shape[0], b.shape[1]
+    groups, n, _ = b.shape
     if out.numel() == 0:
         return out
     if groups == 0:
@@ -240,8 +242,8 @@ def contiguous(
     psum = layout.psum_on(a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
-    row_tiles = _cdiv(num_rows, config.block_m) + groups  # upper bound; the kernel finds the real ones
-    grid = (row_tiles * _cdiv(n, config.block_n),)
+    row_tiles = -(-num_rows // config.block_m) + groups  # upper bound; the kernel finds the real ones
+    grid = (row_tiles * -(-n // config.block_n),)
     a_src, a_tma, b_src, b_tma = operand_sources(a, b, config)
     kernels.contiguous_kernel[grid](
         a_src,
