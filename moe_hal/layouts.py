@@ -124,9 +124,10 @@ def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
         return host.to(device)
     if device.type == "cuda":
         if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "a layout's group bounds were needed for the first time inside CUDA-graph capture, where "
-                "they cannot be uploaded: make one call with this layout before capturing"
+            raise LayoutError(
+                "layout",
+                "a layout used once before CUDA-graph capture (its group bounds cannot be uploaded inside it)",
+                "a layout whose group bounds are first needed inside capture",
             )
         host = host.pin_memory()
     return host.to(device, non_blocking=True)

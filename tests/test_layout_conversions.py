@@ -132,3 +132,11 @@ def test_device_bounds_golden_and_uploaded_without_waiting(monkeypatch):
     on_meta = ContiguousLayout.from_counts([5, 1], alignment=1).bounds_on("meta")
     assert on_meta.device.type == "meta" and on_meta.shape == (2, 2)
     assert copies == [{"non_blocking": True}]
+
+
+def test_bounds_first_needed_inside_graph_capture_are_refused(monkeypatch):
+    # Nothing may be queued (a host copy cannot be captured): refused before any CUDA call.
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(LayoutError) as info:
+        ContiguousLayout.from_counts([3, 1]).psum_on(torch.device("cuda", 0))
+    assert info.value.argument == "layout" and "capture" in str(info.value)
