@@ -105,34 +105,92 @@ def _descriptor(t: torch.Tensor, shape: list, strides: list, block: list) -> ker
     return _make_descriptor(t, shape, strides, _checked_block(*block))
 
 
-#: Checked descriptor geometry of weight operands (``b`` of the contiguous and masked kernels,
-#: the same tensor call after call), per tensor object. The table never holds the tensor (a
-#: descriptor holds its base) and drops the entry when the tensor dies. Within it, geometry is
-#: keyed by everything the checks read (address, dtype, shape, strides, box), so a tensor changed
-#: in place (``set_``, ``resize_``) is checked again.
+#: Launch entries of weight operands (``b`` of the contiguous and masked kernels, the same tensor
+#: call after call), per tensor object: what a launch with that weight and a config can reuse.
+#: The table never holds the tensor (an entry holds no tensor; a call builds ``b``'s descriptor
+#: from the entry's checked geometry) and drops the entry when the tensor dies. Within it,
+#: entries are keyed by everything the TMA checks read (address, dtype, shape, strides) and the
+#: config object, so a tensor changed in place (``set_``, ``resize_``) is checked again.
 _weight_geometry = IdentityTable()
 
 
-def _weight_source(b: torch.Tensor, config: KernelConfig) -> tuple:
-    """``(b source, B_TMA)`` of ``b[G, N, K]``, described K-major (stride 1 along K) or, for a
-    16-bit N-major weight, as ``[G, K, N]``; its geometry cached per tensor (see above)."""
-    shape, strides = b.shape, b.stride()
-    ident = (b.data_ptr(), b.dtype, shape, strides, config.block_n, config.block_k)
-    known = _weight_geometry.slot(b)
-    geometry = known.get(ident)
-    if geometry is None:
+class _WeightEntry:
+    """What the launches of one weight state with one config share: ``kind`` (``B_TMA``),
+    ``descriptor`` (the fields of ``b``'s TMA descriptor but its base; None for pointer loads),
+    ``strides`` (of ``b``), ``boxes`` (the checked TMA box of ``a``, by its rank) and ``kwargs``
+    (the launch keywords, per kernel, scale kind and A_TMA; callers unpack them, never change
+    them). It holds ``config``, so the config's ``id`` in its key cannot pass to another object."""
+
+    __slots__ = ("config", "kind", "descriptor", "strides", "boxes", "kwargs")
+
+    def __init__(self, b: torch.Tensor, shape, strides, config: KernelConfig):
         g, n, k = shape
         sg, sn, sk = strides
         bn, bk = config.block_n, config.block_k
         if sk == 1:
-            geometry = ([g, n, k], [sg, sn, 1], _checked_block(1, bn, bk), B_TMA_K_MAJOR)
+            geometry = ([g, n, k], [sg, sn, 1], (1, bn, bk), B_TMA_K_MAJOR)
         else:
-            geometry = ([g, k, n], [sg, sk, sn], _checked_block(1, bk, bn), B_TMA_N_MAJOR)
-        if not _tma_readable(b, geometry[0], geometry[1]):
-            geometry = None, None, None, B_POINTER
-        known[ident] = geometry
-    b_shape, b_strides, block, kind = geometry
-    return (b, kind) if kind == B_POINTER else (_make_descriptor(b, b_shape, b_strides, block), kind)
+            geometry = ([g, k, n], [sg, sk, sn], (1, bk, bn), B_TMA_N_MAJOR)
+        self.config, self.strides, self.kwargs = config, strides, {}
+        if _tma_readable(b, geometry[0], geometry[1]):
+            self.kind = geometry[3]
+            self.descriptor = dict(
+                shape=geometry[0],
+                strides=geometry[1],
+                block_shape=_checked_block(*geometry[2]),
+                padding="zero",
+                round_f32_to_tf32=False,
+            )
+        else:
+            self.kind, self.descriptor = B_POINTER, None
+        bm = config.block_m
+        self.boxes = {2: _checked_block(bm, bk), 3: _checked_block(1, bm, bk)}
+
+    def launch_kwargs(self, kernel: str, scales: int, a_tma: bool) -> dict:
+        """The keywords of a ``kernel`` launch (``contiguous`` or ``masked``), built once."""
+        key = (kernel, scales, a_tma)
+        hit = self.kwargs.get(key)
+        if hit is None:
+            hit = self.kwargs[key] = dict(
+                _launch_kwargs(self.config),
+                SCALES=scales,
+                GROUP_CHUNK=kernels.GROUP_CHUNK,
+                A_TMA=a_tma,
+                B_TMA=self.kind,
+                **({"GROUP_M": self.config.group_m} if kernel == "contiguous" else {}),
+            )
+        return hit
+
+
+def _weight_entry(b: torch.Tensor, config: KernelConfig) -> _WeightEntry:
+    """The launch entry of ``b[G, N, K]`` with ``config`` (cached per tensor, see above)."""
+    shape, strides = b.shape, b.stride()
+    ident = (b.data_ptr(), b.dtype, shape, strides, id(config))
+    known = _weight_geometry.slot(b)
+    entry = known.get(ident)
+    if entry is None:
+        entry = known[ident] = _WeightEntry(b, shape, strides, config)
+    return entry
+
+
+def _sources(a: torch.Tensor, a_strides: tuple, b: torch.Tensor, entry: _WeightEntry) -> tuple:
+    """``(a source, A_TMA, b source)``: TMA descriptors where the operand allows, else the tensors.
+    ``a``'s checks are :func:`_tma_readable`'s for the ranks 2 and 3 the kernels take, inlined:
+    this runs on every launch."""
+    shape = a.shape
+    a_src, a_tma = a, False
+    if not (a.data_ptr() % 16 or a_strides[-1] != 1 or 0 in shape):
+        size, aligned = a.element_size(), True
+        for stride in a_strides[:-1]:
+            if stride <= 0 or stride * size % 16:
+                aligned = False
+        if aligned:
+            a_src, a_tma = _make_descriptor(a, list(shape), list(a_strides), entry.boxes[len(shape)]), True
+    if entry.descriptor is None:
+        return a_src, a_tma, b
+    b_src = object.__new__(kernels.TensorDescriptor)
+    b_src.__dict__.update(entry.descriptor, base=b)
+    return a_src, a_tma, b_src
 
 
 def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
@@ -140,18 +198,9 @@ def operand_sources(a: torch.Tensor, b: torch.Tensor, config: KernelConfig):
     (``a[G, max_m, K]``) kernels: TMA descriptors where the operand's alignment allows, else the
     tensors themselves (pointer loads with masks, pipelined by cp.async). ``b[G, N, K]`` is
     described K-major (stride 1 along K) or, for a 16-bit N-major weight, as ``[G, K, N]``."""
-    shape, strides = list(a.shape), list(a.stride())
-    if _tma_readable(a, shape, strides):
-        box = (
-            _checked_block(config.block_m, config.block_k)
-            if len(shape) == 2
-            else _checked_block(1, config.block_m, config.block_k)
-        )
-        a_src, a_tma = _make_descriptor(a, shape, strides, box), True
-    else:
-        a_src, a_tma = a, False
-    b_src, b_kind = _weight_source(b, config)
-    return a_src, a_tma, b_src, b_kind
+    entry = _weight_entry(b, config)
+    a_src, a_tma, b_src = _sources(a, a.stride(), b, entry)
+    return a_src, a_tma, b_src, entry.kind
 
 
 def tma_note(op: str, a: torch.Tensor, b: torch.Tensor, config: KernelConfig, k_major: bool = False) -> str:
@@ -220,6 +269,14 @@ def _launch_kwargs(config: KernelConfig) -> dict:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _k_grouped_kwargs(config: KernelConfig, scales: int, k_major: bool, a_tma: bool, b_tma: bool) -> dict:
+    """The K-grouped kernel's launch keywords, built once per combination (callers unpack it)."""
+    return dict(
+        _launch_kwargs(config), SCALES=scales, GROUP_M=config.group_m, TOKEN_MAJOR=k_major, A_TMA=a_tma, B_TMA=b_tma
+    )
+
+
 def contiguous(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -239,36 +296,32 @@ def contiguous(
         return out
     if groups == 0:
         return out.zero_()
-    psum = layout.psum_on(a.device)
     sa_t, sa_strides, kind, _ = _scale_args(sa, 2, a)
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
     row_tiles = -(-num_rows // config.block_m) + groups  # upper bound; the kernel finds the real ones
     grid = (row_tiles * -(-n // config.block_n),)
-    a_src, a_tma, b_src, b_tma = operand_sources(a, b, config)
+    entry = _weight_entry(b, config)
+    a_strides = a.stride()
+    a_src, a_tma, b_src = _sources(a, a_strides, b, entry)
     kernels.contiguous_kernel[grid](
         a_src,
         b_src,
         out,
         sa_t,
         sb_t,
-        psum,
+        layout.psum_on(a.device),
         groups,
         layout.alignment,
         num_rows,
         n,
         k,
-        *a.stride(),
-        *b.stride(),
+        *a_strides,
+        *entry.strides,
         *out.stride(),
         *sa_strides,
         *sb_strides,
         sb_rows,
-        SCALES=kind,
-        GROUP_M=config.group_m,
-        GROUP_CHUNK=kernels.GROUP_CHUNK,
-        A_TMA=a_tma,
-        B_TMA=b_tma,
-        **_launch_kwargs(config),
+        **entry.launch_kwargs("contiguous", kind, a_tma),
     )
     return out
 
@@ -297,7 +350,9 @@ def masked(
     sb_t, sb_strides, _, sb_rows = _scale_args(sb, 3, a)
     most = g * _cdiv(max_m, config.block_m) * _cdiv(n, config.block_n)
     grid = (min(most, programs or resident_programs(a.device)),)
-    a_src, a_tma, b_src, b_tma = operand_sources(a, b, config)
+    entry = _weight_entry(b, config)
+    a_strides = a.stride()
+    a_src, a_tma, b_src = _sources(a, a_strides, b, entry)
     kernels.masked_kernel[grid](
         a_src,
         b_src,
@@ -309,17 +364,13 @@ def masked(
         max_m,
         n,
         k,
-        *a.stride(),
-        *b.stride(),
+        *a_strides,
+        *entry.strides,
         *out.stride(),
         *sa_strides,
         *sb_strides,
         sb_rows,
-        SCALES=kind,
-        GROUP_CHUNK=kernels.GROUP_CHUNK,
-        A_TMA=a_tma,
-        B_TMA=b_tma,
-        **_launch_kwargs(config),
+        **entry.launch_kwargs("masked", kind, a_tma),
     )
     return out
 
@@ -374,11 +425,6 @@ def k_grouped(
         *sb_strides,
         bounds.stride(0),
         int(c is not None),
-        SCALES=kind,
-        GROUP_M=config.group_m,
-        TOKEN_MAJOR=k_major,
-        A_TMA=a_tma,
-        B_TMA=b_tma,
-        **_launch_kwargs(config),
+        **_k_grouped_kwargs(config, kind, k_major, a_tma, b_tma),
     )
     return out
