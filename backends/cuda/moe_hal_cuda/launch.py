@@ -174,18 +174,11 @@ def _weight_entry(b: torch.Tensor, config: KernelConfig) -> _WeightEntry:
 
 
 def _sources(a: torch.Tensor, a_strides: tuple, b: torch.Tensor, entry: _WeightEntry) -> tuple:
-    """``(a source, A_TMA, b source)``: TMA descriptors where the operand allows, else the tensors.
-    ``a``'s checks are :func:`_tma_readable`'s for the ranks 2 and 3 the kernels take, inlined:
-    this runs on every launch."""
+    """``(a source, A_TMA, b source)``: TMA descriptors where the operand allows, else the tensors."""
     shape = a.shape
     a_src, a_tma = a, False
-    if not (a.data_ptr() % 16 or a_strides[-1] != 1 or 0 in shape):
-        size, aligned = a.element_size(), True
-        for stride in a_strides[:-1]:
-            if stride <= 0 or stride * size % 16:
-                aligned = False
-        if aligned:
-            a_src, a_tma = _make_descriptor(a, list(shape), list(a_strides), entry.boxes[len(shape)]), True
+    if _tma_readable(a, shape, a_strides):
+        a_src, a_tma = _make_descriptor(a, list(shape), list(a_strides), entry.boxes[len(shape)]), True
     if entry.descriptor is None:
         return a_src, a_tma, b
     b_src = object.__new__(kernels.TensorDescriptor)
