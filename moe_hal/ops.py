@@ -192,36 +192,31 @@ def host_layout(layout: str, groups: torch.Tensor, alignment: int, num_rows: int
         if known is not None and known.max_m == num_rows and known.expected_m == expected_m:
             return known
         return MaskedLayout(groups, num_rows, expected_m, check=False)
-    version = _version(groups)
-    if tags is not None:
-        hit = tags.get((layout, alignment, num_rows))
-        if hit is not None and hit[0] == version:
-            lay = hit[1]() if type(hit[1]) is weakref.ref else hit[1]
-            if lay is not None:
-                return lay
-    return _rebuild(layout, groups, alignment, num_rows, tags, version)
-
-
-def _known(tags: dict, key: tuple, version: int):
-    hit = tags.get(key)
-    if hit is None or hit[0] != version:
-        return None
-    return hit[1]() if type(hit[1]) is weakref.ref else hit[1]
-
-
-def _rebuild(layout: str, groups: torch.Tensor, alignment: int, num_rows: int, tags: dict | None, version: int):
-    """:func:`host_layout` when nothing is known for ``(layout, alignment, num_rows)``."""
     cls = _SEGMENT_CLASSES.get(layout)
     if cls is None:
         raise LayoutError("layout", f"one of {LAYOUTS}", layout)
-    other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version) if tags is not None else None
-    if other is not None:
-        lay = cls(other.counts_list, other.starts, alignment, num_rows)
-    else:
+    version = _version(groups)
+    lay = None
+    if tags is not None:
+        lay = _known(tags, (layout, alignment, num_rows), version)
+        if lay is not None:
+            return lay
+        other = _known(tags, (_OTHER_OP[layout], alignment, num_rows), version)
+        if other is not None:
+            lay = cls(other.counts_list, other.starts, alignment, num_rows)
+    if lay is None:
         lay = cls.from_psum(groups, alignment=alignment, num_rows=num_rows)
     if version >= 0:  # an inference tensor may change unseen: nothing is remembered for it
         (tags if tags is not None else _memos.new(groups))[(layout, alignment, num_rows)] = (version, lay)
     return lay
+
+
+def _known(tags: dict, key: tuple, version: int):
+    """The layout remembered under ``key`` while ``groups`` is at ``version``, else None."""
+    hit = tags.get(key)
+    if hit is None or hit[0] != version:
+        return None
+    return hit[1]() if type(hit[1]) is weakref.ref else hit[1]
 
 
 # -- operands -----------------------------------------------------------------------------------------
@@ -314,11 +309,7 @@ def _masked_out_kernel(
     expected_m=None,
     backend=None,
 ):
-    handed = _handoff.pending
-    if handed is not None and handed[0] is masked_m:
-        lay = handed[1]
-    else:
-        lay = MaskedLayout(masked_m, a.shape[1], expected_m, check=False)
+    lay = _host_layout_for("masked", masked_m, 0, a, expected_m)
     if a_scale is not None:
         a, b = _operand(a, a_scale, a_block, scale_format), _operand(b, b_scale, b_block, scale_format)
     _run(a, b, lay, out=out, backend=_backend(backend))
@@ -578,6 +569,7 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
         if main_grad is not None:
             _check_main_grad(main_grad, b)
     op = grouped_gemm_op if compiling else _grouped_gemm_eager
+    # _handing_off inlined: its frame and argument packing would add to every call's overhead
     if hand_off:
         _handoff.pending = (groups, layout)
     try:
@@ -610,13 +602,22 @@ def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c,
     ta, tb, fp8 = operand_args(a, b)
     if name == "masked" and out is not None:
         return _masked_out(layout, hand_off, ta, tb, groups, out, c, expected_m, backend, fp8)
-    if hand_off:
-        _handoff.pending = (groups, layout)
-    try:
-        result = grouped_gemm_fp8_op(ta, tb, groups, name, alignment, c, out_dtype, expected_m, backend, **fp8)
-    finally:
-        if hand_off:
-            _handoff.pending = None
+    result = _handing_off(
+        hand_off,
+        groups,
+        layout,
+        grouped_gemm_fp8_op,
+        ta,
+        tb,
+        groups,
+        name,
+        alignment,
+        c,
+        out_dtype,
+        expected_m,
+        backend,
+        **fp8,
+    )
     return _into_out(result, out)
 
 
@@ -625,14 +626,32 @@ def _masked_out(layout, hand_off: bool, a, b, masked_m, out, c, expected_m, back
     :func:`call`."""
     if c is not None:
         raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
-    if hand_off:
-        _handoff.pending = (masked_m, layout)
-    try:
-        grouped_gemm_masked_out_op(a, b, masked_m, out, expected_m=expected_m, backend=backend, **fp8)
-    finally:
-        if hand_off:
-            _handoff.pending = None
+    _handing_off(
+        hand_off,
+        masked_m,
+        layout,
+        grouped_gemm_masked_out_op,
+        a,
+        b,
+        masked_m,
+        out,
+        expected_m=expected_m,
+        backend=backend,
+        **fp8,
+    )
     return out
+
+
+def _handing_off(hand_off: bool, groups: torch.Tensor, layout, op, *args, **kwargs):
+    """``op(*args, **kwargs)``, with ``layout`` handed to its eager kernel for ``groups`` during the
+    call when ``hand_off`` (see :class:`_HandOff`)."""
+    if not hand_off:
+        return op(*args, **kwargs)
+    _handoff.pending = (groups, layout)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        _handoff.pending = None
 
 
 def _into_out(result: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
