@@ -434,13 +434,13 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup) -> tuple[torch.Tensor, torch.
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
-    key = torch.where(routed, group.positions(flat.device)[expert], E)
+    key = torch.where(routed, group.on_device("expert_position", flat.device)[expert], E)
     # scatter_add instead of bincount: bincount sizes its output from the data (a host sync).
     row = torch.zeros(E + 3, dtype=torch.int64, device=flat.device)
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
     row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
-    block = torch.where(routed, group.send_blocks(flat.device)[expert], E)
+    block = torch.where(routed, group.on_device("send_block", flat.device)[expert], E)
     order = torch.sort(block, stable=True).indices
     return block, row, order
 
@@ -546,7 +546,7 @@ def _capacity_maps(
     W, r, E, L = group.world_size, group.rank, group.num_experts, group.num_local_experts
     ps, cap, device = group.position_start, capacity, order.device
     n_slots = order.shape[0]
-    counts = row[:E][group._cached("block_position", device)]  # per block
+    counts = row[:E][group.on_device("block_position", device)]  # per block
     first = torch.cumsum(counts, 0) - counts  # first sorted index per block
     # Send side: row b * cap + m holds the m-th slot (slot order) routed to block b, if m < cap.
     key_sorted = block[order]
@@ -569,14 +569,14 @@ def _capacity_maps(
     row_of_recv = (
         torch.arange(L, device=device)[None, :, None] * max_m
         + (before[:, :, None] + m[None, None, :]).clamp(max=max(max_m - 1, 0))
-    )[group._cached("chunk_rank", device)].reshape(-1)  # [W, L, cap] in chunk order
+    )[group.on_device("chunk_rank", device)].reshape(-1)  # [W, L, cap] in chunk order
     masked_m = kept.sum(0)
     if L and max_m:
         i = torch.arange(max_m, device=device).expand(L, max_m).contiguous()
         ends = torch.cumsum(kept, 0).t().contiguous()  # [L, W] inclusive ends
         src = torch.searchsorted(ends, i, right=True).clamp_(max=W - 1)  # source rank of row i
         within = i - before.t().gather(1, src)
-        chunk = group._cached("rank_chunk", device)[src]
+        chunk = group.on_device("rank_chunk", device)[src]
         recv = (chunk * L + torch.arange(L, device=device)[:, None]) * cap + within
         recv_of_row = torch.where(i < masked_m[:, None], recv, W * L * cap).reshape(-1)
     else:

@@ -105,15 +105,10 @@ class EPGroup:
     def num_local_experts(self) -> int:
         return len(self.local_experts)
 
-    def positions(self, device: torch.device) -> torch.Tensor:
-        """int64 ``[E]`` :attr:`expert_position` on ``device`` (cached)."""
-        return self._cached("expert_position", device)
-
-    def send_blocks(self, device: torch.device) -> torch.Tensor:
-        """int64 ``[E]`` :attr:`send_block` on ``device`` (cached)."""
-        return self._cached("send_block", device)
-
-    def _cached(self, name: str, device: torch.device) -> torch.Tensor:
+    def on_device(self, name: str, device: torch.device) -> torch.Tensor:
+        """The int tuple attribute ``name`` (:attr:`expert_position`, :attr:`send_block`,
+        :attr:`block_position`, :attr:`rank_chunk`, :attr:`chunk_rank`) as int64 on ``device``
+        (cached)."""
         t = self._tensors.get((name, device))
         if t is None:
             t = torch.tensor(getattr(self, name), dtype=torch.int64, device=device)
