@@ -287,10 +287,14 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         hw = datasheet_hardware(case.device)
         prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
         # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
-        split = hw.replace(l2_bandwidth=hw.mem_bandwidth)
+        split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
         for bm, bn in case.tiles:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
-            resident = estimate(case.counts, case.n, case.k, split, case.dtype, bm, bn, **_call_options(case)).bytes_l2
+            resident = 0.0  # a cold call streams every byte from memory
+            if split is not None:
+                resident = estimate(
+                    case.counts, case.n, case.k, split, case.dtype, bm, bn, **_call_options(case)
+                ).bytes_l2
             prepared.candidates.append(
                 _Candidate((bm, bn), est.t_compute, est.waves, est.t_memory, resident / est.bytes_kernel, resident)
             )
