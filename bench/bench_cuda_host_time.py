@@ -50,10 +50,10 @@ import torch  # noqa: E402 - after the environment set-up above, which must come
 import moe_hal  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.problem import Problem  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.quant import quantize_fp8  # noqa: E402 - after the environment set-up above, which must come first
+from moe_hal.timing import CLOCKS  # noqa: E402 - after the environment set-up above, which must come first
 from moe_hal.workloads import synthetic_counts  # noqa: E402 - after the environment set-up above, which must come first
 
 TARGET_US = 30.0
-CLOCKS = {"thread": time.thread_time, "wall": time.perf_counter}
 
 
 def _stub_kernels():

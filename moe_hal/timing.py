@@ -24,6 +24,10 @@ from typing import Any, Callable, Mapping, Sequence
 #: Bytes the default L2 flush writes before each timed call (more than any current L2).
 FLUSH_BYTES = 512 << 20
 
+#: The clocks a host-overhead benchmark offers (``--clock``): ``thread``, this thread's CPU time
+#: (steadier on a shared, oversubscribed host), or ``wall``, elapsed time.
+CLOCKS: dict[str, Callable[[], float]] = {"thread": time.thread_time, "wall": time.perf_counter}
+
 
 def _device_module(device: Any) -> Any:
     """``torch.cuda``, ``torch.npu``, ... for an accelerator; None for the CPU or an unknown type."""
