@@ -15,10 +15,15 @@ routes ``--tokens`` tokens of ``--hidden`` bf16 features to ``--topk`` of ``--ex
   path can be slower than a copy). The faster of the two (slowest rank's median each) is the
   peer: the strongest honest one on the same group; both are in the JSON.
 
-Capacity mode moves more than that: fixed blocks of ``capacity`` rows per (source rank, expert),
-padding included. Its ``ratio`` is against the same bare peer (the bytes needed), and
-``ratio_vs_padded`` against a bare all-to-all moving its padded blocks (the bytes it moves): the
-first says what the mode costs the user, the second how much it adds to its own traffic.
+The bytes ``moe_hal.ep`` actually moves differ from those, so each mode has a second ratio,
+``ratio_vs_moved``, against the same bare peer moving exactly the rows its all-to-alls move
+(``d.dispatch_rows`` there, one row per routed slot back; padded fixed blocks both ways in
+capacity mode): exact mode's dispatch sends each token **once** per rank holding any of its
+experts plus a few rows carrying their layout rows there (fewer bytes than one row per routed
+slot, so ``ratio_vs_moved`` is below ``ratio``); capacity mode moves fixed blocks of
+``capacity`` rows per (source rank, expert), padding included (more bytes, so it is above).
+``ratio`` says what a call costs the user against a hand-written exchange of the routed rows,
+``ratio_vs_moved`` how fast ``moe_hal.ep`` moves its own traffic.
 
 Bytes per call count the payload rows each rank sends and receives in both directions (bf16 rows).
 bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
@@ -80,35 +85,36 @@ def _call(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict):
     return run
 
 
-def _bare(x: torch.Tensor, send: list[int], recv: list[int], own_copy: bool):
-    """Rows to the experts and back with ``all_to_all_single`` into preallocated buffers.
+Splits = tuple[list[int], list[int]]  # rows (sent to, received from) each rank
 
-    ``own_copy``: the rows a rank sends to itself are moved by a plain ``copy_`` instead of through
-    the collective (with the rank's own split 0) — what dispatch does; on gloo the collective's
-    own-rank path can cost more than a copy, so both variants run and the faster is the peer."""
+
+def _bare(x: torch.Tensor, there: Splits, back: Splits, own: int, own_copy: bool):
+    """Rows to the experts (``there``) and back (``back``) with ``all_to_all_single`` into
+    preallocated buffers; the splits' own-rank entries are 0 and ``own`` rows go to the rank itself
+    each way.
+
+    ``own_copy``: the own rows are moved by a plain ``copy_`` instead of through the collective
+    (with the rank's own split 0) — what dispatch does; on gloo the collective's own-rank path can
+    cost more than a copy, so both variants run and the faster is the peer."""
     rank = dist.get_rank()
 
     def buffers(n: int) -> torch.Tensor:
         return torch.empty(n, x.shape[1], dtype=x.dtype)
 
-    if not own_copy:
-        s_buf, r_buf = buffers(sum(send)), buffers(sum(recv))
+    def with_own(splits: list[int]) -> list[int]:
+        return [n + own * (r == rank) for r, n in enumerate(splits)]
 
-        def run():
-            dist.all_to_all_single(r_buf, s_buf, recv, send)
-            dist.all_to_all_single(s_buf, r_buf, send, recv)
-
-        return run
-    send = [0 if d == rank else n for d, n in enumerate(send)]
-    own = recv[rank]
-    recv = [0 if s == rank else n for s, n in enumerate(recv)]
-    s_buf, r_buf, own_s, own_r = buffers(sum(send)), buffers(sum(recv)), buffers(own), buffers(own)
+    t_send, t_recv, b_send, b_recv = (*there, *back) if own_copy else map(with_own, (*there, *back))
+    t_s, t_r, b_s, b_r = buffers(sum(t_send)), buffers(sum(t_recv)), buffers(sum(b_send)), buffers(sum(b_recv))
+    own_s, own_r = buffers(own), buffers(own)
 
     def run():
-        dist.all_to_all_single(r_buf, s_buf, recv, send)
-        own_r.copy_(own_s)
-        dist.all_to_all_single(s_buf, r_buf, send, recv)
-        own_s.copy_(own_r)
+        dist.all_to_all_single(t_r, t_s, t_recv, t_send)
+        if own_copy:
+            own_r.copy_(own_s)
+        dist.all_to_all_single(b_r, b_s, b_recv, b_send)
+        if own_copy:
+            own_s.copy_(own_r)
 
     return run
 
@@ -139,15 +145,23 @@ def _wrap_transport(transport, wrap):
 def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict) -> dict:
     run_ep = _call(mode, g, x, ids, weights, cfg)
     d = run_ep()
-    row_bytes = x.shape[1] * x.element_size()
-    needed = d.send_counts.tolist(), d.recv_counts.tolist()  # rows routed (capacity mode: kept)
-    fns = {"ep": run_ep, "bare": _bare(x, *needed, False), "bare_own_copy": _bare(x, *needed, True)}
-    moved = needed
-    if mode == "capacity":  # the padded blocks capacity mode moves
-        cap = cfg["capacity"]
-        moved = [len(e) * cap for e in g.experts_of_rank], [g.num_local_experts * cap] * g.world_size
-        fns["bare_padded"] = _bare(x, *moved, False)
-        fns["bare_padded_own_copy"] = _bare(x, *moved, True)
+    row_bytes, r = x.shape[1] * x.element_size(), g.rank
+    send, recv = d.send_counts.tolist(), d.recv_counts.tolist()  # rows routed (capacity mode: kept)
+    own = send[r]
+    send[r] = recv[r] = 0
+    needed = (send, recv), (recv, send), own  # each routed (token, expert) row there and back
+    if mode == "capacity":  # padded blocks both ways
+        moved = d.dispatch_rows, d.dispatch_rows[::-1], g.num_local_experts * cfg["capacity"]
+    else:  # token rows (+ their layout rows) there, one row per routed slot back
+        moved = d.dispatch_rows, (recv, send), own
+    fns = {"ep": run_ep}
+    for name, (there, back, own_rows) in (("bare", needed), ("bare_moved", moved)):
+        fns[name] = _bare(x, [list(s) for s in there], [list(s) for s in back], own_rows, False)
+        fns[f"{name}_own_copy"] = _bare(x, [list(s) for s in there], [list(s) for s in back], own_rows, True)
+
+    def nbytes(there, back, own_rows) -> int:  # rows sent + received, both directions
+        return (sum(map(sum, there)) + sum(map(sum, back)) + 4 * own_rows) * row_bytes
+
     inside = [0.0]  # time spent inside the collectives
 
     def wrap(name, fn):
@@ -171,8 +185,8 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
         restore()
     return {
         **{f"{name}_s": statistics.median(t) for name, t in times.items()},
-        "bytes_needed": 2 * (sum(needed[0]) + sum(needed[1])) * row_bytes,
-        "bytes_moved": 2 * (sum(moved[0]) + sum(moved[1])) * row_bytes,
+        "bytes_needed": nbytes(*needed),
+        "bytes_moved": nbytes(*moved),
         "dropped": int(d.dropped),
         # outside the transport's collectives: routing, planning, gathers, the fp32 combine
         "host_s_per_call": max(0.0, (sum(times["ep"]) - inside[0]) / cfg["repeat"]),
@@ -194,7 +208,13 @@ PHASES = {
     ),
     "count and status all-gathers (incl. waiting for the peer)": ("transport.all_gather",),
     "payload all-to-alls (incl. waiting for the peer)": ("transport.all_to_all",),
-    "row gathers and block copies": ("_gather_into", "_send_rows", "_to_experts", "_from_experts"),
+    "row gathers and block copies": (
+        "_gather_into",
+        "_send_rows",
+        "_tokens_to_experts",
+        "_to_experts",
+        "_from_experts",
+    ),
     "fp32 weighted sum (combine)": ("_sum_slots",),
 }
 
@@ -288,12 +308,11 @@ def _summary(per_rank: list[dict]) -> dict:
             phase: statistics.fmean(r[mode]["phases_ms"][phase] for r in per_rank)
             for phase in per_rank[0][mode]["phases_ms"]
         }
-        if mode == "capacity":
-            padded_s, padded_plain_s, padded_own_s = _peer(per_rank, mode, "bare_padded")
-            m["bare_padded_s_per_call"] = padded_s
-            m["bare_padded_all_rows_through_collective_s_per_call"] = padded_plain_s
-            m["bare_padded_own_rows_by_copy_s_per_call"] = padded_own_s
-            m["ratio_vs_padded"] = padded_s / ep_s
+        moved_s, moved_plain_s, moved_own_s = _peer(per_rank, mode, "bare_moved")
+        m["bare_moved_s_per_call"] = moved_s
+        m["bare_moved_all_rows_through_collective_s_per_call"] = moved_plain_s
+        m["bare_moved_own_rows_by_copy_s_per_call"] = moved_own_s
+        m["ratio_vs_moved"] = moved_s / ep_s
         modes[mode] = m
     return modes
 
@@ -337,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         modes = _summary(per_rank)
         trials.append({"load_avg_1min": [load_before, load_after], "modes": modes})
         for mode, m in modes.items():
-            extra = f", vs padded bare {m['ratio_vs_padded']:.2f}" if "ratio_vs_padded" in m else ""
+            extra = f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
             print(
                 f"trial {trial} {mode:9s} ep {m['ep_gb_per_s']:.3f} GB/s vs bare all_to_all_single "
                 f"{m['bare_gb_per_s']:.3f} GB/s: ratio {m['ratio']:.2f}{extra}; ep {m['ep_s_per_call'] * 1e3:.1f} "
@@ -355,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     medians = {
         mode: {
             key: statistics.median(t["modes"][mode][key] for t in trials)
-            for key in ("ratio", "ratio_vs_padded", "ep_s_per_call", "bare_s_per_call", "host_s_per_call")
-            if key in trials[0]["modes"][mode]
+            for key in ("ratio", "ratio_vs_moved", "ep_s_per_call", "bare_s_per_call", "host_s_per_call")
         }
         for mode in MODES
     }
@@ -366,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             for phase in trials[0]["modes"][mode]["phases_ms_mean_over_ranks"]
         }
     for mode, m in medians.items():
-        extra = f", vs padded bare {m['ratio_vs_padded']:.2f}" if "ratio_vs_padded" in m else ""
+        extra = f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
         print(
             f"median of {args.trials} trial(s) {mode:9s} ratio {m['ratio']:.2f}{extra}; "
             f"host {m['host_s_per_call'] * 1e3:.1f} ms/call"
@@ -384,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": timing.machine_record(),
             "timing": "wall time per call, rounds interleaved (ep and each bare variant); median per rank; "
             "slowest rank; the faster bare variant is the peer; bytes/s and ratio over the bytes needed "
-            "(routed rows, both directions)",
+            "(routed rows, both directions); ratio_vs_moved against the bare peer of the rows ep's "
+            "all-to-alls move",
             "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",
             "median_over_trials": medians,
             "trials": trials,

@@ -247,6 +247,16 @@ def cases(rank: int, world: int) -> dict:
         p = make(1, rank, tok, E, 3, skip=0.2)
         d = check(p, g, E)
         segments_match(d, p, g, E, 8)
+        # Exact mode's dispatch sends each token once to each other rank holding any of its
+        # experts, then ceil(tokens * k * 8 / row bytes) rows of int64 layout rows.
+        placement = torch.tensor(g.placement)
+        width = H * 4
+        for s in range(W):  # what rank s sends to this rank, and this rank to s
+            for src, dst, got in ((s, rank, d.dispatch_rows[1][s]), (rank, s, d.dispatch_rows[0][s])):
+                ids = p.ids[sum(tok[:src]) : sum(tok[: src + 1])]
+                held = (ids >= 0) & (placement[ids.clamp(min=0)] == dst)
+                n = 0 if src == dst else int(held.any(1).sum())
+                assert got == n + -(-n * 3 * 8 // width), (src, dst, got, n)
         check(p, g, E, grads=False)  # forward through moe_hal.grouped_gemm
         check(p, g, E, grads=False, mode="capacity", capacity=_max_pair_count(p, g, tok))
 

@@ -12,11 +12,16 @@ the order of a single process that concatenates the ranks' tokens in rank order.
 
 * ``mode="exact"``: the all-gathered count matrix is read on the host (**one host sync**). The
   rows for other ranks move with **one** uneven all-to-all per direction (each collective has a
-  fixed cost, which on gloo is worth several MiB of copying): the send rows are ordered (destination
-  rank, its local expert, slot), so what a rank receives is ordered (source rank, local expert,
-  slot) and is put into (local expert, source rank, slot) order by one block copy per
-  (source rank, local expert); on the way back the blocks are copied out of the expert output the
-  same way. Rows a rank routes to its own experts never enter the all-to-all: they are gathered
+  fixed cost, which on gloo is worth several MiB of copying). Dispatch sends each token **once**
+  to each other rank holding any of its experts (not once per routed slot, as DeepEP's dispatch),
+  followed by its k layout rows there, which the sender computes from the count matrix (it gives
+  every rank's layout); the receiver copies each token row into every layout row it fills. Rows
+  that differ from slot to slot (combine's, and both backwards) travel one per slot: the send
+  rows are ordered
+  (destination rank, its local expert, slot), so what a rank receives is ordered (source rank,
+  local expert, slot) and is put into (local expert, source rank, slot) order by one block copy
+  per (source rank, local expert); on the way back the blocks are copied out of the expert output
+  the same way. Rows a rank routes to its own experts never enter the all-to-all: they are gathered
   from ``x`` straight into the layout, and copied back from the expert output. ``d.a`` is ``[num_rows, H]`` in a
   :class:`~moe_hal.layouts.ContiguousLayout` over the local experts (segments aligned to
   ``alignment``, padding rows zero) — right for the large messages of training and prefill.
@@ -70,7 +75,7 @@ from ..errors import (
     PeerRankError,
     ShapeError,
 )
-from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment
+from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment, align
 from ..quant import QuantizedTensor
 from ..routing import _check_routing, _raise_bad_id
 from .group import EPGroup
@@ -81,6 +86,7 @@ OVERFLOW_POLICIES = ("error", "drop")
 
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
 _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
+_TOKENS = 2  # offset of W columns: this rank's tokens with at least one expert on each rank
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,6 +114,12 @@ class _Maps:
     gaps: tuple[tuple[int, int], ...] = ()  # [start, end) padding row ranges of the layout
     remote_blocks: tuple[tuple[int, int, int], ...] = ()  # (received row, layout row, rows) per block
     local_blocks: tuple[tuple[int, int, int], ...] = ()  # (send row, layout row, rows) per block
+    # exact mode, the dispatch of x: each token travels once to each other rank holding any of its
+    # experts (token rows, in destination rank then token order), with its k layout rows there
+    token_send: torch.Tensor | None = None  # int64 [token rows]: source token of each
+    token_rows: torch.Tensor | None = None  # int64 [token rows, k]: layout row on the destination; -1 elsewhere
+    token_send_counts: tuple[int, ...] = ()  # token rows to each rank (0 for this rank)
+    token_recv_counts: tuple[int, ...] = ()  # token rows from each rank (0 for this rank)
     # capacity mode
     recv_of_row: torch.Tensor | None = None  # int64 [layout rows]: received row placed there; R on padding
     row_of_recv: torch.Tensor | None = None  # int64 [R]: layout row of each received row (clamped)
@@ -129,6 +141,11 @@ class EPDispatch:
     ``send_counts`` / ``recv_counts``: int64 ``[W]`` on the device of ``x``: rows sent to / received
     from each rank (capacity mode: kept rows). ``dropped``: int64 0-dim device tensor, this rank's
     slots dropped for capacity (always 0 unless ``overflow="drop"``; read it when convenient).
+    ``dispatch_rows``: (sent, received) host ints ``[W]``, rows of ``x``'s byte width that dispatch's
+    all-to-all moved to / from each rank (0 for this rank, whose rows bypass it): exact mode, each
+    token once per rank holding any of its experts plus the rows carrying their layout rows there;
+    capacity mode, the fixed blocks. Combine's all-to-all moves ``recv_counts`` / ``send_counts``
+    rows of the expert output's width (one per routed slot).
     """
 
     a: Hidden
@@ -140,6 +157,7 @@ class EPDispatch:
     send_counts: torch.Tensor
     recv_counts: torch.Tensor
     dropped: torch.Tensor
+    dispatch_rows: tuple[tuple[int, ...], tuple[int, ...]]
     num_tokens: int
     top_k: int
     _maps: _Maps
@@ -194,20 +212,24 @@ def _all_to_all(d: EPDispatch, out, inp, out_splits, in_splits) -> None:
     d._selection.transport.all_to_all(out, inp, list(out_splits), list(in_splits), d.group.process_group)
 
 
-def _to_experts(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+def _to_experts(d: EPDispatch, src: torch.Tensor, per_token: bool) -> torch.Tensor:
     """Send rows -> a fresh ``[*layout rows, B]`` (uint8) in the local layout; padding rows are zero.
 
-    Send row ``s`` is ``src[index[s]]`` (``src`` ``[*, B]`` uint8, ``index`` int64 ``[S]``), or
-    ``src[s]`` when ``index`` is None. The rows for other ranks are gathered into the send buffer,
-    those for this rank's own experts straight into the layout (exact mode) or into the own chunk
-    of the received rows (capacity mode): one copy each."""
+    ``src`` ``[*, B]`` uint8: one row per token when ``per_token`` (send row ``s`` is
+    ``src[send_token[s]]``), else one per send row. The rows for other ranks are gathered into the
+    send buffer, those for this rank's own experts straight into the layout (exact mode) or into the
+    own chunk of the received rows (capacity mode): one copy each. Exact mode sends token rows
+    once per destination rank (:func:`_tokens_to_experts`) when ``per_token``."""
     m, width, device = d._maps, src.shape[1], src.device
     sent = m.send_token.shape[0]
+    index = m.send_token if per_token else None
     if d.mode == "exact":
         out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=device)
         for start, end in m.gaps:
             out[start:end].zero_()
-        if m.exchange:
+        if m.exchange and per_token and width:
+            _tokens_to_experts(d, src, out)
+        elif m.exchange:
             send = _send_rows(d, src, index, m.remote_sent)
             recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, device, keep=False)
             _all_to_all(d, recv, send, m.recv_splits, m.send_splits)
@@ -231,6 +253,57 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None) ->
         _gather_into(own, src, index[m.remote_sent : sent])
     out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=device)
     return _gather_into(out, recv, m.recv_of_row).view(*_layout_rows(d), width)
+
+
+def _position_rows(tokens: int, k: int, width: int) -> int:
+    """Rows of ``width`` bytes that carry ``tokens`` x ``k`` int64 layout rows."""
+    return -(-tokens * k * 8 // width)
+
+
+def _token_splits(counts: tuple[int, ...], k: int, width: int) -> list[int]:
+    """All-to-all rows per rank when ``counts[r]`` token rows travel with their layout rows."""
+    return [n + _position_rows(n, k, width) for n in counts]
+
+
+def _tokens_to_experts(d: EPDispatch, src: torch.Tensor, out: torch.Tensor) -> None:
+    """Exact mode, rows per token: fill the layout rows that come from other ranks.
+
+    Each token travels once to each other rank holding any of its experts (what DeepEP's dispatch
+    does), followed in that rank's chunk by the rows carrying its k layout rows there (-1 where
+    the choice is elsewhere); the receiver copies each token row to every layout row it fills.
+    Fewer bytes than one row per routed slot whenever a token has several experts on one rank;
+    the layout is the same byte for byte."""
+    m, k, width, device = d._maps, d.top_k, src.shape[1], src.device
+    send_splits = _token_splits(m.token_send_counts, k, width)
+    recv_splits = _token_splits(m.token_recv_counts, k, width)
+    send = _rows_buffer(d, "send", sum(send_splits), width, device, keep=False)
+    at = first = 0
+    for n, rows in zip(m.token_send_counts, send_splits):
+        if n:
+            _gather_into(send[at : at + n], src, m.token_send[first : first + n])
+            where = m.token_rows[first : first + n].view(torch.uint8).reshape(-1)
+            send[at + n : at + rows].reshape(-1)[: where.shape[0]].copy_(where)
+        at, first = at + rows, first + n
+    recv = _rows_buffer(d, "recv", sum(recv_splits), width, device, keep=False)
+    _all_to_all(d, recv, send, recv_splits, send_splits)
+    received = sum(m.token_recv_counts)
+    where = torch.empty(received, k, dtype=torch.int64, device=device)
+    token_row = torch.empty(received, dtype=torch.int64, device=device)  # its row in recv
+    at = got = 0
+    for n, rows in zip(m.token_recv_counts, recv_splits):
+        if n:
+            bytes_ = where[got : got + n].view(torch.uint8).reshape(-1)
+            bytes_.copy_(recv[at + n : at + rows].reshape(-1)[: bytes_.shape[0]])
+            torch.arange(at, at + n, out=token_row[got : got + n])
+        at, got = at + rows, got + n
+    num_rows = out.shape[0]
+    # recv row of each layout row; choices held elsewhere (-1) all land on the extra last entry
+    recv_of_row = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
+    recv_of_row.scatter_(
+        0, torch.where(where >= 0, where, num_rows).view(-1), token_row[:, None].expand(-1, k).reshape(-1)
+    )
+    for _, dst, n in m.remote_blocks:
+        _gather_into(out[dst : dst + n], recv, recv_of_row[dst : dst + n])
 
 
 def _send_rows(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -348,7 +421,7 @@ class _DispatchRows(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         ctx.d = d
-        rows = _to_experts(d, _byte_rows(x), d._maps.send_token)
+        rows = _to_experts(d, _byte_rows(x), per_token=True)
         return rows.view(x.dtype).view(*_layout_rows(d), *x.shape[1:])
 
     @staticmethod
@@ -400,7 +473,7 @@ class _CombineRows(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
             send = (_pick(g, m.send_token) * _pick(w.reshape(-1, 1), m.send_slot)).to(ctx.out_dtype)
-            grad_out = _to_experts(d, _byte_rows(send), None).view(ctx.out_dtype).view(ctx.out_shape)
+            grad_out = _to_experts(d, _byte_rows(send), per_token=False).view(ctx.out_dtype).view(ctx.out_shape)
         if ctx.anchor is not None:
             shape, dtype, device = ctx.anchor
             grad_anchor = torch.zeros((), dtype=dtype, device=device).expand(shape)
@@ -427,10 +500,11 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
     return flat, tokens, k
 
 
-def _slot_keys(flat: torch.Tensor, group: EPGroup) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _slot_keys(flat: torch.Tensor, group: EPGroup, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each slot's send block (:attr:`EPGroup.send_block` of its expert; E for skipped/invalid),
-    this rank's row of the count matrix (per-position counts, invalid ids, status 0) and the stable
-    order in which slots are sent (by block; skipped slots last)."""
+    this rank's row of the count matrix (per-position counts, invalid ids, status 0, tokens with
+    an expert on each rank) and the stable order in which slots are sent (by block; skipped slots
+    last)."""
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
@@ -439,10 +513,19 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup) -> tuple[torch.Tensor, torch.
     row = torch.zeros(E + 3, dtype=torch.int64, device=flat.device)
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
-    row = torch.cat([row[:E], row[E + 1 :]])  # drop the skipped-slot bin
     block = torch.where(routed, group.on_device("send_block", flat.device)[expert], E)
+    row = torch.cat([row[:E], row[E + 1 :], _rank_hits(block, group, k)[1].sum(0)])  # drop the skipped-slot bin
     order = torch.sort(block, stable=True).indices
     return block, row, order
+
+
+def _rank_hits(block: torch.Tensor, group: EPGroup, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """From the slots' send blocks: each slot's destination rank ``[T, k]`` (W where not sent) and
+    int64 ``[T, W]``, 1 where the token has a choice on that rank."""
+    W = group.world_size
+    rank = group.on_device("block_rank", block.device)[block].view(-1, k)
+    hits = torch.zeros(rank.shape[0], W + 1, dtype=torch.int64, device=block.device).scatter_(1, rank, 1)
+    return rank, hits[:, :W]
 
 
 def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
@@ -475,7 +558,7 @@ def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor,
 
 
 def _exact_maps(
-    host: list[list[int]], group: EPGroup, order: torch.Tensor, k: int, alignment: int
+    host: list[list[int]], group: EPGroup, block: torch.Tensor, order: torch.Tensor, k: int, alignment: int
 ) -> tuple[_Maps, ContiguousLayout, list[int], list[int]]:
     """Splits, blocks, slot maps and layout from the host count matrix (identical on every rank, so
     every rank agrees on whether the all-to-all runs). Also returns the rows sent to and received
@@ -524,8 +607,48 @@ def _exact_maps(
         local_blocks=tuple(b for b in local_blocks if b[2]),
         send_splits=tuple(0 if d == r else n for d, n in enumerate(to_rank)),
         recv_splits=tuple(0 if s == r else n for s, n in enumerate(from_rank)),
+        **(_token_maps(host, group, block, slot_row, k, alignment) if exchange else {}),
     )
     return maps, layout, to_rank, from_rank
+
+
+def _token_maps(
+    host: list[list[int]], group: EPGroup, block: torch.Tensor, slot_row: torch.Tensor, k: int, alignment: int
+) -> dict:
+    """The token rows of exact mode's dispatch (see :func:`_tokens_to_experts`): which tokens go to
+    each other rank, and each choice's layout row on the rank holding its expert — computed here
+    from the count matrix, which gives every rank's layout (the receiver only copies).
+
+    A slot's layout row on its expert's rank: the segment start of the expert there, plus the rows
+    of the sources before this rank, plus the slot's place among this rank's slots for the expert
+    (slot order) — its send row minus the first send row of its block."""
+    W, r, E, ps = group.world_size, group.rank, group.num_experts, group.position_start
+    total = [sum(host[s][p] for s in range(W)) for p in range(E)]  # rows per expert position
+    start = [0] * E  # layout row of each position's segment on its rank
+    for d in range(W):
+        end = 0
+        for p in range(ps[d], ps[d + 1]):
+            start[p] = align(end, alignment)
+            end = start[p] + total[p]
+    offset, first = [], 0  # per send block: layout row there minus the block's first send row here
+    for p in group.block_position:
+        offset.append(start[p] + sum(host[s][p] for s in range(r)) - first)
+        first += host[r][p]
+    rank, hits = _rank_hits(block, group, k)
+    where = (slot_row.view(-1) + torch.tensor(offset + [0], device=block.device)[block]).view(-1, k)
+    # Tokens with a choice on rank d, in token order: a stable sort of "no choice there" per rank.
+    tokens_by_rank = torch.sort(1 - hits.t(), dim=1, stable=True).indices  # [W, T]
+    counts = [0 if d == r else host[r][E + _TOKENS + d] for d in range(W)]
+    send = torch.cat([tokens_by_rank[d, :n] for d, n in enumerate(counts)])
+    rows = torch.cat(
+        [torch.where(rank[tokens_by_rank[d, :n]] == d, where[tokens_by_rank[d, :n]], -1) for d, n in enumerate(counts)]
+    )
+    return {
+        "token_send": send,
+        "token_rows": rows,
+        "token_send_counts": tuple(counts),
+        "token_recv_counts": tuple(0 if s == r else host[s][E + _TOKENS + r] for s in range(W)),
+    }
 
 
 def _capacity_maps(
@@ -658,11 +781,11 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        block, row, order = _slot_keys(flat, group)
+        block, row, order = _slot_keys(flat, group, k)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
         device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
-        row = torch.zeros(group.num_experts + 2, dtype=torch.int64, device=device)
+        row = torch.zeros(group.num_experts + _TOKENS + group.world_size, dtype=torch.int64, device=device)
         row[group.num_experts + _STATUS] = 1
     gathered = _gather_rows(sel, group, row)
     if local_error is not None:
@@ -671,12 +794,12 @@ def dispatch(
     if mode == "exact":
         host = gathered.tolist()  # the one host sync
         _raise_for_counts(host, group, flat, k, None)
-        maps, layout, to_rank, from_rank = _exact_maps(host, group, order, k, alignment)
+        maps, layout, to_rank, from_rank = _exact_maps(host, group, block, order, k, alignment)
         dropped = torch.zeros((), dtype=torch.int64, device=flat.device)
         send_counts = torch.tensor(to_rank, device=flat.device)
         recv_counts = torch.tensor(from_rank, device=flat.device)
     else:
-        ok = (gathered[:, E:] == 0).all()
+        ok = (gathered[:, E : E + _TOKENS] == 0).all()
         if overflow == "error":
             ok = ok & (gathered[:, :E] <= capacity).all()
         _require(
@@ -690,12 +813,36 @@ def dispatch(
         kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)
         send_counts = torch.stack([kept[r, ps[t] : ps[t + 1]].sum() for t in range(group.world_size)])
         recv_counts = kept[:, ps[r] : ps[r + 1]].sum(1)
-    d = EPDispatch(
-        None, layout, mode, group, sel.name, topk_weights, send_counts, recv_counts, dropped, tokens, k, maps, sel
-    )
     if isinstance(x, QuantizedTensor):  # not differentiable: fp8 bytes and fp32 scales in one row
         src = torch.cat([_byte_rows(x.data.view(torch.uint8)), _byte_rows(x.scale)], dim=1)
-        rows = _to_experts(d, src, maps.send_token)
+        width = src.shape[1]
+    else:
+        width = math.prod(x.shape[1:]) * x.element_size()
+    if maps.token_send is not None and width:  # what _to_experts moves
+        moved = (
+            tuple(_token_splits(maps.token_send_counts, k, width)),
+            tuple(_token_splits(maps.token_recv_counts, k, width)),
+        )
+    else:
+        moved = maps.send_splits, maps.recv_splits
+    d = EPDispatch(
+        None,
+        layout,
+        mode,
+        group,
+        sel.name,
+        topk_weights,
+        send_counts,
+        recv_counts,
+        dropped,
+        moved,
+        tokens,
+        k,
+        maps,
+        sel,
+    )
+    if isinstance(x, QuantizedTensor):
+        rows = _to_experts(d, src, per_token=True)
         lead, H = _layout_rows(d), x.data.shape[-1]
         a = QuantizedTensor(
             rows[..., :H].contiguous().view(torch.float8_e4m3fn),

@@ -67,6 +67,10 @@ class EPGroup:
         self.block_position: tuple[int, ...] = tuple(block_position)  # position of each block
         position_block = {p: b for b, p in enumerate(block_position)}
         self.send_block: tuple[int, ...] = tuple(position_block[p] for p in self.expert_position)
+        #: rank holding each send block's expert, and ``world_size`` for block ``E`` (slots not sent)
+        self.block_rank: tuple[int, ...] = tuple(
+            next(d for d in range(self.world_size) if p < self.position_start[d + 1]) for p in block_position
+        ) + (self.world_size,)
         #: received rows in capacity mode: one fixed chunk per source rank, this rank's own last
         self.rank_chunk: tuple[int, ...] = tuple(
             self.world_size - 1 if s == self.rank else s - (s > self.rank) for s in range(self.world_size)
@@ -107,7 +111,8 @@ class EPGroup:
 
     def on_device(self, name: str, device: torch.device) -> torch.Tensor:
         """The int tuple attribute ``name`` (:attr:`expert_position`, :attr:`send_block`,
-        :attr:`block_position`, :attr:`rank_chunk`, :attr:`chunk_rank`) as int64 on ``device``
+        :attr:`block_position`, :attr:`block_rank`, :attr:`rank_chunk`, :attr:`chunk_rank`) as int64
+        on ``device``
         (cached)."""
         t = self._tensors.get((name, device))
         if t is None:
