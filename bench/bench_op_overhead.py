@@ -8,13 +8,14 @@ one process and interleaved:
 * ``direct``: ``moe_hal.execution.run(a, b, layout)``, the checked path itself,
 * ``plain``: ``moe_hal.grouped_gemm(a, b, layout)`` with nothing requiring grad (the direct path
   plus the API's decision, ``api_added_us = plain - direct``),
-* ``op_graph``: ``torch.ops.moe_hal.grouped_gemm`` on the already flattened arguments, nothing
-  requiring grad, as a compiled graph calls it: the dispatcher, the Autograd kernel's no-grad
-  branch and finding the host layout again (``graph_added_us = op_graph - direct``),
-* ``floor``: a custom op with the same schema whose Python kernel does nothing (registered here,
-  namespace ``moe_hal_bench``): what any ``torch.library`` op with a Python kernel costs to call,
-  which no change inside moe_hal removes (called as ``moe_hal.ops.call`` calls its op, as is
-  ``dispatched``),
+* ``op_graph``: the layout's op ``torch.ops.moe_hal.grouped_gemm_<layout>`` on the already
+  flattened arguments, nothing requiring grad, as a compiled graph calls it: the dispatcher, the
+  Autograd kernel's no-grad branch and finding the host layout again (``graph_added_us =
+  op_graph - direct``),
+* ``floor``: a custom op with the schema of the layout's op whose Python kernel does nothing
+  (registered here, namespace ``moe_hal_bench``): what any ``torch.library`` op with a Python
+  kernel and that schema costs to call, which no change inside moe_hal's code removes (called as
+  ``moe_hal.ops.call`` calls its op, with the same arguments, as is ``dispatched``),
 * ``direct_then_floor``: ``direct`` and then ``floor``, one after the other (not nested),
 * ``dispatched``: a custom op with the same schema whose Python Autograd kernel (with the keyset,
   as moe_hal's) runs ``direct``'s call on the host layout and returns its result: the dispatcher
@@ -67,20 +68,21 @@ def _bench_lib() -> torch.library.Library:
 
 
 @functools.cache
-def noop_op():
-    """A custom op with ``torch.ops.moe_hal.grouped_gemm``'s schema and a Python kernel that
-    returns ``a``: the dispatcher's own cost for such an op (the ``floor`` row)."""
+def noop_op(layout: str):
+    """A custom op with the schema of ``torch.ops.moe_hal.grouped_gemm_<layout>`` and a Python
+    kernel that returns ``a``: the dispatcher's own cost for such an op (the ``floor`` row)."""
     lib = _bench_lib()
-    lib.define("noop" + ops.GROUPED_GEMM_SCHEMA)
-    lib.impl("noop", lambda a, *args: a, "CompositeExplicitAutograd")
-    return torch.ops.moe_hal_bench.noop.default
+    lib.define(f"noop_{layout}" + ops.SCHEMAS[layout])
+    lib.impl(f"noop_{layout}", lambda a, *args: a, "CompositeExplicitAutograd")
+    return getattr(torch.ops.moe_hal_bench, f"noop_{layout}").default
 
 
-def dispatched_op(name: str, work):
-    """A custom op ``moe_hal_bench.<name>`` with moe_hal's schema whose Autograd kernel (with the
-    keyset, as moe_hal's) returns ``work()``: the dispatcher around ``work`` alone."""
+def dispatched_op(name: str, layout: str, work):
+    """A custom op ``moe_hal_bench.<name>`` with the schema of moe_hal's op for ``layout`` whose
+    Autograd kernel (with the keyset, as moe_hal's) returns ``work()``: the dispatcher around
+    ``work`` alone."""
     lib = _bench_lib()
-    lib.define(name + ops.GROUPED_GEMM_SCHEMA)
+    lib.define(name + ops.SCHEMAS[layout])
     lib.impl(name, lambda keyset, *args: work(), "Autograd", with_keyset=True)
     return getattr(torch.ops.moe_hal_bench, name).default
 
@@ -106,10 +108,13 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic)
     groups, op_name, alignment, _ = ops.layout_args(lay, a.device)
     # the op's arguments as moe_hal.ops.call passes them (trailing defaults left out) to the
     # operator's C++ entry point (OpOverload._op), for the ops timed against it
-    args = (a, b, groups, op_name, alignment) + (() if c is None else (c, None))
-    floor = noop_op()._op
+    args = (a, b, groups)
+    if op_name != "masked" and (alignment != 1 or c is not None):
+        args += (alignment,) if c is None else (alignment, c)
+    floor = noop_op(op_name)._op
+    op = ops.OPS[op_name]
     fns = {
-        "op_graph": lambda: ops.grouped_gemm_op(a, b, groups, op_name, alignment, c),
+        "op_graph": lambda: op(*args),
         "floor": lambda: floor(*args),
         "op": lambda: ops.call(a, b, lay, c=c),
         "op_autograd": lambda: ops.call(ag, bg, lay, c=c),
@@ -118,7 +123,7 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic)
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
         fns["direct"] = lambda: execution.run(a, b, lay, c=c)
         fns["direct_then_floor"] = lambda: (fns["direct"](), fns["floor"]())
-        dispatched = dispatched_op(f"dispatched_{name}", fns["direct"])._op
+        dispatched = dispatched_op(f"dispatched_{name}", op_name, fns["direct"])._op
         fns["dispatched"] = lambda: dispatched(*args)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock, statistic=statistic)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay

@@ -59,7 +59,8 @@ def call_path(a: Operand, b: Operand, layout, *, c: torch.Tensor | None = None) 
     reason = _op_reason(a, b, layout, c)
     if reason is None:
         return "direct call of the selected backend (no gradient recorded, no autocast, not compiling)"
-    return f"custom op torch.ops.moe_hal.grouped_gemm ({reason})"
+    kind = "fp8" if type(a) is QuantizedTensor else getattr(layout, "op", "<layout>")
+    return f"custom op torch.ops.moe_hal.grouped_gemm_{kind} ({reason})"
 
 
 #: device type -> whether torch has autocast for it (asking a type without raises, e.g. "meta")

@@ -1,19 +1,22 @@
 """The ``torch.library`` custom ops behind :func:`moe_hal.grouped_gemm`, in the namespace ``moe_hal``.
 
     moe_hal.grouped_gemm(a, b, layout)  ──(autograd / autocast / torch.compile)──►
-        torch.ops.moe_hal.grouped_gemm(a, b, groups, layout, alignment, ...)   functional, all layouts
-        torch.ops.moe_hal.grouped_gemm_fp8(a, b, groups, ..., a_scale, ...)    the same, fp8 operands
+        torch.ops.moe_hal.grouped_gemm_contiguous(a, b, psum, alignment, ...)   functional, one op per
+        torch.ops.moe_hal.grouped_gemm_masked(a, b, masked_m, expected_m, ...)  layout, differentiable
+        torch.ops.moe_hal.grouped_gemm_k_grouped(a, b, psum, alignment, c, ...)
+        torch.ops.moe_hal.grouped_gemm_fp8(a, b, groups, layout, ..., a_scale, ...)  fp8 operands, every layout
         torch.ops.moe_hal.grouped_gemm_masked_out(a, b, masked_m, out, ...)    writes out[g, :masked_m[g]]
         torch.ops.moe_hal.grouped_gemm_k_grouped_acc(a, b, psum, alignment, acc)  acc += K-grouped (main_grad)
     ──(eager kernel)──► host layout ─► moe_hal.execution.run (Problem.build ─► select ─► Backend.run)
 
-Layouts are flattened into tensors, ints and strings: ``groups`` is the int32 psum ``[G]``
-(contiguous, K-grouped) or ``masked_m`` ``[G]`` (masked), on the operands' device; ``layout`` names
-the operation; ``alignment`` is the segment alignment; row counts come from the operands. fp8
-operands travel as ``a``/``b`` (``float8_e4m3fn`` data) plus ``a_scale``/``b_scale`` (logical fp32
-scales), ``a_block``/``b_block`` and ``scale_format``, through an op of their own
-(``grouped_gemm_fp8``, forward only), so the differentiable op's schema carries no fp8 arguments
-(each costs the dispatcher time at every call).
+Layouts are flattened into tensors, ints and strings: the int32 psum ``[G]`` (contiguous,
+K-grouped) or ``masked_m`` ``[G]`` (masked), on the operands' device, plus the segment
+alignment; row counts come from the operands. The differentiable ops are one per layout, so each
+schema carries only the arguments its layout uses: the dispatcher converts every argument of a
+schema at every call, given or not (bench/bench_op_overhead.py's ``floor``). fp8 operands travel as ``a``/``b``
+(``float8_e4m3fn`` data) plus ``a_scale``/``b_scale`` (logical fp32 scales), ``a_block``/
+``b_block`` and ``scale_format``, through an op of their own (``grouped_gemm_fp8``, forward
+only, the layout named by its ``layout`` argument).
 
 The fake (meta) kernels compute output shapes from operand shapes only, for every dtype the API
 takes (fp32, bf16, fp16, fp8 data), so compiled graphs never read group sizes. The eager kernel
@@ -35,7 +38,7 @@ Gradients (fp32/bf16/fp16; fp8 operands raise :class:`~moe_hal.errors.GradientEr
 A contiguous-layout weight ``b`` that requires grad and has a ``main_grad`` attribute (an fp32
 tensor of ``b``'s shape, Megatron style) gets its gradient accumulated in place
 (``main_grad += k_grouped(dy, a)`` through ``grouped_gemm_k_grouped_acc``, no bf16 rounding) and
-``b.grad`` stays ``None``. :func:`call` reads the attribute and passes it as the op's
+``b.grad`` stays ``None``. :func:`call` reads the attribute and passes it as the contiguous op's
 ``main_grad`` argument, so compiled graphs see it too.
 
 Importing this module registers the ops; :mod:`moe_hal.api` imports it, so ``import moe_hal``
@@ -55,6 +58,7 @@ from .device_layout import PsumLayout
 from .errors import ArgumentError, DeviceError, DTypeError, GradientError, LayoutError, ShapeError
 from .identity_table import IdentityTable
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout, SegmentLayout
+from .problem import no_c
 from .quant import QuantizedTensor
 
 NAMESPACE = "moe_hal"
@@ -62,19 +66,26 @@ LAYOUTS = ("contiguous", "masked", "k_grouped")
 _FP8_OUT = torch.bfloat16
 
 _lib = torch.library.Library(NAMESPACE, "DEF")
+#: layout name -> the schema of its differentiable op ``grouped_gemm_<layout>`` after the name
+#: (bench/bench_op_overhead.py times no-op ops with them). Only what the layout uses: ``c`` on
+#: K-grouped, ``expected_m`` on masked, ``main_grad`` on contiguous; no fp8 arguments.
+SCHEMAS = {
+    "contiguous": "(Tensor a, Tensor b, Tensor psum, int alignment=1, ScalarType? out_dtype=None, "
+    "str? backend=None, Tensor? main_grad=None) -> Tensor",
+    "masked": "(Tensor a, Tensor b, Tensor masked_m, int? expected_m=None, ScalarType? out_dtype=None, "
+    "str? backend=None) -> Tensor",
+    "k_grouped": "(Tensor a, Tensor b, Tensor psum, int alignment=1, Tensor? c=None, ScalarType? out_dtype=None, "
+    "str? backend=None) -> Tensor",
+}
+for _layout, _schema in SCHEMAS.items():
+    _lib.define(f"grouped_gemm_{_layout}{_schema}")
 _OPERAND_ARGS = (
     'Tensor? a_scale=None, Tensor? b_scale=None, int[] a_block=[], int[] b_block=[], str scale_format="fp32"'
 )
-_CALL_ARGS = (
-    "Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
-    "ScalarType? out_dtype=None, int? expected_m=None, str? backend=None"
+_lib.define(
+    "grouped_gemm_fp8(Tensor a, Tensor b, Tensor groups, str layout, int alignment=1, Tensor? c=None, "
+    f"ScalarType? out_dtype=None, int? expected_m=None, str? backend=None, {_OPERAND_ARGS}) -> Tensor"
 )
-#: The differentiable op's schema after its name (bench/bench_op_overhead.py times a no-op with
-#: it). fp8 operands have an op of their own: every argument of a schema costs the dispatcher time
-#: at every call, whether given or not.
-GROUPED_GEMM_SCHEMA = f"({_CALL_ARGS}, Tensor? main_grad=None) -> Tensor"
-_lib.define("grouped_gemm" + GROUPED_GEMM_SCHEMA)
-_lib.define(f"grouped_gemm_fp8({_CALL_ARGS}, {_OPERAND_ARGS}) -> Tensor")
 _lib.define(
     "grouped_gemm_masked_out(Tensor a, Tensor b, Tensor masked_m, Tensor(a!) out, "
     f"{_OPERAND_ARGS}, int? expected_m=None, str? backend=None) -> ()"
@@ -84,7 +95,15 @@ _lib.define(
     "str? backend=None) -> ()"
 )
 
-grouped_gemm_op = torch.ops.moe_hal.grouped_gemm.default
+grouped_gemm_contiguous_op = torch.ops.moe_hal.grouped_gemm_contiguous.default
+grouped_gemm_masked_op = torch.ops.moe_hal.grouped_gemm_masked.default
+grouped_gemm_k_grouped_op = torch.ops.moe_hal.grouped_gemm_k_grouped.default
+#: layout name -> its differentiable op
+OPS = {
+    "contiguous": grouped_gemm_contiguous_op,
+    "masked": grouped_gemm_masked_op,
+    "k_grouped": grouped_gemm_k_grouped_op,
+}
 grouped_gemm_fp8_op = torch.ops.moe_hal.grouped_gemm_fp8.default
 grouped_gemm_masked_out_op = torch.ops.moe_hal.grouped_gemm_masked_out.default
 grouped_gemm_k_grouped_acc_op = torch.ops.moe_hal.grouped_gemm_k_grouped_acc.default
@@ -95,9 +114,11 @@ _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
-#: The op's C++ entry point, one Python frame less than ``grouped_gemm_op(...)``; eager calls
-#: only (Dynamo traces ``grouped_gemm_op``).
-_grouped_gemm_eager = grouped_gemm_op._op
+# The ops' C++ entry points, one Python frame less than ``op(...)``; eager calls only (Dynamo
+# traces the OpOverloads).
+_contiguous_eager = grouped_gemm_contiguous_op._op
+_masked_eager = grouped_gemm_masked_op._op
+_k_grouped_eager = grouped_gemm_k_grouped_op._op
 
 
 # -- host layouts -------------------------------------------------------------------------------------
@@ -252,16 +273,25 @@ def _backend(backend: str | None):
 
 
 # -- eager kernels --------------------------------------------------------------------------------------
-def _grouped_gemm_kernel(
-    a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
-):
-    # _host_layout_for inlined: every eager call of the op comes through here
-    handed = _handoff.pending
-    if handed is not None and handed[0] is groups:
-        lay = handed[1]
-    else:
-        lay = host_layout(layout, groups, alignment, a.shape[1] if layout == "masked" else a.shape[0], expected_m)
+# The differentiable ops' eager kernels; every eager call of them comes through here.
+def _contiguous_kernel(a, b, psum, alignment=1, out_dtype=None, backend=None, main_grad=None):
+    lay = _host_layout_for("contiguous", psum, alignment, a, None)
+    # _backend's None test inlined (hot path: one call less)
+    return _run(a, b, lay, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
+
+
+def _masked_kernel(a, b, masked_m, expected_m=None, out_dtype=None, backend=None):
+    lay = _host_layout_for("masked", masked_m, 0, a, expected_m)
+    return _run(a, b, lay, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
+
+
+def _k_grouped_kernel(a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
+    lay = _host_layout_for("k_grouped", psum, alignment, a, None)
     return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
+
+
+#: layout name -> the eager kernel of its differentiable op
+_KERNELS = {"contiguous": _contiguous_kernel, "masked": _masked_kernel, "k_grouped": _k_grouped_kernel}
 
 
 def _grouped_gemm_fp8_kernel(
@@ -320,7 +350,8 @@ def _k_grouped_acc_kernel(a, b, psum, alignment, acc, backend=None):
     _run(a, b, lay, c=acc, out=acc, backend=_backend(backend))
 
 
-_lib.impl("grouped_gemm", _grouped_gemm_kernel, "CompositeExplicitAutograd")
+for _layout, _kernel in _KERNELS.items():
+    _lib.impl(f"grouped_gemm_{_layout}", _kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_fp8", _grouped_gemm_fp8_kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_masked_out", _masked_out_kernel, "CompositeExplicitAutograd")
 _lib.impl("grouped_gemm_k_grouped_acc", _k_grouped_acc_kernel, "CompositeExplicitAutograd")
@@ -340,13 +371,21 @@ def _empty_result(a, b, groups, layout: str, dtype: torch.dtype) -> torch.Tensor
     return a.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake("moe_hal::grouped_gemm", lib=_lib)
-def _grouped_gemm_fake(
-    a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
-):
+@torch.library.register_fake("moe_hal::grouped_gemm_contiguous", lib=_lib)
+def _contiguous_fake(a, b, psum, alignment=1, out_dtype=None, backend=None, main_grad=None):
+    return _empty_result(a, b, psum, "contiguous", a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.register_fake("moe_hal::grouped_gemm_masked", lib=_lib)
+def _masked_fake(a, b, masked_m, expected_m=None, out_dtype=None, backend=None):
+    return _empty_result(a, b, masked_m, "masked", a.dtype if out_dtype is None else out_dtype)
+
+
+@torch.library.register_fake("moe_hal::grouped_gemm_k_grouped", lib=_lib)
+def _k_grouped_fake(a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
     # out_dtype, else c's, else the operands'
     dtype = out_dtype if out_dtype is not None else c.dtype if c is not None else a.dtype
-    return _empty_result(a, b, groups, layout, dtype)
+    return _empty_result(a, b, psum, "k_grouped", dtype)
 
 
 @torch.library.register_fake("moe_hal::grouped_gemm_fp8", lib=_lib)
@@ -408,60 +447,73 @@ _EAGER_KEYS = frozenset(
 _eager_keysets: dict[int, bool] = {}
 
 
-def _below(keyset, args: tuple) -> torch.Tensor:
-    """The op below autograd for ``args``: the eager kernel directly on plain devices, else a
-    redispatch. Callers hold no gradient-recording state (autograd.Function.forward, or nothing
-    requires grad)."""
+def _below(keyset, layout: str, args: tuple) -> torch.Tensor:
+    """The op of ``layout`` below autograd for ``args``: its eager kernel directly on plain
+    devices, else a redispatch. Callers hold no gradient-recording state (autograd.Function.forward,
+    or nothing requires grad)."""
     raw = keyset.raw_repr()
     eager = _eager_keysets.get(raw)
     if eager is None:
         eager = _eager_keysets[raw] = (keyset & _AFTER_AUTOGRAD).highestPriorityTypeId() in _EAGER_KEYS
     if eager:
-        return _grouped_gemm_kernel(*args)
+        return _KERNELS[layout](*args)
     with _below_autograd():
-        return grouped_gemm_op.redispatch(keyset & _AFTER_AUTOGRAD, *args)
+        return OPS[layout].redispatch(keyset & _AFTER_AUTOGRAD, *args)
 
 
-#: The op's arguments from ``alignment`` on, at their defaults (the dispatcher leaves trailing
-#: arguments equal to their defaults out of the call).
-_DEFAULT_TAIL = (1, None, None, None, None, None)
-_NUM_ARGS = 4 + len(_DEFAULT_TAIL)
+# The Autograd kernels, one per op: the dispatcher leaves trailing arguments equal to their
+# defaults out of the call, the signatures fill them in. requires_grad is read as an attribute of
+# each operand (cheaper than torch._C._any_requires_grad); the last two lines are _below's eager
+# test inlined, as every call that records no gradient takes them.
+def _contiguous_autograd(keyset, a, b, psum, alignment=1, out_dtype=None, backend=None, main_grad=None):
+    if _is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _GroupedGemmFunction.apply(keyset, "contiguous", a, b, psum, alignment, out_dtype, backend, main_grad)
+    if _eager_keysets.get(keyset.raw_repr()):
+        return _contiguous_kernel(a, b, psum, alignment, out_dtype, backend)
+    return _below(keyset, "contiguous", (a, b, psum, alignment, out_dtype, backend, main_grad))
 
 
-def _autograd_kernel(keyset, *args):
-    """``args``: the op's arguments in schema order, trailing defaults possibly left out."""
-    if _is_grad_enabled() and (
-        args[0].requires_grad
-        or args[1].requires_grad
-        or (len(args) > 5 and args[5] is not None and args[5].requires_grad)
-    ):  # attribute reads (a, b, c): cheaper than torch._C._any_requires_grad
-        if len(args) < _NUM_ARGS:
-            args += _DEFAULT_TAIL[len(args) - 4 :]
-        return _GroupedGemmFunction.apply(keyset, *args)
-    # _below inlined: this is the path of every call that records no gradient
-    eager = _eager_keysets.get(keyset.raw_repr())
-    if eager:
-        return _grouped_gemm_kernel(*args)
-    return _below(keyset, args)
+def _masked_autograd(keyset, a, b, masked_m, expected_m=None, out_dtype=None, backend=None):
+    if _is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _GroupedGemmFunction.apply(keyset, "masked", a, b, masked_m, expected_m, out_dtype, backend)
+    if _eager_keysets.get(keyset.raw_repr()):
+        return _masked_kernel(a, b, masked_m, expected_m, out_dtype, backend)
+    return _below(keyset, "masked", (a, b, masked_m, expected_m, out_dtype, backend))
+
+
+def _k_grouped_autograd(keyset, a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
+    if _is_grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad)):
+        return _GroupedGemmFunction.apply(keyset, "k_grouped", a, b, psum, alignment, c, out_dtype, backend)
+    if _eager_keysets.get(keyset.raw_repr()):
+        return _k_grouped_kernel(a, b, psum, alignment, c, out_dtype, backend)
+    return _below(keyset, "k_grouped", (a, b, psum, alignment, c, out_dtype, backend))
 
 
 class _GroupedGemmFunction(torch.autograd.Function):
-    """The gradient of ``torch.ops.moe_hal.grouped_gemm`` (formulas in the module docstring)."""
+    """The gradient of ``torch.ops.moe_hal.grouped_gemm_<layout>`` (formulas in the module
+    docstring). Inputs: the keyset, the layout name, then the op's arguments in schema order,
+    every one given (``a``, ``b``, ``groups`` first)."""
 
     @staticmethod
-    def forward(ctx, keyset, *args):
-        result = _below(keyset, args)
-        a, b, groups, layout, alignment, c = args[:6]
-        ctx.layout, ctx.alignment, ctx.has_c = layout, alignment, c is not None
-        ctx.backend = args[8]  # the gradient products run where the forward did
-        main_grad = args[9] if layout == "contiguous" else None
+    def forward(ctx, keyset, layout, *args):
+        result = _below(keyset, layout, args)
+        a, b, groups = args[:3]
+        main_grad = None
+        if layout == "contiguous":
+            alignment, _, backend, main_grad = args[3:]
+        elif layout == "masked":
+            alignment, backend = 0, args[5]
+        else:
+            alignment, backend = args[3], args[6]
+        ctx.layout, ctx.alignment, ctx.num_args = layout, alignment, len(args)
+        ctx.backend = backend  # the gradient products run where the forward did
         ctx.has_main_grad = main_grad is not None
         ctx.save_for_backward(a, b, groups, main_grad)
         return result
 
     @staticmethod
     def backward(ctx, grad):
-        return (None, *_backward(ctx, grad))
+        return (None, None, *_backward(ctx, grad))
 
 
 def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -471,23 +523,24 @@ def _grad_input(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _backward(ctx, grad) -> tuple:
-    """Gradients for the op's arguments (``a``, ``b`` and ``c`` only)."""
+    """Gradients for the op's arguments (``a``, ``b`` and K-grouped's ``c`` only)."""
     a, b, groups, main_grad = ctx.saved_tensors
-    need_a, need_b = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-    da = db = dc = None
+    need_a, need_b = ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+    da = db = None
+    grads = [None] * ctx.num_args
     op, align, backend = ctx.layout, ctx.alignment, ctx.backend
     if op == "contiguous":
         dy = _grad_input(grad, a.dtype)
         if need_a:
-            da = grouped_gemm_op(dy, b.transpose(1, 2), groups, "contiguous", align, backend=backend)
+            da = grouped_gemm_contiguous_op(dy, b.transpose(1, 2), groups, align, None, backend)
         if need_b and ctx.has_main_grad:  # b's gradient goes into main_grad, in fp32; b.grad stays None
             grouped_gemm_k_grouped_acc_op(dy, a, groups, align, main_grad, backend)
         elif need_b:
-            db = grouped_gemm_op(dy, a, groups, "k_grouped", align, backend=backend)
+            db = grouped_gemm_k_grouped_op(dy, a, groups, align, None, None, backend)
     elif op == "masked":
         dy = _grad_input(grad, a.dtype)
         if need_a:
-            da = grouped_gemm_op(dy, b.transpose(1, 2), groups, "masked", 0, backend=backend)
+            da = grouped_gemm_masked_op(dy, b.transpose(1, 2), groups, None, None, backend)
         if need_b:
             rows = torch.arange(a.shape[1], device=a.device)
             valid = (rows[None, :] < groups[:, None])[..., None]  # [G, max_m, 1], no sync
@@ -496,15 +549,18 @@ def _backward(ctx, grad) -> tuple:
     else:
         dout = _grad_input(grad, a.dtype)
         if need_a:
-            da = grouped_gemm_op(b, dout, groups, "contiguous", align, backend=backend)
+            da = grouped_gemm_contiguous_op(b, dout, groups, align, None, backend)
         if need_b:
-            db = grouped_gemm_op(a, dout.transpose(1, 2), groups, "contiguous", align, backend=backend)
-        if ctx.has_c and ctx.needs_input_grad[6]:
-            dc = grad
-    return (da, db, None, None, None, dc) + (None,) * (_NUM_ARGS - 6)
+            db = grouped_gemm_contiguous_op(a, dout.transpose(1, 2), groups, align, None, backend)
+        if ctx.needs_input_grad[6]:  # c (None when not given: no gradient asked)
+            grads[4] = grad
+    grads[0], grads[1] = da, db
+    return tuple(grads)
 
 
-_lib.impl("grouped_gemm", _autograd_kernel, "Autograd", with_keyset=True)
+_lib.impl("grouped_gemm_contiguous", _contiguous_autograd, "Autograd", with_keyset=True)
+_lib.impl("grouped_gemm_masked", _masked_autograd, "Autograd", with_keyset=True)
+_lib.impl("grouped_gemm_k_grouped", _k_grouped_autograd, "Autograd", with_keyset=True)
 
 
 # fp8 is forward only: a gradient requested through grouped_gemm_fp8 (its scales, or c) raises in
@@ -524,21 +580,18 @@ torch.library.register_autograd("moe_hal::grouped_gemm_fp8", _fp8_backward, setu
 # -- autocast -------------------------------------------------------------------------------------------
 # fp32/fp16 operands are cast to the autocast dtype; c and the fp8 op (no autocast kernel: the key
 # falls through) are left alone.
-def _autocast_kernel(device_type: str):
-    def kernel(
-        a, b, groups, layout, alignment=1, c=None, out_dtype=None, expected_m=None, backend=None, main_grad=None
-    ):
+def _autocast_kernel(device_type: str, op):
+    def kernel(a, b, *args):
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
-            return grouped_gemm_op(
-                a.to(dtype), b.to(dtype), groups, layout, alignment, c, out_dtype, expected_m, backend, main_grad
-            )
+            return op(a.to(dtype), b.to(dtype), *args)
 
     return kernel
 
 
-_lib.impl("grouped_gemm", _autocast_kernel("cpu"), "AutocastCPU")
-_lib.impl("grouped_gemm", _autocast_kernel("cuda"), "AutocastCUDA")
+for _layout, _op in OPS.items():
+    _lib.impl(f"grouped_gemm_{_layout}", _autocast_kernel("cpu", _op), "AutocastCPU")
+    _lib.impl(f"grouped_gemm_{_layout}", _autocast_kernel("cuda", _op), "AutocastCUDA")
 
 
 # -- the user API's op path -------------------------------------------------------------------------------
@@ -563,24 +616,38 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
     hand_off = host and not compiling
     if name == "masked" and out is not None:
         return _masked_out(layout, hand_off, a, b, groups, out, c, expected_m, backend, {})
-    main_grad = None
-    if name == "contiguous" and b.requires_grad:  # main_grad matters only to a recorded gradient
-        main_grad = getattr(b, "main_grad", None)
-        if main_grad is not None:
-            _check_main_grad(main_grad, b)
-    op = grouped_gemm_op if compiling else _grouped_gemm_eager
+    if c is not None and name != "k_grouped":  # only K-grouped's op takes c
+        no_c(c, name)
+    # each op's arguments with trailing defaults left out: every argument given costs the
+    # dispatcher a conversion
+    if name == "contiguous":
+        op = grouped_gemm_contiguous_op if compiling else _contiguous_eager
+        main_grad = None
+        if b.requires_grad:  # main_grad matters only to a recorded gradient
+            main_grad = getattr(b, "main_grad", None)
+            if main_grad is not None:
+                _check_main_grad(main_grad, b)
+        if out_dtype is None and backend is None and main_grad is None:
+            args = (a, b, groups) if alignment == 1 else (a, b, groups, alignment)
+        else:
+            args = (a, b, groups, alignment, out_dtype, backend, main_grad)
+    elif name == "masked":
+        op = grouped_gemm_masked_op if compiling else _masked_eager
+        if expected_m is None and out_dtype is None and backend is None:
+            args = (a, b, groups)
+        else:
+            args = (a, b, groups, expected_m, out_dtype, backend)
+    else:
+        op = grouped_gemm_k_grouped_op if compiling else _k_grouped_eager
+        if out_dtype is None and backend is None:
+            args = (a, b, groups, alignment, c) if c is not None else (a, b, groups, alignment)
+        else:
+            args = (a, b, groups, alignment, c, out_dtype, backend)
     # _handing_off inlined: its frame and argument packing would add to every call's overhead
     if hand_off:
         _handoff.pending = (groups, layout)
     try:
-        if main_grad is None and expected_m is None and backend is None:
-            # trailing defaults left out: fewer arguments for the dispatcher to parse and box
-            if c is None and out_dtype is None:
-                result = op(a, b, groups, name, alignment)
-            else:
-                result = op(a, b, groups, name, alignment, c, out_dtype)
-        else:
-            result = op(a, b, groups, name, alignment, c, out_dtype, expected_m, backend, main_grad)
+        result = op(*args)
     finally:
         if hand_off:
             _handoff.pending = None
@@ -624,8 +691,7 @@ def _call_fp8(a: QuantizedTensor, b: QuantizedTensor, layout, out, out_dtype, c,
 def _masked_out(layout, hand_off: bool, a, b, masked_m, out, c, expected_m, backend, fp8: dict) -> torch.Tensor:
     """The masked op writing ``out``; with ``hand_off``, ``layout`` is handed to its kernel as in
     :func:`call`."""
-    if c is not None:
-        raise LayoutError("c", "None (c is only used by K-grouped calls, not masked)", type(c).__name__)
+    no_c(c, "masked")
     _handing_off(
         hand_off,
         masked_m,

@@ -205,7 +205,7 @@ class Problem:
     @classmethod
     def _contiguous(cls, a, b, layout, c, out_dtype, device):
         if c is not None:
-            _no_c(c, "contiguous")
+            no_c(c, "contiguous")
         a_shape, b_shape = a.shape, b.shape
         if len(a_shape) != 2:
             _rank(a, 2, "a", "[num_rows, K]")
@@ -229,7 +229,7 @@ class Problem:
 
     @classmethod
     def _masked(cls, a, b, layout, c, out_dtype, device):
-        _no_c(c, "masked")
+        no_c(c, "masked")
         _rank(a, 3, "a", "[G, max_m, K]")
         _rank(b, 3, "b", "[G, N, K]")
         g, max_m, k = a.shape
@@ -336,7 +336,9 @@ def _rank(x, rank: int, name: str, shape: str) -> None:
         raise ShapeError(name, f"a {rank}-D tensor {shape}", f"shape {tuple(x.shape)}")
 
 
-def _no_c(c, op: str) -> None:
+def no_c(c, op: str) -> None:
+    """Refuse ``c`` for a layout ``op`` other than K-grouped (the custom ops' path checks it too,
+    before choosing an op)."""
     if c is not None:
         raise ArgumentError("c", f"None (c is only used by K-grouped calls, not {op})", type(c).__name__)
 

@@ -33,14 +33,14 @@ def _contiguous(gen, counts, alignment=4, dtype=torch.float32, k=8, n=6, require
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_opcheck_contiguous(gen, dtype):
     a, b, lay = _contiguous(gen, [3, 0, 5], dtype=dtype, requires_grad=True)
-    torch.library.opcheck(ops.grouped_gemm_op, (a, b, lay.psum_on("cpu"), "contiguous", 4))
+    torch.library.opcheck(ops.grouped_gemm_contiguous_op, (a, b, lay.psum_on("cpu"), 4))
 
 
 def test_opcheck_masked_functional_and_out(gen):
     masked_m = torch.tensor([2, 0, 4], dtype=torch.int32)
     a = randn(gen, 3, 4, 8).requires_grad_()
     b = randn(gen, 3, 6, 8).requires_grad_()
-    torch.library.opcheck(ops.grouped_gemm_op, (a, b, masked_m, "masked", 0))
+    torch.library.opcheck(ops.grouped_gemm_masked_op, (a, b, masked_m))
     out = torch.full((3, 4, 6), 7.0)
     torch.library.opcheck(ops.grouped_gemm_masked_out_op, (a.detach(), b.detach(), masked_m, out))
 
@@ -49,7 +49,7 @@ def test_opcheck_k_grouped_with_c(gen):
     lay = moe_hal.KGroupedLayout.from_counts([3, 0, 5], alignment=4)
     x, dy = randn(gen, lay.num_rows, 5).requires_grad_(), randn(gen, lay.num_rows, 6).requires_grad_()
     c = randn(gen, 3, 5, 6).requires_grad_()
-    torch.library.opcheck(ops.grouped_gemm_op, (x, dy, lay.psum_on("cpu"), "k_grouped", 4, c))
+    torch.library.opcheck(ops.grouped_gemm_k_grouped_op, (x, dy, lay.psum_on("cpu"), 4, c))
 
 
 def test_opcheck_k_grouped_accumulate(gen):
@@ -115,8 +115,12 @@ def test_fake_kernel_shapes_and_dtypes_match_eager(gen, layout, dtype, out_dtype
     with FakeTensorMode() as mode:
         fake_args = [mode.from_tensor(t) for t in (ta, tb, groups)]
         fp8 = {key: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for key, v in fp8.items()}
-        op = ops.grouped_gemm_fp8_op if fp8 else ops.grouped_gemm_op
-        fake = op(*fake_args, name, alignment, None, out_dtype, **fp8)
+        if fp8:
+            fake = ops.grouped_gemm_fp8_op(*fake_args, name, alignment, None, out_dtype, **fp8)
+        elif name == "masked":
+            fake = ops.grouped_gemm_masked_op(*fake_args, out_dtype=out_dtype)
+        else:
+            fake = ops.OPS[name](*fake_args, alignment, out_dtype=out_dtype)
     assert eager.dtype == fake.dtype == expected
     assert eager.shape == fake.shape
     assert eager.stride() == fake.stride()
@@ -197,7 +201,7 @@ def test_import_moe_hal_registers_nothing_and_imports_no_torch():
     code = (
         "import sys, moe_hal; assert 'torch' not in sys.modules, 'torch imported'; "
         "import torch; assert not hasattr(torch.ops.moe_hal, 'grouped_gemm'); "
-        "moe_hal.grouped_gemm; assert hasattr(torch.ops.moe_hal, 'grouped_gemm')"
+        "moe_hal.grouped_gemm; assert hasattr(torch.ops.moe_hal, 'grouped_gemm_contiguous')"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -267,7 +271,7 @@ def test_compile_fp8_forward(gen):
 def test_explain_names_the_call_path(gen):
     a, b, lay = _contiguous(gen, [3, 0, 5])
     assert "call path: direct call" in moe_hal.explain(a, b, lay)
-    assert "custom op torch.ops.moe_hal.grouped_gemm (an operand requires grad" in moe_hal.explain(
+    assert "custom op torch.ops.moe_hal.grouped_gemm_contiguous (an operand requires grad" in moe_hal.explain(
         a, b.requires_grad_(), lay
     )
     with torch.no_grad():
@@ -292,6 +296,24 @@ def test_the_op_path_refuses_bad_operands_with_typed_errors(gen):
         moe_hal.grouped_gemm(a, [1, 2], lay)
     with pytest.raises(DTypeError, match="out_dtype"):
         moe_hal.grouped_gemm(a, b, lay, out_dtype="bf16")
+
+
+def test_the_op_path_refuses_c_outside_k_grouped_like_the_direct_call(gen):
+    # only the K-grouped op has a c argument: the others refuse it before any op runs
+    a, b, lay = _contiguous(gen, [3, 0, 5], requires_grad=True)
+    c = randn(gen, 3, 12, 6)
+    masked = moe_hal.MaskedLayout(torch.tensor([2, 0, 4], dtype=torch.int32), 4)
+    am = randn(gen, 3, 4, 8).requires_grad_()
+    out = torch.full((3, 4, 6), 7.0)
+    for args, kwargs in (
+        ((a, b, lay), {}),
+        ((a, b, moe_hal.PsumLayout(lay.psum, "contiguous", 4)), {}),
+        ((am, b, masked), {}),
+        ((am.detach(), b.detach(), masked), {"out": out}),  # ops.call: the mutating masked op
+    ):
+        with pytest.raises(moe_hal.errors.ArgumentError, match="^c: .*only used by K-grouped"):
+            ops.call(*args, c=c, **kwargs)
+    assert torch.equal(out, torch.full((3, 4, 6), 7.0))
 
 
 def test_the_op_path_refuses_a_host_layout_that_does_not_fit_a_like_the_direct_call(gen):
