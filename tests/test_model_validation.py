@@ -30,11 +30,12 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (31.4%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (30.9%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
-#: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state).
-WORST_RECORDED = 0.32
+#: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state) and 0.32
+#: before the K-block latency (moe_hal.perf.operands.PROMOTION_K).
+WORST_RECORDED = 0.315
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -96,6 +96,67 @@ def test_estimate_applies_achieved_figures_and_says_so():
     assert "fitted" in est.basis["bandwidth"] and "as given" in est.basis["roofline"]
 
 
+def _staged(latency):
+    table = EfficiencyTable(
+        [
+            rec(device="gpu", value=0.5),
+            rec(device="gpu", value=0.5, dtype="bf16"),
+            rec(device="gpu", kind="bandwidth", value=0.8),
+            rec(device="gpu", kind="tile_overhead", value=2e-6, impl="*"),
+            rec(device="gpu", kind="stage_latency", value=latency, impl="*"),
+            rec(device="gpu", kind="launch", value=3e-6, impl="*"),
+        ]
+    )
+    return perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)
+
+
+def test_each_k_block_of_a_tile_adds_its_latency_and_says_so():
+    hw = _staged(100e-9)
+    # one wave of 7168 / 56 = 128 tiles of 64 x 56, K = 2048: 16 blocks of 128 run one after another
+    est = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense")
+    assert est.tiles == 128 and est.waves == 1 and est.promotion_k == 128
+    mma = 2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132)
+    assert est.t_compute == pytest.approx(mma + 16 * 100e-9 + 2e-6)
+    assert est.stage_latency == 100e-9
+    assert "100 ns per K block" in est.basis["stage_latency"] and "fitted" in est.basis["stage_latency"]
+    # a partial last block is a whole block
+    assert perf.estimate([64], 7168, 2049, hw, "fp8", 64, 56).t_compute == pytest.approx(
+        2 * 64 * 56 * 2049 / (0.5 * 1979e12 / 132) + 17 * 100e-9 + 2e-6
+    )
+
+
+def test_more_k_blocks_predict_longer_all_else_equal():
+    # the same bytes (n * k equal) and tiles per wave, more K blocks per tile: the longer K loop is
+    # slower, and without the latency the two calls would be predicted alike within their bytes
+    hw, plain = _staged(100e-9), _staged(0.0)
+    short = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense")
+    long = perf.estimate([64], 2048, 7168, hw, "fp8", 64, 16, family="dense")
+    assert long.t_compute - short.t_compute == pytest.approx(
+        (56 - 16) * 100e-9 + 2 * 64 * 16 * 7168 / (0.5 * 1979e12 / 132) - 2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132)
+    )
+    assert long.t_predicted > short.t_predicted
+    assert perf.estimate([64], 2048, 7168, plain, "fp8", 64, 16, family="dense").t_predicted < long.t_predicted
+
+
+def test_the_k_block_latency_weighs_less_the_larger_the_tile_and_skips_unpromoted_dtypes():
+    hw, plain = _staged(100e-9), _staged(0.0)
+    calls = [([8192] * 8, 7168, 4096, tile) for tile in ((64, 56), (128, 128), (128, 256))]
+    shares = []
+    for counts, n, k, (bm, bn) in calls:
+        with_latency = perf.estimate(counts, n, k, hw, "fp8", bm, bn)
+        without = perf.estimate(counts, n, k, plain, "fp8", bm, bn)
+        # every wave's tiles run 4096 / 128 = 32 blocks, each 100 ns longer
+        assert with_latency.t_compute - without.t_compute == pytest.approx(with_latency.waves * 32 * 100e-9)
+        shares.append(1 - without.t_compute / with_latency.t_compute)
+    # the latency is paid per block whatever the block's MMA: the bigger the MMA, the smaller its share
+    assert shares[0] > shares[1] > shares[2] > 0
+    # bf16 kernels do not promote partial sums per K block: no latency, and the basis says why
+    bf16 = perf.estimate([64], 7168, 2048, hw, "bf16", 64, 56)
+    assert bf16.stage_latency == 0.0 and bf16.promotion_k == 0
+    assert bf16.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 989.5e12 / 132) + 2e-6)
+    assert "not applied" in bf16.basis["stage_latency"]
+
+
 def test_a_dense_gemm_uses_the_dense_family_fraction():
     table = EfficiencyTable([rec(device="gpu", value=0.5), rec(device="gpu", value=0.8, family="dense")])
     hw = perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)
@@ -143,8 +204,9 @@ def test_the_fast_fit_arithmetic_is_the_model_itself():
     for case in cases[::7]:
         prepared = calibration._prepare([case])[0]
         overhead = table.figure("tile_overhead", case.device, prepared.architecture, case.impl)
+        stage = table.figure("stage_latency", case.device, prepared.architecture, case.impl)
         launch = table.figure("launch", case.device, prepared.architecture, case.impl)
-        fast = calibration._fast_predict(prepared, table, overhead.value, launch.value)[0]
+        fast = calibration._fast_predict(prepared, table, overhead.value, stage.value, launch.value)[0]
         assert calibration.predict(case, table).t_predicted == pytest.approx(fast, rel=1e-9)
 
 
@@ -187,3 +249,12 @@ def test_a_per_core_cap_and_l2_bandwidth_in_an_overlay_are_loaded(tmp_path):
         assert est.t_memory == pytest.approx(est.bytes_kernel / min(est.achieved_bandwidth, 64 * 10e9))
     finally:
         hwdb.reload(forget_overlays=True)
+
+
+def test_the_committed_fit_carries_the_k_block_latency_with_its_basis():
+    # hwdb/measured/*.published-fit.yaml (moe-hal model calibrate) stores it per Hopper device
+    est = perf.estimate([64], 7168, 2048, "nvidia-h800-sxm", "fp8", 64, 56, family="dense")
+    assert est.stage_latency > 0
+    assert "per K block" in est.basis["stage_latency"] and "fitted" in est.basis["stage_latency"]
+    with pytest.raises(ArgumentError, match="stage_latency"):
+        perf.Hardware("bad", stage_latency=-1e-9, **H800)

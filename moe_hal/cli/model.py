@@ -300,7 +300,7 @@ def print_report(report: dict[str, Any]) -> None:
     )
     console.print(f"ridge M* = {report['ridge_m']:.0f} rows; plain roofline (ideal) = {_us(report['t_roofline'])} us")
     basis = report["ranked"][0]["basis"]
-    for term in ("compute", "bandwidth", "tile_overhead", "launch"):
+    for term in ("compute", "bandwidth", "tile_overhead", "stage_latency", "launch"):
         console.print(render.text(f"  prediction {term}: {basis[term]}"))
     columns = (
         "tile",

@@ -4,8 +4,9 @@ The measured cases are either the published set (``bench/published/cases.yaml``:
 people measured and published, each with its source) or a device's own benchmark results. A fit
 turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
 
-* per architecture, the per-tile overhead and the launch time, chosen on a small grid to minimise
-  the mean relative error over the fitted cases;
+* per architecture, the per-tile overhead, the latency of each K block of a tile (kernels that
+  promote partial sums per K block: :data:`~moe_hal.perf.operands.PROMOTION_K`) and the launch
+  time, chosen on a small grid to minimise the mean relative error over the fitted cases;
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
   says binds it, the fraction that case needs is computed, and the median over the cases is
@@ -46,10 +47,16 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases
 DEFAULT_BLOCK_N: tuple[int, ...] = (64, 96, 112, 128, 144, 160, 192, 224, 256)
 DEFAULT_BLOCK_M: tuple[int, ...] = (64, 128, 256)
 
-#: Grid of (tile overhead, launch) seconds searched per fit.
-GRID: tuple[tuple[float, float], ...] = tuple(
-    (oh * 1e-6, launch * 1e-6) for oh in (0, 1, 2, 3, 4, 5) for launch in (0, 3, 6, 10)
+#: Grid of (tile overhead, K-block latency, launch) seconds searched per fit.
+GRID: tuple[tuple[float, float, float], ...] = tuple(
+    (oh * 1e-6, stage * 1e-9, launch * 1e-6)
+    for oh in (0, 1, 2, 3, 4, 5)
+    for stage in (0, 40, 80, 120)
+    for launch in (0, 3, 6, 10)
 )
+
+#: The K-block latency at which the fit reads how many K blocks a call's compute time charges.
+_UNIT_STAGE = 1e-6
 
 #: Iterations of the attribute-then-refit loop (it settles in 3-4).
 ITERATIONS = 6
@@ -267,6 +274,7 @@ class _Candidate:
     tile: tuple[int, int]
     t_compute_unit: float  # compute time at the full datasheet peak, no tile overhead
     waves: int
+    stages: float  # K blocks the busiest core runs one after another (compute seconds per second of their latency)
     t_memory_unit: float  # memory time at the full datasheet bandwidth
     share_l2: float  # the share of its bytes a warm call streams from the L2 (0 when cold)
     bytes_l2: float  # those bytes
@@ -288,22 +296,34 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
         # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
         split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
+        staged = hw.replace(stage_latency=_UNIT_STAGE)
         for bm, bn in case.tiles:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
+            t_staged = estimate(
+                case.counts, case.n, case.k, staged, case.dtype, bm, bn, **_call_options(case)
+            ).t_compute
             resident = 0.0  # a cold call streams every byte from memory
             if split is not None:
                 resident = estimate(
                     case.counts, case.n, case.k, split, case.dtype, bm, bn, **_call_options(case)
                 ).bytes_l2
             prepared.candidates.append(
-                _Candidate((bm, bn), est.t_compute, est.waves, est.t_memory, resident / est.bytes_kernel, resident)
+                _Candidate(
+                    (bm, bn),
+                    est.t_compute,
+                    est.waves,
+                    (t_staged - est.t_compute) / _UNIT_STAGE,
+                    est.t_memory,
+                    resident / est.bytes_kernel,
+                    resident,
+                )
             )
         out.append(prepared)
     return out
 
 
 def _fast_predict(
-    p: _Prepared, table: EfficiencyTable, overhead: float, launch: float
+    p: _Prepared, table: EfficiencyTable, overhead: float, stage: float, launch: float
 ) -> tuple[float, _Candidate, str]:
     """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms."""
     c = p.case
@@ -314,7 +334,7 @@ def _fast_predict(
     l2 = table.figure("l2_bandwidth", c.device, p.architecture, c.impl) if c.operands == "l2" else None
     best = None
     for cand in p.candidates:
-        t_comp = cand.t_compute_unit / eta_c + cand.waves * overhead
+        t_comp = cand.t_compute_unit / eta_c + cand.waves * overhead + cand.stages * stage
         t_mem = cand.t_memory_unit / eta_b
         if l2 is not None:
             t_mem = cand.t_memory_unit * (1 - cand.share_l2) / eta_b + cand.bytes_l2 / l2.value
@@ -342,24 +362,27 @@ def fit(
     records: list[Achieved] = []
     for arch, group in by_arch.items():
         best = None
-        for overhead, launch in grid:
-            table = _fit_fractions(group, overhead, launch, basis, source)
+        for overhead, stage, launch in grid:
+            table = _fit_fractions(group, overhead, stage, launch, basis, source)
             score = statistics.fmean(
-                abs(_fast_predict(p, table, overhead, launch)[0] / p.case.t_measured - 1) for p in group
+                abs(_fast_predict(p, table, overhead, stage, launch)[0] / p.case.t_measured - 1) for p in group
             )
             if best is None or score < best[0]:
-                best = (score, table, overhead, launch)
-        _, table, overhead, launch = best
+                best = (score, table, overhead, stage, launch)
+        _, table, overhead, stage, launch = best
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
             note = f"{source} (one value per architecture, {len(group)} cases)"
             records.append(Achieved(device, arch, "*", "tile_overhead", overhead, n, basis, note))
+            records.append(Achieved(device, arch, "*", "stage_latency", stage, n, basis, note))
             records.append(Achieved(device, arch, "*", "launch", launch, n, basis, note))
     return EfficiencyTable(records)
 
 
-def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis: str, source: str) -> EfficiencyTable:
+def _fit_fractions(
+    group: list[_Prepared], overhead: float, stage: float, launch: float, basis: str, source: str
+) -> EfficiencyTable:
     table = EfficiencyTable()
     for _ in range(ITERATIONS):
         compute: dict[tuple, list[float]] = {}
@@ -367,10 +390,10 @@ def _fit_fractions(group: list[_Prepared], overhead: float, launch: float, basis
         l2: list[float] = []
         for p in group:
             c = p.case
-            _, cand, bound = _fast_predict(p, table, overhead, launch)
+            _, cand, bound = _fast_predict(p, table, overhead, stage, launch)
             left = c.t_measured - launch
             if bound == "compute":
-                mma = left - cand.waves * overhead
+                mma = left - cand.waves * overhead - cand.stages * stage
                 if mma > 0:
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)

@@ -10,6 +10,12 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``bandwidth``: fraction of the datasheet memory bandwidth a streaming kernel reaches;
 * ``tile_overhead``: seconds each output tile costs beyond its MMA time (pipeline fill and
   epilogue), which is what makes short and small tiles less efficient;
+* ``stage_latency``: seconds each K block of a tile costs beyond its MMA time, for dtypes whose
+  kernels promote the partial sums once per K block (:data:`~moe_hal.perf.operands.PROMOTION_K`:
+  block-scaled fp8 on SM90 waits for a block's MMAs to complete before scaling their partial sums
+  on the CUDA cores). A tile's blocks run one after another, so this latency is paid once per
+  block per tile and the memory streaming of other tiles cannot hide it: it dominates calls with
+  few, narrow tiles and long K (decode-sized GEMMs) and is a small share of large tiles' MMA time;
 * ``launch``: fixed seconds per call (launch and prologue);
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
@@ -57,11 +63,11 @@ CLASS_OF_FAMILY = {
     "k_grouped": "weight_gradient",
 }
 
-#: Kinds of achieved figure: fractions (compute, bandwidth), seconds (tile_overhead, launch) and
-#: rates in bytes/s (bandwidth_per_unit, l2_bandwidth).
-KINDS = ("compute", "bandwidth", "tile_overhead", "launch", "bandwidth_per_unit", "l2_bandwidth")
+#: Kinds of achieved figure: fractions (compute, bandwidth), seconds (tile_overhead,
+#: stage_latency, launch) and rates in bytes/s (bandwidth_per_unit, l2_bandwidth).
+KINDS = ("compute", "bandwidth", "tile_overhead", "stage_latency", "launch", "bandwidth_per_unit", "l2_bandwidth")
 FRACTIONS = ("compute", "bandwidth")
-SECONDS = ("tile_overhead", "launch")
+SECONDS = ("tile_overhead", "stage_latency", "launch")
 RATES = ("bandwidth_per_unit", "l2_bandwidth")
 
 #: A fallback level is used only with at least this many measured cases behind it.
@@ -73,7 +79,7 @@ class Achieved:
     """One achieved figure of one implementation on one device.
 
     ``value``: a fraction of the datasheet figure (``compute``, ``bandwidth``), seconds
-    (``tile_overhead``, ``launch``) or bytes/s (``bandwidth_per_unit``, ``l2_bandwidth``).
+    (``tile_overhead``, ``stage_latency``, ``launch``) or bytes/s (``bandwidth_per_unit``, ``l2_bandwidth``).
     ``dtype``/``family`` only for ``compute``. ``cases``: how
     many measured cases it summarises. ``basis``: ``fitted`` or ``measured``; ``source``: where.
     """
@@ -166,7 +172,7 @@ class EfficiencyTable:
         return self._answers[key]
 
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
-        """A time (``tile_overhead``, ``launch``) or a rate (``bandwidth_per_unit``,
+        """A time (``tile_overhead``, ``stage_latency``, ``launch``) or a rate (``bandwidth_per_unit``,
         ``l2_bandwidth``): this implementation, then the best known, on this device, then on the
         architecture."""
         if kind not in SECONDS + RATES:
@@ -309,14 +315,15 @@ def table_from_entries(entries: Iterable) -> EfficiencyTable:
 @dataclass(frozen=True)
 class Rates:
     """What one call of ``dtype`` and ``op`` on a :class:`~moe_hal.perf.Hardware` is predicted
-    with: FLOP/s and bytes/s a kernel achieves, seconds per tile and per call, the per-core
-    streaming cap and the L2 bandwidth (None: not modelled), and in ``basis`` where each came from
-    (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``, ``launch``, ``bw_per_core``,
-    ``l2_bandwidth``)."""
+    with: FLOP/s and bytes/s a kernel achieves, seconds per tile, per K block of a tile and per
+    call, the per-core streaming cap and the L2 bandwidth (None: not modelled), and in ``basis``
+    where each came from (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``,
+    ``stage_latency``, ``launch``, ``bw_per_core``, ``l2_bandwidth``)."""
 
     flops: float
     bandwidth: float
     tile_overhead: float
+    stage_latency: float
     launch: float
     bw_per_core: float | None
     l2_bandwidth: float | None
@@ -362,6 +369,13 @@ class Rates:
             overhead, basis["tile_overhead"] = found.value, f"{found.value * 1e6:.2f} us ({found.basis}; {found.level})"
         else:
             overhead, basis["tile_overhead"] = 0.0, "not known: 0"
+        if hw.stage_latency is not None:
+            stage, basis["stage_latency"] = hw.stage_latency, "given (Hardware.stage_latency)"
+        elif (found := table.figure("stage_latency", device, arch, impl)) is not None:
+            stage = found.value
+            basis["stage_latency"] = f"{found.value * 1e9:.0f} ns per K block of a tile ({found.basis}; {found.level})"
+        else:
+            stage, basis["stage_latency"] = 0.0, "not known: 0"
         if t_fixed is not None:
             launch, basis["launch"] = float(t_fixed), "given (t_fixed)"
         elif hw.t_fixed:
@@ -380,7 +394,14 @@ class Rates:
             else:
                 caps[name], basis[name] = None, "not modelled"
         return cls(
-            flops, bandwidth, overhead, launch, caps["bw_per_core"], caps["l2_bandwidth"], MappingProxyType(basis)
+            flops,
+            bandwidth,
+            overhead,
+            stage,
+            launch,
+            caps["bw_per_core"],
+            caps["l2_bandwidth"],
+            MappingProxyType(basis),
         )
 
 

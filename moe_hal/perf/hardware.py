@@ -33,7 +33,8 @@ class Hardware:
     implementation whose figures apply (None: the best known), ``datasheet_peak_flops`` /
     ``datasheet_bandwidth`` the figures achieved fractions are fractions of (default:
     ``peak_flops`` / ``mem_bandwidth``). ``tile_overhead``: seconds each tile costs beyond its MMA
-    time (None: the table's, else 0). ``mma_min_n``: smallest token count per MMA when tokens sit
+    time (None: the table's, else 0). ``stage_latency``: seconds each K block of a tile costs
+    beyond its MMA time in kernels that promote partial sums per K block (None: the table's, else 0). ``mma_min_n``: smallest token count per MMA when tokens sit
     on the MMA's N side (swap-AB kernels; None = no floor).
     """
 
@@ -54,6 +55,7 @@ class Hardware:
     datasheet_bandwidth: float | None = None
     tile_overhead: float | None = None
     mma_min_n: int | None = None
+    stage_latency: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
@@ -82,6 +84,10 @@ class Hardware:
         if self.tile_overhead is not None and (not is_number(self.tile_overhead) or self.tile_overhead < 0):
             raise ArgumentError(
                 "Hardware.tile_overhead", "None or a non-negative number of seconds", self.tile_overhead
+            )
+        if self.stage_latency is not None and (not is_number(self.stage_latency) or self.stage_latency < 0):
+            raise ArgumentError(
+                "Hardware.stage_latency", "None or a non-negative number of seconds", self.stage_latency
             )
         if self.mma_min_n is not None and (
             isinstance(self.mma_min_n, bool) or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1

@@ -11,7 +11,7 @@ from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive
 from ..errors import ArgumentError
 from .efficiency import FAMILIES, Rates
 from .hardware import Hardware, resolve_hardware
-from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
+from .operands import BYTES_PER_ELEMENT, PROMOTION_K, default_out_dtype, dtype_name, operand_bytes
 
 #: Where a call's operands are when it starts: ``hbm`` (cold: every byte streams from device
 #: memory, as for MoE weights in a real model) or ``l2`` (just written and not flushed: the
@@ -27,7 +27,9 @@ class Estimate:
     ``t_roofline`` (the ideal) uses ``peak_flops`` and ``mem_bandwidth``: the device's peak and
     bandwidth (measured or datasheet, as ``basis["roofline"]`` says). ``t_predicted`` (the
     expected time) uses what kernels achieve: ``achieved_flops``, ``achieved_bandwidth``,
-    ``tile_overhead`` per tile and ``t_fixed`` per call; ``basis`` says where each came from.
+    ``tile_overhead`` per tile, ``stage_latency`` per K block of a tile (``promotion_k`` elements
+    of K each, run one after another; 0 for dtypes the kernel does not promote per K block) and
+    ``t_fixed`` per call; ``basis`` says where each came from.
     ``ridge_m`` is computed from the achieved pair (one basis). ``operands``: where the
     operands were (:data:`OPERANDS`); ``bytes_l2``: the operand bytes streamed from the L2
     (``operands="l2"``), the rest of ``bytes_kernel`` streams at ``achieved_bandwidth``.
@@ -75,6 +77,8 @@ class Estimate:
     achieved_flops: float = 0.0
     achieved_bandwidth: float = 0.0
     tile_overhead: float = 0.0
+    stage_latency: float = 0.0
+    promotion_k: int = 0
     operands: str = "hbm"
     bytes_l2: float = 0.0
     basis: Mapping[str, str] = field(default_factory=dict)
@@ -301,11 +305,19 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
+        promotion_k = PROMOTION_K.get(self.dtype, 0)
+        stage_latency = rates.stage_latency if promotion_k else 0.0
+        basis = dict(rates.basis)
+        if not promotion_k:
+            basis["stage_latency"] = f"not applied: {self.dtype} kernels do not promote partial sums per K block"
 
         def tile_time(depth: int) -> float:
-            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA plus
-            the fixed per-tile overhead (pipeline fill, epilogue)."""
-            return 2.0 * max(block_m, m_floor) * block_n * depth / per_core + rates.tile_overhead
+            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA, the
+            latency of each of its K blocks (run one after another: each waits for its MMAs to
+            promote their partial sums) and the fixed per-tile overhead (pipeline fill, epilogue)."""
+            mma = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
+            blocks = ceil_div(depth, promotion_k) if promotion_k else 0
+            return mma + blocks * stage_latency + rates.tile_overhead
 
         # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
         terms: dict[int, tuple[float, float]] = {}
@@ -359,7 +371,7 @@ class Call:
         bw_eff = bw
         if rates.bw_per_core is not None and tiles:
             bw_eff = min(bw, min(tiles, S) * rates.bw_per_core)
-        bytes_l2, basis = 0.0, dict(rates.basis)
+        bytes_l2 = 0.0
         if self.operands == "l2":
             if h.l2_bytes and rates.l2_bandwidth:
                 # the operands read (not the output written) that fit in the L2 come from it
@@ -417,6 +429,8 @@ class Call:
             achieved_flops=rates.flops,
             achieved_bandwidth=bw,
             tile_overhead=rates.tile_overhead,
+            stage_latency=stage_latency,
+            promotion_k=promotion_k,
             operands=self.operands,
             bytes_l2=bytes_l2,
             basis=basis,
