@@ -68,13 +68,14 @@ _FP8_OUT = torch.bfloat16
 _lib = torch.library.Library(NAMESPACE, "DEF")
 #: layout name -> the schema of its differentiable op ``grouped_gemm_<layout>`` after the name
 #: (bench/bench_op_overhead.py times no-op ops with them). Only what the layout uses: ``c`` on
-#: K-grouped, ``expected_m`` on masked, ``main_grad`` on contiguous; no fp8 arguments.
+#: K-grouped, ``expected_m`` on masked, ``main_grad`` on contiguous; no fp8 arguments. Tensors
+#: come before ints, so a call with ``alignment=1`` leaves it out even when it gives ``c``.
 SCHEMAS = {
     "contiguous": "(Tensor a, Tensor b, Tensor psum, int alignment=1, ScalarType? out_dtype=None, "
     "str? backend=None, Tensor? main_grad=None) -> Tensor",
     "masked": "(Tensor a, Tensor b, Tensor masked_m, int? expected_m=None, ScalarType? out_dtype=None, "
     "str? backend=None) -> Tensor",
-    "k_grouped": "(Tensor a, Tensor b, Tensor psum, int alignment=1, Tensor? c=None, ScalarType? out_dtype=None, "
+    "k_grouped": "(Tensor a, Tensor b, Tensor psum, Tensor? c=None, int alignment=1, ScalarType? out_dtype=None, "
     "str? backend=None) -> Tensor",
 }
 for _layout, _schema in SCHEMAS.items():
@@ -109,6 +110,8 @@ grouped_gemm_masked_out_op = torch.ops.moe_hal.grouped_gemm_masked_out.default
 grouped_gemm_k_grouped_acc_op = torch.ops.moe_hal.grouped_gemm_k_grouped_acc.default
 
 # Module-level bindings: the per-call path reads no module attribute chains.
+_Tensor = torch.Tensor
+_dtype = torch.dtype
 _is_compiling = torch.compiler.is_compiling
 _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
@@ -137,6 +140,7 @@ _memos = IdentityTable()
 #: immutable, so a layout is flattened (and its group tensor tagged in :data:`_memos`) once per
 #: device, not at every call. Dropped with the layout.
 _flat = IdentityTable()
+_flat_get = _flat.get
 
 
 class _HandOff(threading.local):
@@ -266,6 +270,12 @@ def _operand(x: torch.Tensor, scale: torch.Tensor | None, block: list[int], fmt:
     return QuantizedTensor(x, scale, tuple(block), fmt)
 
 
+def _backend_arg(backend) -> str | None:
+    """A backend preference (a name or names in order) as the ops' ``str? backend`` argument:
+    names joined by commas (:func:`_backend` splits them again)."""
+    return backend if backend is None or isinstance(backend, str) else ",".join(backend)
+
+
 def _backend(backend: str | None):
     if backend is None or "," not in backend:
         return backend
@@ -273,20 +283,32 @@ def _backend(backend: str | None):
 
 
 # -- eager kernels --------------------------------------------------------------------------------------
-# The differentiable ops' eager kernels; every eager call of them comes through here.
+# The differentiable ops' eager kernels; every eager call of them comes through here, so each
+# has _host_layout_for inlined (one frame less per call) and _backend's None test too.
 def _contiguous_kernel(a, b, psum, alignment=1, out_dtype=None, backend=None, main_grad=None):
-    lay = _host_layout_for("contiguous", psum, alignment, a, None)
-    # _backend's None test inlined (hot path: one call less)
+    handed = _handoff.pending
+    if handed is not None and handed[0] is psum:
+        lay = handed[1]
+    else:
+        lay = host_layout("contiguous", psum, alignment, a.shape[0], None)
     return _run(a, b, lay, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
 
 
 def _masked_kernel(a, b, masked_m, expected_m=None, out_dtype=None, backend=None):
-    lay = _host_layout_for("masked", masked_m, 0, a, expected_m)
+    handed = _handoff.pending
+    if handed is not None and handed[0] is masked_m:
+        lay = handed[1]
+    else:
+        lay = host_layout("masked", masked_m, 0, a.shape[1], expected_m)
     return _run(a, b, lay, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
 
 
-def _k_grouped_kernel(a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
-    lay = _host_layout_for("k_grouped", psum, alignment, a, None)
+def _k_grouped_kernel(a, b, psum, c=None, alignment=1, out_dtype=None, backend=None):
+    handed = _handoff.pending
+    if handed is not None and handed[0] is psum:
+        lay = handed[1]
+    else:
+        lay = host_layout("k_grouped", psum, alignment, a.shape[0], None)
     return _run(a, b, lay, c=c, out_dtype=out_dtype, backend=None if backend is None else _backend(backend))
 
 
@@ -382,7 +404,7 @@ def _masked_fake(a, b, masked_m, expected_m=None, out_dtype=None, backend=None):
 
 
 @torch.library.register_fake("moe_hal::grouped_gemm_k_grouped", lib=_lib)
-def _k_grouped_fake(a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
+def _k_grouped_fake(a, b, psum, c=None, alignment=1, out_dtype=None, backend=None):
     # out_dtype, else c's, else the operands'
     dtype = out_dtype if out_dtype is not None else c.dtype if c is not None else a.dtype
     return _empty_result(a, b, psum, "k_grouped", dtype)
@@ -481,12 +503,12 @@ def _masked_autograd(keyset, a, b, masked_m, expected_m=None, out_dtype=None, ba
     return _below(keyset, "masked", (a, b, masked_m, expected_m, out_dtype, backend))
 
 
-def _k_grouped_autograd(keyset, a, b, psum, alignment=1, c=None, out_dtype=None, backend=None):
+def _k_grouped_autograd(keyset, a, b, psum, c=None, alignment=1, out_dtype=None, backend=None):
     if _is_grad_enabled() and (a.requires_grad or b.requires_grad or (c is not None and c.requires_grad)):
-        return _GroupedGemmFunction.apply(keyset, "k_grouped", a, b, psum, alignment, c, out_dtype, backend)
+        return _GroupedGemmFunction.apply(keyset, "k_grouped", a, b, psum, c, alignment, out_dtype, backend)
     if _eager_keysets.get(keyset.raw_repr()):
-        return _k_grouped_kernel(a, b, psum, alignment, c, out_dtype, backend)
-    return _below(keyset, "k_grouped", (a, b, psum, alignment, c, out_dtype, backend))
+        return _k_grouped_kernel(a, b, psum, c, alignment, out_dtype, backend)
+    return _below(keyset, "k_grouped", (a, b, psum, c, alignment, out_dtype, backend))
 
 
 class _GroupedGemmFunction(torch.autograd.Function):
@@ -504,7 +526,7 @@ class _GroupedGemmFunction(torch.autograd.Function):
         elif layout == "masked":
             alignment, backend = 0, args[5]
         else:
-            alignment, backend = args[3], args[6]
+            alignment, backend = args[4], args[6]
         ctx.layout, ctx.alignment, ctx.num_args = layout, alignment, len(args)
         ctx.backend = backend  # the gradient products run where the forward did
         ctx.has_main_grad = main_grad is not None
@@ -536,7 +558,7 @@ def _backward(ctx, grad) -> tuple:
         if need_b and ctx.has_main_grad:  # b's gradient goes into main_grad, in fp32; b.grad stays None
             grouped_gemm_k_grouped_acc_op(dy, a, groups, align, main_grad, backend)
         elif need_b:
-            db = grouped_gemm_k_grouped_op(dy, a, groups, align, None, None, backend)
+            db = grouped_gemm_k_grouped_op(dy, a, groups, None, align, None, backend)
     elif op == "masked":
         dy = _grad_input(grad, a.dtype)
         if need_a:
@@ -552,8 +574,8 @@ def _backward(ctx, grad) -> tuple:
             da = grouped_gemm_contiguous_op(b, dout, groups, align, None, backend)
         if need_b:
             db = grouped_gemm_contiguous_op(a, dout.transpose(1, 2), groups, align, None, backend)
-        if ctx.needs_input_grad[6]:  # c (None when not given: no gradient asked)
-            grads[4] = grad
+        if ctx.needs_input_grad[5]:  # c (None when not given: no gradient asked)
+            grads[3] = grad
     grads[0], grads[1] = da, db
     return tuple(grads)
 
@@ -600,27 +622,37 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
 
     A contiguous-layout weight ``b`` that requires grad and has a ``main_grad`` attribute passes
     it to the op, which accumulates ``b``'s gradient there (eager and compiled)."""
-    if backend is not None and not isinstance(backend, str):
-        backend = ",".join(backend)
-    if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
-        return _call_fp8(a, b, layout, out, out_dtype, c, backend)
+    # plain tensors first: the QuantizedTensor test runs only for operands that are not tensors
     if not (
-        isinstance(a, torch.Tensor)
-        and isinstance(b, torch.Tensor)
-        and (c is None or isinstance(c, torch.Tensor))
-        and (out_dtype is None or isinstance(out_dtype, torch.dtype))
-    ):  # the op's schema would refuse these untyped: the checked path names the argument
-        return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=_backend(backend))
+        isinstance(a, _Tensor)
+        and isinstance(b, _Tensor)
+        and (c is None or isinstance(c, _Tensor))
+        and (out_dtype is None or isinstance(out_dtype, _dtype))
+    ):
+        if isinstance(a, QuantizedTensor) and isinstance(b, QuantizedTensor):
+            return _call_fp8(a, b, layout, out, out_dtype, c, _backend_arg(backend))
+        # the op's schema would refuse these untyped: the checked path names the argument
+        return _run(a, b, layout, c=c, out=out, out_dtype=out_dtype, backend=backend)
+    if backend is not None:
+        backend = _backend_arg(backend)
     compiling = _is_compiling()
-    groups, name, alignment, expected_m, host = _flat_args(layout, a.device, compiling)
-    hand_off = host and not compiling
-    if name == "masked" and out is not None:
+    if compiling:
+        groups, name, alignment, expected_m, _ = _flat_args(layout, a.device, True)
+        hand_off = False
+    else:  # _flat_args's cache hit inlined (one frame less per call)
+        device = a.device
+        per_device = _flat_get(layout)
+        flat = None if per_device is None else per_device.get(device)
+        if flat is None:
+            flat = _flat_args(layout, device, False)
+        groups, name, alignment, expected_m, hand_off = flat  # hand a host layout over
+    if out is not None and name == "masked":
         return _masked_out(layout, hand_off, a, b, groups, out, c, expected_m, backend, {})
-    if c is not None and name != "k_grouped":  # only K-grouped's op takes c
-        no_c(c, name)
     # each op's arguments with trailing defaults left out: every argument given costs the
     # dispatcher a conversion
     if name == "contiguous":
+        if c is not None:  # only K-grouped's op takes c
+            no_c(c, name)
         op = grouped_gemm_contiguous_op if compiling else _contiguous_eager
         main_grad = None
         if b.requires_grad:  # main_grad matters only to a recorded gradient
@@ -632,6 +664,8 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
         else:
             args = (a, b, groups, alignment, out_dtype, backend, main_grad)
     elif name == "masked":
+        if c is not None:
+            no_c(c, name)
         op = grouped_gemm_masked_op if compiling else _masked_eager
         if expected_m is None and out_dtype is None and backend is None:
             args = (a, b, groups)
@@ -639,17 +673,17 @@ def call(a, b, layout, *, out=None, out_dtype=None, c=None, backend=None) -> tor
             args = (a, b, groups, expected_m, out_dtype, backend)
     else:
         op = grouped_gemm_k_grouped_op if compiling else _k_grouped_eager
-        if out_dtype is None and backend is None:
-            args = (a, b, groups, alignment, c) if c is not None else (a, b, groups, alignment)
+        if out_dtype is None and backend is None and alignment == 1:
+            args = (a, b, groups) if c is None else (a, b, groups, c)
         else:
-            args = (a, b, groups, alignment, c, out_dtype, backend)
-    # _handing_off inlined: its frame and argument packing would add to every call's overhead
-    if hand_off:
-        _handoff.pending = (groups, layout)
-    try:
+            args = (a, b, groups, c, alignment, out_dtype, backend)
+    if not hand_off:
         result = op(*args)
-    finally:
-        if hand_off:
+    else:  # _handing_off inlined: its frame and argument packing would add to every call
+        _handoff.pending = (groups, layout)
+        try:
+            result = op(*args)
+        finally:
             _handoff.pending = None
     return result if out is None else _into_out(result, out)
 

@@ -49,7 +49,7 @@ def test_opcheck_k_grouped_with_c(gen):
     lay = moe_hal.KGroupedLayout.from_counts([3, 0, 5], alignment=4)
     x, dy = randn(gen, lay.num_rows, 5).requires_grad_(), randn(gen, lay.num_rows, 6).requires_grad_()
     c = randn(gen, 3, 5, 6).requires_grad_()
-    torch.library.opcheck(ops.grouped_gemm_k_grouped_op, (x, dy, lay.psum_on("cpu"), 4, c))
+    torch.library.opcheck(ops.grouped_gemm_k_grouped_op, (x, dy, lay.psum_on("cpu"), c, 4))
 
 
 def test_opcheck_k_grouped_accumulate(gen):
@@ -120,7 +120,7 @@ def test_fake_kernel_shapes_and_dtypes_match_eager(gen, layout, dtype, out_dtype
         elif name == "masked":
             fake = ops.grouped_gemm_masked_op(*fake_args, out_dtype=out_dtype)
         else:
-            fake = ops.OPS[name](*fake_args, alignment, out_dtype=out_dtype)
+            fake = ops.OPS[name](*fake_args, alignment=alignment, out_dtype=out_dtype)
     assert eager.dtype == fake.dtype == expected
     assert eager.shape == fake.shape
     assert eager.stride() == fake.stride()
