@@ -124,20 +124,22 @@ class _Started:
         self.wait = wait
 
 
+def _started(start, wrap, name: str):
+    """``start`` whose returned collective's ``wait()`` is wrapped as ``name`` too."""
+    return lambda *args: _Started(wrap(name, start(*args).wait))
+
+
 def _wrap_transport(transport, wrap):
     """Replace the transport's collectives by ``wrap(f"transport.{name}", method)``: the blocking
-    ones, and for a non-blocking all-gather both its start and its ``wait()``. Returns the undo."""
+    ones, and for the non-blocking ones both the start and its ``wait()``. Returns the undo."""
     for name in ("all_to_all", "all_gather"):
         setattr(transport, name, wrap(f"transport.{name}", getattr(transport, name)))
-    start = wrap("transport.all_gather", transport.start_all_gather)
+        start = wrap(f"transport.{name}", getattr(transport, f"start_{name}"))
+        setattr(transport, f"start_{name}", _started(start, wrap, f"transport.{name}"))
 
-    def start_all_gather(*args):
-        return _Started(wrap("transport.all_gather", start(*args).wait))
-
-    transport.start_all_gather = start_all_gather
-
-    def restore():
-        del transport.all_to_all, transport.all_gather, transport.start_all_gather  # the class's again
+    def restore():  # the class's methods again
+        for name in ("all_to_all", "all_gather", "start_all_to_all", "start_all_gather"):
+            delattr(transport, name)
 
     return restore
 
@@ -211,7 +213,8 @@ PHASES = {
     "row gathers and block copies": (
         "_gather_into",
         "_send_rows",
-        "_tokens_to_experts",
+        "_send_tokens",
+        "_place_tokens",
         "_to_experts",
         "_from_experts",
     ),

@@ -173,6 +173,10 @@ class CountingTransport(AllToAllSingle):
         type(self).calls += 1
         return super().start_all_gather(out, inp, group)
 
+    def start_all_to_all(self, out, inp, out_splits, in_splits, group):
+        type(self).calls += 1
+        return super().start_all_to_all(out, inp, out_splits, in_splits, group)
+
 
 FAKE = ep.TransportSpec(
     name="fake_graph",
@@ -222,10 +226,10 @@ def test_builtin_transport_declares_its_promises(world1):
         ep.select(g, "exact", graph=True)
 
 
-def test_a_transport_without_start_all_gather_blocks_in_all_gather(world1):
+def test_a_transport_without_the_start_methods_blocks_in_the_collectives(world1):
     class Blocking(ep.Transport):  # only the two required collectives
         def all_to_all(self, out, inp, out_splits, in_splits, group):
-            raise AssertionError("not called on one rank")
+            out.copy_(inp + 2)  # marks that this method ran
 
         def all_gather(self, out, inp, group):
             out.copy_(inp + 1)  # marks that this method ran
@@ -233,6 +237,10 @@ def test_a_transport_without_start_all_gather_blocks_in_all_gather(world1):
     out = torch.zeros(2, dtype=torch.int64)
     pending = Blocking(FAKE).start_all_gather(out, torch.tensor([3, 4]), dist.group.WORLD)
     assert out.tolist() == [4, 5]  # already complete
+    pending.wait()
+    rows = torch.zeros(2, 3, dtype=torch.uint8)
+    pending = Blocking(FAKE).start_all_to_all(rows, torch.ones(2, 3, dtype=torch.uint8), [2], [2], dist.group.WORLD)
+    assert rows.tolist() == [[3] * 3] * 2  # already complete
     pending.wait()
 
 

@@ -79,7 +79,7 @@ from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment, align
 from ..quant import QuantizedTensor
 from ..routing import _check_routing, _raise_bad_id
 from .group import EPGroup
-from .transport import TransportSelection, select
+from .transport import Pending, TransportSelection, select
 
 Hidden = torch.Tensor | QuantizedTensor
 OVERFLOW_POLICIES = ("error", "drop")
@@ -208,8 +208,8 @@ def _rows_buffer(d: EPDispatch, role: str, rows: int, width: int, device: torch.
     return d.group.scratch(role, rows * width, device).view(rows, width)
 
 
-def _all_to_all(d: EPDispatch, out, inp, out_splits, in_splits) -> None:
-    d._selection.transport.all_to_all(out, inp, list(out_splits), list(in_splits), d.group.process_group)
+def _start_all_to_all(d: EPDispatch, out, inp, out_splits, in_splits) -> Pending:
+    return d._selection.transport.start_all_to_all(out, inp, list(out_splits), list(in_splits), d.group.process_group)
 
 
 def _to_experts(d: EPDispatch, src: torch.Tensor, per_token: bool) -> torch.Tensor:
@@ -218,39 +218,47 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, per_token: bool) -> torch.Tens
     ``src`` ``[*, B]`` uint8: one row per token when ``per_token`` (send row ``s`` is
     ``src[send_token[s]]``), else one per send row. The rows for other ranks are gathered into the
     send buffer, those for this rank's own experts straight into the layout (exact mode) or into the
-    own chunk of the received rows (capacity mode): one copy each. Exact mode sends token rows
-    once per destination rank (:func:`_tokens_to_experts`) when ``per_token``."""
+    own chunk of the received rows (capacity mode) while the others travel: one copy each. Exact
+    mode sends token rows once per destination rank (:func:`_send_tokens`) when ``per_token``."""
     m, width, device = d._maps, src.shape[1], src.device
     sent = m.send_token.shape[0]
     index = m.send_token if per_token else None
     if d.mode == "exact":
+        tokens = m.exchange and per_token and width > 0
         out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=device)
         for start, end in m.gaps:
             out[start:end].zero_()
-        if m.exchange and per_token and width:
-            _tokens_to_experts(d, src, out)
+        if tokens:
+            pending, recv, recv_splits = _send_tokens(d, src)
         elif m.exchange:
-            send = _send_rows(d, src, index, m.remote_sent)
             recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, device, keep=False)
-            _all_to_all(d, recv, send, m.recv_splits, m.send_splits)
-            for at, dst, n in m.remote_blocks:
-                out[dst : dst + n].copy_(recv[at : at + n])
+            pending = _start_all_to_all(d, recv, _send_rows(d, src, index, m.remote_sent), m.recv_splits, m.send_splits)
         for at, dst, n in m.local_blocks:
             if index is None:
                 out[dst : dst + n].copy_(src[at : at + n])
             else:
                 _gather_into(out[dst : dst + n], src, index[at : at + n])
+        if m.exchange:
+            pending.wait()
+        if tokens:
+            _place_tokens(d, recv, recv_splits, out)
+        elif m.exchange:
+            for at, dst, n in m.remote_blocks:
+                out[dst : dst + n].copy_(recv[at : at + n])
         return out
     received, remote = m.row_of_recv.shape[0], sum(m.recv_splits)
     recv = _rows_buffer(d, "recv", received + 1, width, device, keep=False)
     recv[received].zero_()
     if m.exchange:
-        _all_to_all(d, recv[:remote], _send_rows(d, src, index, m.remote_sent), m.recv_splits, m.send_splits)
+        send = _send_rows(d, src, index, m.remote_sent)
+        pending = _start_all_to_all(d, recv[:remote], send, m.recv_splits, m.send_splits)
     own = recv[remote:received]  # the own chunk: the send rows' own-expert tail, in the same order
     if index is None:
         own.copy_(src[m.remote_sent : sent])
     else:
         _gather_into(own, src, index[m.remote_sent : sent])
+    if m.exchange:
+        pending.wait()
     out = torch.empty(m.recv_of_row.shape[0], width, dtype=torch.uint8, device=device)
     return _gather_into(out, recv, m.recv_of_row).view(*_layout_rows(d), width)
 
@@ -265,14 +273,15 @@ def _token_splits(counts: tuple[int, ...], k: int, width: int) -> list[int]:
     return [n + _position_rows(n, k, width) for n in counts]
 
 
-def _tokens_to_experts(d: EPDispatch, src: torch.Tensor, out: torch.Tensor) -> None:
-    """Exact mode, rows per token: fill the layout rows that come from other ranks.
+def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tensor, list[int]]:
+    """Exact mode, rows per token (``src`` ``[T, B]``): start the all-to-all of the token rows.
 
     Each token travels once to each other rank holding any of its experts (what DeepEP's dispatch
     does), followed in that rank's chunk by the rows carrying its k layout rows there (-1 where
-    the choice is elsewhere); the receiver copies each token row to every layout row it fills.
-    Fewer bytes than one row per routed slot whenever a token has several experts on one rank;
-    the layout is the same byte for byte."""
+    the choice is elsewhere); :func:`_place_tokens` then copies each token row to every layout
+    row it fills. Fewer bytes than one row per routed slot whenever a token has several experts
+    on one rank; the layout is the same byte for byte. Returns the pending all-to-all, the
+    receive buffer and its splits."""
     m, k, width, device = d._maps, d.top_k, src.shape[1], src.device
     send_splits = _token_splits(m.token_send_counts, k, width)
     recv_splits = _token_splits(m.token_recv_counts, k, width)
@@ -285,7 +294,12 @@ def _tokens_to_experts(d: EPDispatch, src: torch.Tensor, out: torch.Tensor) -> N
             send[at + n : at + rows].reshape(-1)[: where.shape[0]].copy_(where)
         at, first = at + rows, first + n
     recv = _rows_buffer(d, "recv", sum(recv_splits), width, device, keep=False)
-    _all_to_all(d, recv, send, recv_splits, send_splits)
+    return _start_all_to_all(d, recv, send, recv_splits, send_splits), recv, recv_splits
+
+
+def _place_tokens(d: EPDispatch, recv: torch.Tensor, recv_splits: list[int], out: torch.Tensor) -> None:
+    """Fill the layout rows ``out`` that come from other ranks from the received token rows."""
+    m, k, device = d._maps, d.top_k, recv.device
     received = sum(m.token_recv_counts)
     where = torch.empty(received, k, dtype=torch.int64, device=device)
     token_row = torch.empty(received, dtype=torch.int64, device=device)  # its row in recv
@@ -317,34 +331,32 @@ def _from_experts(
     d: EPDispatch, flat: torch.Tensor, keep: bool, before_exchange: Callable[[], None] | None = None
 ) -> torch.Tensor:
     """Layout rows ``[layout rows, B]`` (uint8) -> the rows of every send row back on this rank,
-    ``[S + 1, B]`` with the zero row last (a scratch buffer unless ``keep``). ``before_exchange``
-    runs after every local copy, before the all-to-all; it may raise."""
+    ``[S + 1, B]`` with the zero row last (a scratch buffer unless ``keep``). The rows for other
+    ranks are copied into the send buffer, then ``before_exchange`` runs (it may raise), then this
+    rank's own rows are copied while the others travel."""
     m, width = d._maps, flat.shape[1]
     sent = m.send_token.shape[0]
     ret = _rows_buffer(d, "ret", sent + 1, width, flat.device, keep)
     ret[sent].zero_()
-    if d.mode == "exact":
-        if m.exchange:
-            back = _rows_buffer(d, "send", sum(m.recv_splits), width, flat.device, keep=False)
-            for src, dst, n in m.remote_blocks:
-                back[src : src + n].copy_(flat[dst : dst + n])
-        for src, dst, n in m.local_blocks:
-            ret[src : src + n].copy_(flat[dst : dst + n])
-        if before_exchange is not None:
-            before_exchange()
-        if m.exchange:
-            _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
-        return ret
     remote = sum(m.recv_splits)
     if m.exchange:
-        back = _gather_into(
-            _rows_buffer(d, "send", remote, width, flat.device, keep=False), flat, m.row_of_recv[:remote]
-        )
-    _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
+        back = _rows_buffer(d, "send", remote, width, flat.device, keep=False)
+        if d.mode == "exact":
+            for src, dst, n in m.remote_blocks:
+                back[src : src + n].copy_(flat[dst : dst + n])
+        else:
+            _gather_into(back, flat, m.row_of_recv[:remote])
     if before_exchange is not None:
         before_exchange()
     if m.exchange:
-        _all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
+        pending = _start_all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
+    if d.mode == "exact":
+        for src, dst, n in m.local_blocks:
+            ret[src : src + n].copy_(flat[dst : dst + n])
+    else:
+        _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
+    if m.exchange:
+        pending.wait()
     return ret
 
 
@@ -615,7 +627,7 @@ def _exact_maps(
 def _token_maps(
     host: list[list[int]], group: EPGroup, block: torch.Tensor, slot_row: torch.Tensor, k: int, alignment: int
 ) -> dict:
-    """The token rows of exact mode's dispatch (see :func:`_tokens_to_experts`): which tokens go to
+    """The token rows of exact mode's dispatch (see :func:`_send_tokens`): which tokens go to
     each other rank, and each choice's layout row on the rank holding its expert — computed here
     from the count matrix, which gives every rank's layout (the receiver only copies).
 

@@ -4,7 +4,7 @@ A transport is declared by a :class:`~moe_hal.ep.spec.TransportSpec` (its own mo
 import) registered through the ``moe_hal_ep_transports`` hook — the built-in one by
 :mod:`moe_hal.builtin`, others (DeepEP, NVSHMEM / symmetric memory, Ascend MC2) by plugins, without
 changes to the core. Its implementation (:class:`Transport`, named lazily by ``spec.impl``)
-provides two collectives (the all-gather optionally non-blocking): a variable-split all-to-all
+provides two collectives (each optionally non-blocking): a variable-split all-to-all
 of byte rows (called once per direction of dispatch and of combine, often on row slices of larger
 contiguous buffers; in exact mode a rank's own split is 0, its rows for its own experts never pass
 through it) and an all-gather of small int64 rows
@@ -76,6 +76,20 @@ class Transport:
         raise NotImplementedError("need all_gather")
 
     # optional
+    def start_all_to_all(
+        self,
+        out: torch.Tensor,
+        inp: torch.Tensor,
+        out_splits: list[int],
+        in_splits: list[int],
+        group: dist.ProcessGroup,
+    ) -> Pending:
+        """:meth:`all_to_all`, begun: ``out`` is valid (and ``inp`` may be reused) once ``wait()`` of
+        the result has returned; the caller copies a rank's rows for its own experts in between.
+        Default: the blocking :meth:`all_to_all`, already done."""
+        self.all_to_all(out, inp, out_splits, in_splits, group)
+        return _DONE
+
     def start_all_gather(self, out: torch.Tensor, inp: torch.Tensor, group: dist.ProcessGroup) -> Pending:
         """:meth:`all_gather`, begun: ``out`` is valid once ``wait()`` of the result has returned, and
         the caller may work in between (combine copies rows while its status flags travel).
@@ -89,6 +103,9 @@ class AllToAllSingle(Transport):
 
     def all_to_all(self, out, inp, out_splits, in_splits, group) -> None:
         dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+
+    def start_all_to_all(self, out, inp, out_splits, in_splits, group) -> Pending:
+        return dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=True)
 
     def all_gather(self, out, inp, group) -> None:
         _all_gather_single(out, inp, group=group)
