@@ -258,3 +258,53 @@ def test_the_committed_fit_carries_the_k_block_latency_with_its_basis():
     assert "per K block" in est.basis["stage_latency"] and "fitted" in est.basis["stage_latency"]
     with pytest.raises(ArgumentError, match="stage_latency"):
         perf.Hardware("bad", stage_latency=-1e-9, **H800)
+
+
+def test_the_fit_recovers_a_known_k_block_latency():
+    # timings made by the model itself with known figures (0.8 of the fp8 peak, 0.7 of the
+    # bandwidth, 2 us per tile, 80 ns per K block, 3 us per call): the fit must find them again,
+    # the latency included, from a mix of streaming-bound small-M calls with 4 to 56 K blocks and
+    # compute-bound large ones
+    from moe_hal.perf import calibration
+
+    def r(kind, value, **kw):
+        return Achieved("nvidia-h800-sxm", "hopper", kw.pop("impl", "*"), kind, value, 9, "fitted", "test", **kw)
+
+    truth = EfficiencyTable(
+        [
+            r("compute", 0.8, impl="lib", dtype="fp8", family="dense"),
+            r("bandwidth", 0.7, impl="lib"),
+            r("tile_overhead", 2e-6),
+            r("stage_latency", 80e-9),
+            r("launch", 3e-6),
+        ]
+    )
+    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
+    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+    cases = []
+    for i, (m, n, k) in enumerate(shapes):
+        tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
+        case = calibration.MeasuredCase(
+            f"c{i}",
+            f"s{i % 3}",
+            "nvidia-h800-sxm",
+            "lib",
+            "contiguous",
+            "fp8",
+            "bf16",
+            (m,),
+            n,
+            k,
+            None,
+            1.0,
+            tiles,
+            kernel_family="dense",
+        )
+        t = calibration.predict(case, truth).t_predicted
+        cases.append(calibration.MeasuredCase(**{**case.__dict__, "t_measured": t}))
+    fitted = calibration.fit(cases)
+    for kind, value in (("tile_overhead", 2e-6), ("stage_latency", 80e-9), ("launch", 3e-6)):
+        assert fitted.figure(kind, "nvidia-h800-sxm", "hopper", "lib").value == pytest.approx(value), kind
+    assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
+    for case in cases:
+        assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
