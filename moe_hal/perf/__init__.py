@@ -21,8 +21,9 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + t_oh   one tile on one core: MMA
-                                                               plus the per-tile overhead
+    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + ceil(K / K_blk) * t_blk + t_oh
+                                                       one tile on one core: MMA, the latency of
+                                                       each K block, the per-tile overhead
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles
     B_min    = G_act*N*K*e_b + sum M_g*K*e_a + sum M_g*N*e_c   each byte once, active experts
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
@@ -36,10 +37,11 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     M*       = R * e_b / (2 * B)                       ridge height in rows
 
 ``peak`` and ``BW`` are the device's (the roofline); ``R = eta_c * peak_datasheet`` and
-``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the per-tile overhead and
-``t_fixed`` the launch time, per device and kernel implementation (:mod:`.efficiency`).
-Without achieved figures ``R = peak``, ``B = BW`` and ``t_oh = 0`` (the prediction is then an
-ideal, as the estimate's ``basis`` says).
+``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the per-tile overhead, ``t_blk``
+the latency of each ``K_blk``-deep K block in kernels that promote partial sums once per block
+(:data:`.operands.PROMOTION_K`: fp8, 128; 0 for other dtypes) and ``t_fixed`` the launch time, per device
+and kernel implementation (:mod:`.efficiency`). Without achieved figures ``R = peak``, ``B = BW``
+and ``t_oh = t_blk = 0`` (the prediction is then an ideal, as the estimate's ``basis`` says).
 
 ``e_a``, ``e_b``, ``e_c`` are bytes per element of activations, weights and output; block-scaled
 dtypes add their scale bytes (:data:`SCALE_BYTES`). Masked (decode) calls use the same formulas
