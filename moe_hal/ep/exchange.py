@@ -388,25 +388,34 @@ def _sum_slots(
     words = _words(rows.view(torch.uint8))
     group, device = d.group, rows.device
     fp32 = torch.float32
-    index = slot_row.t().contiguous()  # [k, T]: choice j's rows, token by token
-    w = None if weights is None else weights.t().contiguous()
-    term_buf = group.scratch("sum_term", step * C * 4, device).view(fp32)
-    picked_buf = term_buf if rows.dtype == fp32 else group.scratch("sum_rows", step * C * rows.element_size(), device)
-    acc_buf = None if dtype == fp32 else group.scratch("sum_acc", step * C * 4, device).view(fp32)
-    for lo in range(0, T, step):
-        n = min(T, lo + step) - lo
-        acc = out[lo : lo + n] if acc_buf is None else acc_buf[: n * C].view(n, C)
-        term = term_buf[: n * C].view(n, C)
-        picked = picked_buf.view(torch.uint8)[: n * C * rows.element_size()].view(words.dtype).view(n, -1)
+    # Every chunk's indices [k, chunk] and weights [k, chunk, 1] split off at once: the loop below
+    # runs once per (chunk, choice), so each tensor view made inside it costs (16 chunks x 4
+    # choices of 128 tokens per call in bench_ep.py).
+    index = slot_row.t().contiguous().split(step, 1)  # choice j's rows, token by token
+    w = None if weights is None else weights.t().unsqueeze(-1).contiguous().split(step, 1)
+    term_buf = group.scratch("sum_term", step * C * 4, device).view(fp32).view(step, C)
+    picked_buf = (  # the gathered rows, in rows.dtype
+        term_buf
+        if rows.dtype == fp32
+        else group.scratch("sum_rows", step * C * rows.element_size(), device).view(rows.dtype).view(step, C)
+    )
+    acc_buf = None if dtype == fp32 else group.scratch("sum_acc", step * C * 4, device).view(fp32).view(step, C)
+    n = 0
+    for chunk, lo in enumerate(range(0, T, step)):
+        if n != min(T, lo + step) - lo:  # the first chunk, and a shorter last one
+            n = min(T, lo + step) - lo
+            term, values, acc_rows = term_buf[:n], picked_buf[:n], None if acc_buf is None else acc_buf[:n]
+            picked = values.view(words.dtype)
+        acc = out[lo : lo + n] if acc_rows is None else acc_rows
         for j in range(k):
-            torch.index_select(words, 0, index[j, lo : lo + n], out=picked)
+            torch.index_select(words, 0, index[chunk][j], out=picked)
             dst = acc if j == 0 else term
-            dst.copy_(picked.view(rows.dtype))  # exact widening to fp32 (a no-op copy for fp32 rows)
+            dst.copy_(values)  # exact widening to fp32 (a no-op copy for fp32 rows)
             if w is not None:
-                dst.mul_(w[j, lo : lo + n, None])
+                dst.mul_(w[chunk][j])
             if j:
                 acc.add_(term)
-        if acc_buf is not None:
+        if acc_rows is not None:
             out[lo : lo + n].copy_(acc)
     return out
 
