@@ -20,15 +20,15 @@ The bytes ``moe_hal.ep`` actually moves differ from those, so each mode has a se
 (``d.dispatch_rows`` there, one row per routed slot back; padded fixed blocks both ways in
 capacity mode): exact mode's dispatch sends each token **once** per rank holding any of its
 experts plus a few rows carrying their layout rows there (fewer bytes than one row per routed
-slot, so ``ratio_vs_moved`` is below ``ratio``); capacity mode moves fixed blocks of
-``capacity`` rows per (source rank, expert), padding included (more bytes, so it is above).
+slot, so ``ratio_vs_moved`` is expected below ``ratio``); capacity mode moves fixed blocks of
+``capacity`` rows per (source rank, expert), padding included (more bytes: expected above).
 ``ratio`` says what a call costs the user against a hand-written exchange of the routed rows,
 ``ratio_vs_moved`` how fast ``moe_hal.ep`` moves its own traffic.
 
 Bytes per call count the payload rows each rank sends and receives in both directions (bf16 rows).
 bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
 so bare time / ep time). **host s/call** is the time a dispatch + combine spends outside the
-transport's collectives (measured by timing the transport's methods, a non-blocking all-gather's
+transport's collectives (measured by timing the transport's methods, a non-blocking collective's
 ``wait()`` included; waiting for a peer inside a collective counts as collective time).
 ``--trials`` repeats the whole measurement in fresh processes and reports the median ratio. The 1-minute load average before and after each trial is
 stored: on a shared host absolute figures move with it. After the timed rounds, each rank times
