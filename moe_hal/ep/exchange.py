@@ -97,7 +97,8 @@ class _Maps:
 
     Both modes send rows ``[0, remote_sent)`` to the other ranks with one all-to-all; this rank's
     own rows, ``[remote_sent, S)``, never enter it (send rows are in :attr:`EPGroup.send_block`
-    order). Exact mode moves contiguous blocks between the exchanged rows and the layout.
+    order). Exact mode moves contiguous blocks between the exchanged rows and the layout — except
+    when dispatch sends ``x``, whose rows for other ranks travel as token rows (``token_*``).
     Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert); its own chunk of the
     received rows is the send rows' tail) and gathers on the experts' side: an empty *source* row
     (a send row no slot fills, a received row no expert row uses) is never read on the other side,
