@@ -202,6 +202,7 @@ PHASES = {
     "plan (argument checks, slot keys and sort, row maps)": (
         "_check_args",
         "_slot_keys",
+        "_send_order",
         "_exact_maps",
         "_capacity_maps",
         "_raise_for_counts",

@@ -362,8 +362,10 @@ def _from_experts(
 
 
 #: One fp32 ``[chunk, C]`` block of the weighted sum on the CPU (three are live): small enough to
-#: stay in a core's cache, large enough that the per-chunk dispatch of a few ops stays negligible.
-_SUM_CHUNK_BYTES = 1 << 19
+#: stay in a core's cache while other threads (the transport's, other ranks') share the core, large
+#: enough that the per-chunk dispatch of a few ops stays small. 256 KiB was faster than 512 KiB, and
+#: 2 MiB slowest, in interleaved dispatch + combine rounds on 2 gloo ranks sharing 2 cores.
+_SUM_CHUNK_BYTES = 1 << 18
 
 
 def _sum_slots(
@@ -522,11 +524,13 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
     return flat, tokens, k
 
 
-def _slot_keys(flat: torch.Tensor, group: EPGroup, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _slot_keys(
+    flat: torch.Tensor, group: EPGroup, k: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each slot's send block (:attr:`EPGroup.send_block` of its expert; E for skipped/invalid),
-    this rank's row of the count matrix (per-position counts, invalid ids, status 0, tokens with
-    an expert on each rank) and the stable order in which slots are sent (by block; skipped slots
-    last)."""
+    its destination rank and its token's choices per rank (:func:`_rank_hits`), and this rank's row
+    of the count matrix (per-position counts, invalid ids, status 0, tokens with an expert on each
+    rank)."""
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
@@ -536,9 +540,14 @@ def _slot_keys(flat: torch.Tensor, group: EPGroup, k: int) -> tuple[torch.Tensor
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
     block = torch.where(routed, group.on_device("send_block", flat.device)[expert], E)
-    row = torch.cat([row[:E], row[E + 1 :], _rank_hits(block, group, k)[1].sum(0)])  # drop the skipped-slot bin
-    order = torch.sort(block, stable=True).indices
-    return block, row, order
+    rank, hits = _rank_hits(block, group, k)
+    row = torch.cat([row[:E], row[E + 1 :], hits.sum(0)])  # drop the skipped-slot bin
+    return block, rank, hits, row
+
+
+def _send_order(block: torch.Tensor) -> torch.Tensor:
+    """The stable order in which slots are sent: by block, skipped slots last."""
+    return torch.sort(block, stable=True).indices
 
 
 def _rank_hits(block: torch.Tensor, group: EPGroup, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -580,7 +589,13 @@ def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor,
 
 
 def _exact_maps(
-    host: list[list[int]], group: EPGroup, block: torch.Tensor, order: torch.Tensor, k: int, alignment: int
+    host: list[list[int]],
+    group: EPGroup,
+    block: torch.Tensor,
+    rank_hits: tuple[torch.Tensor, torch.Tensor],
+    order: torch.Tensor,
+    k: int,
+    alignment: int,
 ) -> tuple[_Maps, ContiguousLayout, list[int], list[int]]:
     """Splits, blocks, slot maps and layout from the host count matrix (identical on every rank, so
     every rank agrees on whether the all-to-all runs). Also returns the rows sent to and received
@@ -629,13 +644,19 @@ def _exact_maps(
         local_blocks=tuple(b for b in local_blocks if b[2]),
         send_splits=tuple(0 if d == r else n for d, n in enumerate(to_rank)),
         recv_splits=tuple(0 if s == r else n for s, n in enumerate(from_rank)),
-        **(_token_maps(host, group, block, slot_row, k, alignment) if exchange else {}),
+        **(_token_maps(host, group, block, *rank_hits, slot_row, alignment) if exchange else {}),
     )
     return maps, layout, to_rank, from_rank
 
 
 def _token_maps(
-    host: list[list[int]], group: EPGroup, block: torch.Tensor, slot_row: torch.Tensor, k: int, alignment: int
+    host: list[list[int]],
+    group: EPGroup,
+    block: torch.Tensor,
+    rank: torch.Tensor,
+    hits: torch.Tensor,
+    slot_row: torch.Tensor,
+    alignment: int,
 ) -> dict:
     """The token rows of exact mode's dispatch (see :func:`_send_tokens`): which tokens go to
     each other rank, and each choice's layout row on the rank holding its expert — computed here
@@ -656,7 +677,7 @@ def _token_maps(
     for p in group.block_position:
         offset.append(start[p] + sum(host[s][p] for s in range(r)) - first)
         first += host[r][p]
-    rank, hits = _rank_hits(block, group, k)
+    k = rank.shape[1]
     where = (slot_row.view(-1) + torch.tensor(offset + [0], device=block.device)[block]).view(-1, k)
     # Tokens with a choice on rank d, in token order: a stable sort of "no choice there" per rank.
     tokens_by_rank = torch.sort(1 - hits.t(), dim=1, stable=True).indices  # [W, T]
@@ -741,11 +762,12 @@ def _capacity_maps(
     return maps, MaskedLayout(masked_m.to(torch.int32), max_m, check=False)
 
 
-def _gather_rows(sel: TransportSelection, group: EPGroup, row: torch.Tensor) -> torch.Tensor:
-    """Every rank's 1-D int64 ``row`` as ``[W, n]`` (the small all-gather of counts and flags)."""
+def _start_gather_rows(sel: TransportSelection, group: EPGroup, row: torch.Tensor) -> tuple[torch.Tensor, Pending]:
+    """Begin the all-gather of every rank's 1-D int64 ``row`` (dispatch's counts) into ``[W, n]``,
+    valid once ``wait()`` of the returned collective has returned."""
     out = row.new_empty(group.world_size * row.shape[0])
-    sel.transport.all_gather(out, row, group.process_group)
-    return out.view(group.world_size, row.shape[0])
+    pending = sel.transport.start_all_gather(out, row, group.process_group)
+    return out.view(group.world_size, row.shape[0]), pending
 
 
 def _require(ok: torch.Tensor, raise_typed, message: str) -> None:
@@ -803,20 +825,23 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        block, row, order = _slot_keys(flat, group, k)
+        block, rank, hits, row = _slot_keys(flat, group, k)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
         device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
         row = torch.zeros(group.num_experts + _TOKENS + group.world_size, dtype=torch.int64, device=device)
         row[group.num_experts + _STATUS] = 1
-    gathered = _gather_rows(sel, group, row)
+    gathered, counts = _start_gather_rows(sel, group, row)
     if local_error is not None:
+        counts.wait()  # this rank's part of the exchange is complete before it gives up
         raise local_error
+    order = _send_order(block)  # while the counts travel
+    counts.wait()
     E = group.num_experts
     if mode == "exact":
         host = gathered.tolist()  # the one host sync
         _raise_for_counts(host, group, flat, k, None)
-        maps, layout, to_rank, from_rank = _exact_maps(host, group, block, order, k, alignment)
+        maps, layout, to_rank, from_rank = _exact_maps(host, group, block, (rank, hits), order, k, alignment)
         dropped = torch.zeros((), dtype=torch.int64, device=flat.device)
         send_counts = torch.tensor(to_rank, device=flat.device)
         recv_counts = torch.tensor(from_rank, device=flat.device)
