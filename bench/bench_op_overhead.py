@@ -25,6 +25,10 @@ one process and interleaved:
   path (``added_us = op - plain``),
 * ``op_autograd``: the op with operands that require grad (records the backward node; the
   backward itself is not timed),
+* ``direct_timed`` / ``dispatched_timed``: ``direct``'s call timing itself, called directly and
+  from inside the Autograd kernel of an op like ``dispatched`` (the rows themselves are not
+  reported on; ``work_inside_extra_us`` is how much longer the same checked work takes inside
+  the op's kernel, under the dispatcher's C frames, than called directly),
 
 for the contiguous (host layout and :class:`~moe_hal.PsumLayout`), masked and K-grouped layouts.
 Where the op path's time goes, every term measured (``added_us = dispatch_us + own_us -
@@ -123,6 +127,11 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic)
         fns["direct_then_floor"] = lambda: (fns["direct"](), fns["floor"]())
         dispatched = dispatched_op(f"dispatched_{name}", op_name, fns["direct"])._op
         fns["dispatched"] = lambda: dispatched(*args)
+        # direct's call timed by itself, called directly and inside an op's kernel
+        work = {"outside": [], "inside": []}
+        fns["direct_timed"] = _timed(fns["direct"], clock, work["outside"])
+        inside = dispatched_op(f"inside_{name}", op_name, _timed(fns["direct"], clock, work["inside"]))._op
+        fns["dispatched_timed"] = lambda: inside(*args)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock, statistic=statistic)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay
     row = {"case": name, "backend": moe_hal.select(a, b, host, c=c).name, **{f"{k}_us": v * 1e6 for k, v in t.items()}}
@@ -134,7 +143,28 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic)
         row["own_us"] = (t["op"] - t["dispatched"]) * 1e6
         row["added_us"] = (t["op"] - t["plain"]) * 1e6
         row["added_autograd_us"] = (t["op_autograd"] - t["plain"]) * 1e6
+        per_round = {k: _per_round(v, iters, statistic) for k, v in work.items()}
+        row["work_inside_extra_us"] = (per_round["inside"] - per_round["outside"]) * 1e6
     return row
+
+
+def _timed(fn, clock, samples: list[float]):
+    """``fn`` that also appends the clock time of each of its calls to ``samples``."""
+
+    def timed():
+        t0 = clock()
+        result = fn()
+        samples.append(clock() - t0)
+        return result
+
+    return timed
+
+
+def _per_round(samples: list[float], iters: int, statistic) -> float:
+    """``statistic`` over the rounds of :func:`host_seconds_per_call` (warm-up calls first, then
+    ``iters`` calls per round) of the mean time per call in each round."""
+    timed = samples[max(3, iters // 10) :]
+    return statistic([sum(timed[i : i + iters]) / iters for i in range(0, len(timed), iters)])
 
 
 def main(argv: list[str] | None = None) -> int:
