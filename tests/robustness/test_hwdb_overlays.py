@@ -1,5 +1,7 @@
 """Malformed hardware-DB overlays (``MOE_HAL_HWDB``): each is refused with a ``HardwareDBError``
-naming the file, in well under a second — no hang, no unbounded memory, no raw ``RecursionError``."""
+naming the file, in well under a second of this thread's CPU time (wall time would flake on a loaded
+CI machine; an expanding alias bomb or a backtracking pattern is CPU work either way) — no hang, no
+unbounded memory, no raw ``RecursionError``."""
 
 from __future__ import annotations
 
@@ -93,10 +95,10 @@ def test_a_malformed_overlay_is_refused_fast_naming_the_file(name, tmp_path, mon
     path.write_text(OVERLAYS[name], encoding="utf-8")
     monkeypatch.setenv("MOE_HAL_HWDB", str(path))
     hwdb.reload()
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(errors.HardwareDBError) as info:
         hwdb.get("cpu-generic")
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
     assert str(path) in info.value.file and str(path) in str(info.value)
 
 
@@ -124,10 +126,10 @@ def test_a_valid_overlay_with_scalar_aliases_still_loads(tmp_path, monkeypatch):
 
 
 def test_recognition_matches_long_names_in_bounded_time():
-    start = time.perf_counter()
+    start = time.thread_time()
     assert hwdb.match_cpu("a" * 100_000 + "!").id == "cpu-generic"
     hwdb.match_cuda("H" * 100_000, 9, 0)
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
 
 
 def test_every_call_still_reports_the_bad_overlay(tmp_path, monkeypatch):
@@ -138,7 +140,7 @@ def test_every_call_still_reports_the_bad_overlay(tmp_path, monkeypatch):
     import torch
 
     lay = moe_hal.ContiguousLayout.from_counts([1], alignment=1)
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(errors.HardwareDBError, match="bomb.yaml"):
         moe_hal.select(torch.zeros(1, 4), torch.zeros(1, 2, 4), lay, backend="reference")
-    assert time.perf_counter() - start < 1.0
+    assert time.thread_time() - start < 1.0
