@@ -47,6 +47,7 @@ alone still imports no torch.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any
@@ -117,11 +118,11 @@ _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
-# The ops' C++ entry points, one Python frame less than ``op(...)``; eager calls only (Dynamo
-# traces the OpOverloads).
-_contiguous_eager = grouped_gemm_contiguous_op._op
-_masked_eager = grouped_gemm_masked_op._op
-_k_grouped_eager = grouped_gemm_k_grouped_op._op
+# The ops' C++ entry points for eager calls (Dynamo traces the OpOverloads): the dispatcher's
+# boxed call on the operator handle, without OpOverload.__call__'s Python frame.
+_contiguous_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_contiguous_op._handle)
+_masked_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_masked_op._handle)
+_k_grouped_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_k_grouped_op._handle)
 
 
 # -- host layouts -------------------------------------------------------------------------------------
