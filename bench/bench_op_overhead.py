@@ -110,10 +110,10 @@ def cases(gen: torch.Generator) -> dict[str, tuple]:
 def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic) -> dict:
     ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
     groups, op_name, alignment, _ = ops.layout_args(lay, a.device)
-    # the op's arguments as moe_hal.ops.call passes them (trailing defaults left out) to the
-    # operator's C++ entry point (OpOverload._op), for the ops timed against it
+    # the op's arguments as moe_hal.ops.call passes them (trailing defaults left out), through
+    # the same entry (moe_hal.ops.eager_entry), for the ops timed against it
     args = (a, b, groups) + (() if c is None else (c,))  # every case here has alignment 1
-    floor = noop_op(op_name)._op
+    floor = ops.eager_entry(noop_op(op_name))
     op = ops.OPS[op_name]
     fns = {
         "op_graph": lambda: op(*args),
@@ -125,12 +125,12 @@ def measure(name: str, a, b, lay, c, iters: int, repeats: int, clock, statistic)
         fns["plain"] = lambda: moe_hal.grouped_gemm(a, b, lay, c=c)
         fns["direct"] = lambda: execution.run(a, b, lay, c=c)
         fns["direct_then_floor"] = lambda: (fns["direct"](), fns["floor"]())
-        dispatched = dispatched_op(f"dispatched_{name}", op_name, fns["direct"])._op
+        dispatched = ops.eager_entry(dispatched_op(f"dispatched_{name}", op_name, fns["direct"]))
         fns["dispatched"] = lambda: dispatched(*args)
         # direct's call timed by itself, called directly and inside an op's kernel
         work = {"outside": [], "inside": []}
         fns["direct_timed"] = _timed(fns["direct"], clock, work["outside"])
-        inside = dispatched_op(f"inside_{name}", op_name, _timed(fns["direct"], clock, work["inside"]))._op
+        inside = ops.eager_entry(dispatched_op(f"inside_{name}", op_name, _timed(fns["direct"], clock, work["inside"])))
         fns["dispatched_timed"] = lambda: inside(*args)
     t = host_seconds_per_call(fns, iters=iters, repeats=repeats, clock=clock, statistic=statistic)
     host = lay.to_host(a.shape[0]) if isinstance(lay, moe_hal.PsumLayout) else lay

@@ -118,11 +118,18 @@ _is_grad_enabled = torch.is_grad_enabled
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _AFTER_AUTOGRAD = torch._C._after_autograd_keyset
 _run = _execution.run
-# The ops' C++ entry points for eager calls (Dynamo traces the OpOverloads): the dispatcher's
-# boxed call on the operator handle, without OpOverload.__call__'s Python frame.
-_contiguous_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_contiguous_op._handle)
-_masked_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_masked_op._handle)
-_k_grouped_eager = functools.partial(torch._C._dispatch_call_boxed, grouped_gemm_k_grouped_op._handle)
+
+
+def eager_entry(op: torch._ops.OpOverload) -> functools.partial:
+    """``op``'s cheapest entry from Python for eager calls: the dispatcher's boxed call on the
+    operator handle, without ``OpOverload.__call__``'s Python frame (and cheaper than
+    ``OpOverload._op``). Dynamo traces the OpOverloads themselves."""
+    return functools.partial(torch._C._dispatch_call_boxed, op._handle)
+
+
+_contiguous_eager = eager_entry(grouped_gemm_contiguous_op)
+_masked_eager = eager_entry(grouped_gemm_masked_op)
+_k_grouped_eager = eager_entry(grouped_gemm_k_grouped_op)
 
 
 # -- host layouts -------------------------------------------------------------------------------------
