@@ -17,14 +17,14 @@ the order of a single process that concatenates the ranks' tokens in rank order.
   followed by its k layout rows there, which the sender computes from the count matrix (it gives
   every rank's layout); the receiver copies each token row into every layout row it fills. Rows
   that differ from slot to slot (combine's, and both backwards) travel one per slot: the send
-  rows are ordered
-  (destination rank, its local expert, slot), so what a rank receives is ordered (source rank,
-  local expert, slot) and is put into (local expert, source rank, slot) order by one block copy
-  per (source rank, local expert); on the way back the blocks are copied out of the expert output
-  the same way. Rows a rank routes to its own experts never enter the all-to-all: they are gathered
-  from ``x`` straight into the layout, and copied back from the expert output. ``d.a`` is ``[num_rows, H]`` in a
-  :class:`~moe_hal.layouts.ContiguousLayout` over the local experts (segments aligned to
-  ``alignment``, padding rows zero) — right for the large messages of training and prefill.
+  rows are ordered (destination rank, its local expert, slot), so what a rank receives is ordered
+  (source rank, local expert, slot) and is put into (local expert, source rank, slot) order by one
+  block copy per (source rank, local expert); on the way back the blocks are copied out of the
+  expert output the same way. Rows a rank routes to its own experts never enter the all-to-all:
+  they are gathered from ``x`` straight into the layout, and copied back from the expert output.
+  ``d.a`` is ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local
+  experts (segments aligned to ``alignment``, padding rows zero) — right for the large messages
+  of training and prefill.
 * ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
   sizes are known without reading any count on the host (**no host sync**; shapes static, as CUDA
   graphs need); the fixed blocks for other ranks move with one all-to-all (a rank's blocks for its
