@@ -13,7 +13,17 @@ routes ``--tokens`` tokens of ``--hidden`` bf16 features to ``--topk`` of ``--ex
   the same per-rank split sizes — in two variants: every row through the collective, and a rank's
   rows for itself moved by a plain copy with its own split 0 (what dispatch does; gloo's own-rank
   path can be slower than a copy). The faster of the two (slowest rank's median each) is the
-  peer: the strongest honest one on the same group; both are in the JSON.
+  peer: the strongest honest one on the same group; both are in the JSON;
+* **handwritten** — exact-mode dispatch + combine as a user writes it today with plain torch ops
+  (:class:`_HandWritten`: slots stable-sorted by expert, ``index_select`` into a send buffer, an
+  ``all_to_all_single`` of the per-expert counts, one uneven ``all_to_all_single`` per direction,
+  block copies into and out of local-expert-major order, a chunked fp32 weighted sum in fixed
+  ``j`` order). Before any timing each rank checks that it returns exactly ``moe_hal.ep``'s exact
+  ``d.a``, layout and combined output (identity expert and a random expert output) and fails
+  otherwise. Unlike the bare peer it does the rearranging any correct implementation must do, so
+  ``ratio_vs_handwritten`` (hand-written time / ep time) separates ``moe_hal.ep``'s own overhead
+  from that work. Capacity mode is compared against the same exact-mode peer (a hand-written
+  capacity exchange is not implemented): what a user pays for static shapes, not a like-for-like.
 
 The bytes ``moe_hal.ep`` actually moves differ from those, so each mode has a second ratio,
 ``ratio_vs_moved``, against the same bare peer moving exactly the rows its all-to-alls move
@@ -66,9 +76,12 @@ def _rank(rank: int, world: int, cfg: dict) -> dict:
     g = ep.EPGroup(None, cfg["experts"])
     ids, weights = workloads.route_tokens(cfg["tokens"], cfg["experts"], cfg["topk"], "uniform", seed=rank)
     x = torch.randn(cfg["tokens"], cfg["hidden"]).to(torch.bfloat16)
-    out = {mode: _measure(mode, g, x, ids, weights, cfg) for mode in MODES}
+    hw = _HandWritten(g, x, ids, weights)
+    _check_handwritten(hw, g, x, ids, weights)  # before any timing: an honest peer or none
+    out = {mode: _measure(mode, g, x, ids, weights, cfg, hw) for mode in MODES}
     for mode in MODES:
         out[mode]["phases_ms"] = _phases(mode, g, x, ids, weights, cfg)
+    out["handwritten_phases_ms"] = _handwritten_phases(hw, g, cfg)
     if cfg["profile"]:
         out["profile"] = {mode: _profile(mode, g, x, ids, weights, cfg) for mode in MODES}
     return out
@@ -119,6 +132,176 @@ def _bare(x: torch.Tensor, there: Splits, back: Splits, own: int, own_copy: bool
     return run
 
 
+class _HandWritten:
+    """The hand-written peer: exact-mode dispatch + combine as a user writes it today with plain
+    torch ops and ``torch.distributed``, same semantics as ``moe_hal.ep`` with ``alignment=1`` on a
+    placement of contiguous expert blocks (the default), for routings without ``-1`` slots (the
+    benchmark's). Per call, on each rank:
+
+    dispatch: the ``[T*k]`` routed slots stable-sorted by expert (so by destination rank, then
+    local expert, then (source token, k)); per-expert counts by ``bincount``; one
+    ``all_to_all_single`` of the ``[W, E_local]`` counts (split sizes and per-expert counts from
+    every source) read on the host; the token rows gathered (``index_select``) into a reused send
+    buffer; one uneven ``all_to_all_single`` into a reused receive buffer (a rank's own rows go
+    through it too); the received (source rank, local expert) blocks copied into a fresh ``a`` in
+    (local expert, source rank) order — one contiguous copy per block, no per-row loop.
+
+    combine: the blocks of the expert output copied back into (source rank, local expert) order in
+    a reused buffer; one ``all_to_all_single`` back (the splits reversed) into a reused buffer,
+    whose rows are then in the sorted slot order; per choice ``j = 0 .. k-1`` the rows of slots
+    ``(t, j)`` gathered into a reused ``[T, N]`` buffer and ``w[:, j] * rows`` accumulated in an fp32
+    buffer (rows widened exactly by a copy, then an in-place fp32 multiply and a separate add — the
+    contract's order and rounding), token chunk by token chunk so the three ``[chunk, N]`` blocks
+    stay in cache (:data:`_HANDWRITTEN_CHUNK_BYTES`); a fresh output in the expert output's dtype.
+    (In a single-process timing on this host, a /tmp script, the chunked form and the widening copy
+    were each faster than one ``[T, N]`` pass and than a mixed bf16 x fp32 ``mul``: the peer takes
+    the fastest form tried.)
+
+    Like ``moe_hal.ep``, the returned ``a`` and ``y`` are fresh tensors (they outlive the call) and
+    everything in flight lives in buffers reused across calls. :attr:`spent` accumulates seconds per
+    phase (:data:`HANDWRITTEN_PHASES`)."""
+
+    def __init__(self, g: ep.EPGroup, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor):
+        W, E = g.world_size, g.num_experts
+        if list(g.placement) != sorted(g.placement) or any(len(e) != E // W for e in g.experts_of_rank):
+            raise ValueError(f"the hand-written peer assumes E/W contiguous experts per rank, got {g.placement}")
+        if bool((ids < 0).any()):
+            raise ValueError("the hand-written peer assumes routings without -1 slots")
+        self.group, self.W, self.E, self.L = g.process_group, W, E, E // W
+        self.x, self.ids, self.weights = x, ids, weights
+        self.spent: dict[str, float] = dict.fromkeys(HANDWRITTEN_PHASES, 0.0)
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def _buffer(self, name: str, rows: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """``[rows, width]`` view of a reused buffer, grown when too small."""
+        b = self._buffers.get(name)
+        if b is None or b.numel() < rows * width or b.dtype != dtype:
+            b = self._buffers[name] = torch.empty(rows * width, dtype=dtype)
+        return b[: rows * width].view(rows, width)
+
+    def _tick(self, phase: str, t0: float) -> float:
+        t = time.perf_counter()
+        self.spent[phase] += t - t0
+        return t
+
+    def _blocks(self, recv_counts: list[list[int]]):
+        """(offset in the exchanged order, offset in the local-expert-major order, rows) per
+        (source rank, local expert) block."""
+        at = [[0] * self.L for _ in range(self.W)]
+        n = 0
+        for s in range(self.W):
+            for e in range(self.L):
+                at[s][e], n = n, n + recv_counts[s][e]
+        n, blocks = 0, []
+        for e in range(self.L):
+            for s in range(self.W):
+                blocks.append((at[s][e], n, recv_counts[s][e]))
+                n += recv_counts[s][e]
+        return blocks
+
+    def dispatch(self) -> tuple[torch.Tensor, tuple]:
+        """``a`` ``[R, H]`` (rows per local expert, in source rank, token, k order) and the state
+        combine needs."""
+        x, ids = self.x, self.ids
+        T, k = ids.shape
+        t0 = time.perf_counter()
+        flat = ids.reshape(-1)
+        order = torch.sort(flat, stable=True).indices  # slots by expert, then (token, k)
+        counts = torch.bincount(flat, minlength=self.E).view(self.W, self.L)
+        t0 = self._tick("plan (sort slots, counts, block offsets)", t0)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)
+        send_splits = counts.sum(1).tolist()
+        rc = recv_counts.tolist()
+        t0 = self._tick("count exchange (incl. waiting for the peer)", t0)
+        recv_splits = [sum(r) for r in rc]
+        blocks = self._blocks(rc)
+        t0 = self._tick("plan (sort slots, counts, block offsets)", t0)
+        send = self._buffer("send", T * k, x.shape[1], x.dtype)
+        torch.index_select(x, 0, order // k, out=send)
+        t0 = self._tick("row gathers and block copies", t0)
+        recv = self._buffer("recv", sum(recv_splits), x.shape[1], x.dtype)
+        dist.all_to_all_single(recv, send, recv_splits, send_splits, group=self.group)
+        t0 = self._tick("payload all-to-alls (incl. waiting for the peer)", t0)
+        a = torch.empty_like(recv)
+        for src, dst, n in blocks:
+            a[dst : dst + n].copy_(recv[src : src + n])
+        self._tick("row gathers and block copies", t0)
+        return a, (order, send_splits, recv_splits, blocks)
+
+    def combine(self, out: torch.Tensor, state: tuple) -> torch.Tensor:
+        """``[T, N]`` in ``out``'s dtype: ``sum_j w[t, j] * out(t, j)`` in fp32, j = 0 .. k-1."""
+        order, send_splits, recv_splits, blocks = state
+        T, k = self.ids.shape
+        N = out.shape[1]
+        t0 = time.perf_counter()
+        back = self._buffer("back_send", out.shape[0], N, out.dtype)
+        for src, dst, n in blocks:
+            back[src : src + n].copy_(out[dst : dst + n])
+        t0 = self._tick("row gathers and block copies", t0)
+        rows = self._buffer("back_recv", T * k, N, out.dtype)
+        dist.all_to_all_single(rows, back, send_splits, recv_splits, group=self.group)
+        t0 = self._tick("payload all-to-alls (incl. waiting for the peer)", t0)
+        row_of_slot = torch.empty_like(order)
+        row_of_slot[order] = torch.arange(T * k)
+        row_of_slot = row_of_slot.view(T, k).t().contiguous()  # [k, T]: row of slot (t, j)
+        w = self.weights.t().unsqueeze(-1).contiguous()  # [k, T, 1]
+        step = min(T, max(1, _HANDWRITTEN_CHUNK_BYTES // (4 * N)))
+        picked = self._buffer("picked", step, N, out.dtype)
+        acc = self._buffer("acc", step, N, torch.float32)
+        term = self._buffer("term", step, N, torch.float32)
+        y = torch.empty(T, N, dtype=out.dtype)
+        for lo in range(0, T, step):
+            n = min(step, T - lo)
+            for j in range(k):
+                torch.index_select(rows, 0, row_of_slot[j, lo : lo + n], out=picked[:n])
+                dst = acc[:n] if j == 0 else term[:n]
+                dst.copy_(picked[:n])  # exact widening, then the fp32 product
+                dst.mul_(w[j, lo : lo + n])
+                if j:
+                    acc[:n].add_(term[:n])
+            y[lo : lo + n].copy_(acc[:n])
+        self._tick("fp32 weighted sum, its gathers included (combine)", t0)
+        return y
+
+    def run(self) -> torch.Tensor:
+        a, state = self.dispatch()
+        return self.combine(a, state)
+
+
+#: fp32 bytes of one token chunk of the hand-written weighted sum (``moe_hal.ep``'s value).
+_HANDWRITTEN_CHUNK_BYTES = 256 << 10
+
+#: Phases of the hand-written peer (:class:`_HandWritten`), in call order.
+HANDWRITTEN_PHASES = (
+    "plan (sort slots, counts, block offsets)",
+    "count exchange (incl. waiting for the peer)",
+    "payload all-to-alls (incl. waiting for the peer)",
+    "row gathers and block copies",
+    "fp32 weighted sum, its gathers included (combine)",
+)
+
+
+def _check_handwritten(hw: _HandWritten, g: ep.EPGroup, x, ids, weights) -> None:
+    """Raise unless the hand-written peer gives exactly ``moe_hal.ep``'s exact-mode ``d.a``, layout
+    and combined output — for the identity expert and for a random expert output."""
+    d = ep.dispatch(x, ids, weights, g, mode="exact", alignment=1)
+    a, state = hw.dispatch()
+    counts = [n for _, _, n in state[3]]  # blocks in (local expert, source rank) order
+    per_expert = [sum(counts[e * hw.W : (e + 1) * hw.W]) for e in range(hw.L)]
+    problems = []
+    if list(d.layout.counts_list) != per_expert or d.layout.num_rows != a.shape[0]:
+        problems.append(f"layout counts {d.layout.counts_list} vs hand-written {per_expert}")
+    elif not torch.equal(d.a, a):
+        problems.append("d.a differs")
+    out = torch.randn(a.shape, generator=torch.Generator().manual_seed(g.rank)).to(x.dtype)
+    for name, expert_out in (("identity expert", d.a), ("random expert output", out)):
+        if not torch.equal(ep.combine(expert_out, d), hw.combine(expert_out, state)):
+            problems.append(f"combine differs ({name})")
+    if problems:
+        raise RuntimeError(f"rank {g.rank}: the hand-written peer is not moe_hal.ep's exact mode: {problems}")
+
+
 class _Started:
     def __init__(self, wait):
         self.wait = wait
@@ -144,7 +327,7 @@ def _wrap_transport(transport, wrap):
     return restore
 
 
-def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict) -> dict:
+def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict, hw: _HandWritten) -> dict:
     run_ep = _call(mode, g, x, ids, weights, cfg)
     d = run_ep()
     row_bytes, r = x.shape[1] * x.element_size(), g.rank
@@ -156,7 +339,7 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict)
         moved = d.dispatch_rows, d.dispatch_rows[::-1], g.num_local_experts * cfg["capacity"]
     else:  # token rows (+ their layout rows) there, one row per routed slot back
         moved = d.dispatch_rows, (recv, send), own
-    fns = {"ep": run_ep}
+    fns = {"ep": run_ep, "handwritten": hw.run}  # the hand-written peer is exact mode's in both modes
     for name, (there, back, own_rows) in (("bare", needed), ("bare_moved", moved)):
         fns[name] = _bare(x, [list(s) for s in there], [list(s) for s in back], own_rows, False)
         fns[f"{name}_own_copy"] = _bare(x, [list(s) for s in there], [list(s) for s in back], own_rows, True)
@@ -271,6 +454,22 @@ def _phases(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> dict:
     return out
 
 
+def _handwritten_phases(hw: _HandWritten, g: ep.EPGroup, cfg: dict) -> dict:
+    """Milliseconds per hand-written dispatch + combine in each of :data:`HANDWRITTEN_PHASES`, over
+    ``--repeat`` calls run after the timed rounds."""
+    hw.run()
+    dist.barrier(g.process_group)
+    hw.spent = dict.fromkeys(HANDWRITTEN_PHASES, 0.0)
+    t0 = time.perf_counter()
+    for _ in range(cfg["repeat"]):
+        hw.run()
+    total = (time.perf_counter() - t0) / cfg["repeat"] * 1e3
+    out = {phase: s / cfg["repeat"] * 1e3 for phase, s in hw.spent.items()}
+    out["other (Python, allocation of a and y)"] = total - sum(out.values())
+    out["total"] = total
+    return out
+
+
 def _profile(mode: str, g: ep.EPGroup, x, ids, weights, cfg: dict) -> str:
     from torch.profiler import ProfilerActivity, profile
 
@@ -290,6 +489,7 @@ def _peer(per_rank: list[dict], mode: str, name: str) -> tuple[float, float, flo
 
 
 def _summary(per_rank: list[dict]) -> dict:
+    """Per mode: the slowest rank's medians, the ratios, the phases (mean over ranks)."""
     modes = {}
     for mode in MODES:
         ep_s = max(r[mode]["ep_s"] for r in per_rank)
@@ -317,6 +517,8 @@ def _summary(per_rank: list[dict]) -> dict:
         m["bare_moved_all_rows_through_collective_s_per_call"] = moved_plain_s
         m["bare_moved_own_rows_by_copy_s_per_call"] = moved_own_s
         m["ratio_vs_moved"] = moved_s / ep_s
+        m["handwritten_exact_s_per_call"] = max(r[mode]["handwritten_s"] for r in per_rank)
+        m["ratio_vs_handwritten"] = m["handwritten_exact_s_per_call"] / ep_s
         modes[mode] = m
     return modes
 
@@ -358,9 +560,23 @@ def main(argv: list[str] | None = None) -> int:
         per_rank = ep.spawn_local(_rank, args.world, (cfg,), timeout_s=900, threads=args.threads)
         load_after = os.getloadavg()[0]
         modes = _summary(per_rank)
-        trials.append({"load_avg_1min": [load_before, load_after], "modes": modes})
+        hw_phases = {
+            phase: statistics.fmean(r["handwritten_phases_ms"][phase] for r in per_rank)
+            for phase in per_rank[0]["handwritten_phases_ms"]
+        }
+        trials.append(
+            {
+                "load_avg_1min": [load_before, load_after],
+                "modes": modes,
+                "handwritten_exact_phases_ms_mean_over_ranks": hw_phases,
+            }
+        )
         for mode, m in modes.items():
-            extra = f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
+            extra = (
+                f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
+                f", vs hand-written exact {m['ratio_vs_handwritten']:.2f}"
+                f" ({m['handwritten_exact_s_per_call'] * 1e3:.1f} ms)"
+            )
             print(
                 f"trial {trial} {mode:9s} ep {m['ep_gb_per_s']:.3f} GB/s vs bare all_to_all_single "
                 f"{m['bare_gb_per_s']:.3f} GB/s: ratio {m['ratio']:.2f}{extra}; ep {m['ep_s_per_call'] * 1e3:.1f} "
@@ -370,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
             phases = m["phases_ms_mean_over_ranks"]
             print(f"trial {trial} {mode:9s} ms per call (mean over ranks):")
             print("\n".join(f"    {v:7.2f}  {phase}" for phase, v in phases.items()))
+        print(f"trial {trial} hand-written exact ms per call (mean over ranks):")
+        print("\n".join(f"    {v:7.2f}  {phase}" for phase, v in hw_phases.items()))
         print(f"trial {trial} load average (1 min) before/after: {load_before:.1f} / {load_after:.1f}")
         if args.profile:
             for rank, r in enumerate(per_rank):
@@ -378,7 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     medians = {
         mode: {
             key: statistics.median(t["modes"][mode][key] for t in trials)
-            for key in ("ratio", "ratio_vs_moved", "ep_s_per_call", "bare_s_per_call", "host_s_per_call")
+            for key in (
+                "ratio",
+                "ratio_vs_moved",
+                "ratio_vs_handwritten",
+                "ep_s_per_call",
+                "bare_s_per_call",
+                "handwritten_exact_s_per_call",
+                "host_s_per_call",
+            )
         }
         for mode in MODES
     }
@@ -387,8 +613,15 @@ def main(argv: list[str] | None = None) -> int:
             phase: statistics.median(t["modes"][mode]["phases_ms_mean_over_ranks"][phase] for t in trials)
             for phase in trials[0]["modes"][mode]["phases_ms_mean_over_ranks"]
         }
+    hw_phases = {
+        phase: statistics.median(t["handwritten_exact_phases_ms_mean_over_ranks"][phase] for t in trials)
+        for phase in trials[0]["handwritten_exact_phases_ms_mean_over_ranks"]
+    }
     for mode, m in medians.items():
-        extra = f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
+        extra = (
+            f", vs bare of the bytes moved {m['ratio_vs_moved']:.2f}"
+            f", vs hand-written exact {m['ratio_vs_handwritten']:.2f}"
+        )
         print(
             f"median of {args.trials} trial(s) {mode:9s} ratio {m['ratio']:.2f}{extra}; "
             f"host {m['host_s_per_call'] * 1e3:.1f} ms/call"
@@ -404,12 +637,15 @@ def main(argv: list[str] | None = None) -> int:
             "threads_per_rank": args.threads,
             "cpu_count": os.cpu_count(),
             "machine": timing.machine_record(),
-            "timing": "wall time per call, rounds interleaved (ep and each bare variant); median per rank; "
-            "slowest rank; the faster bare variant is the peer; bytes/s and ratio over the bytes needed "
-            "(routed rows, both directions); ratio_vs_moved against the bare peer of the rows ep's "
-            "all-to-alls move",
+            "timing": "wall time per call, rounds interleaved (ep, the hand-written exact peer and each bare "
+            "variant); median per rank; slowest rank; the faster bare variant is the peer; bytes/s and ratio "
+            "over the bytes needed (routed rows, both directions); ratio_vs_moved against the bare peer of the "
+            "rows ep's all-to-alls move; ratio_vs_handwritten = hand-written exact-mode dispatch + combine "
+            "time / ep time (capacity mode too: against the same exact-mode peer), checked equal to "
+            "moe_hal.ep's exact d.a, layout and combine output before timing",
             "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",
             "median_over_trials": medians,
+            "handwritten_exact_phases_ms_median_over_trials": hw_phases,
             "trials": trials,
         }
         with open(args.json, "w") as f:
