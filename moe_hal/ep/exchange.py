@@ -75,7 +75,7 @@ from ..errors import (
     PeerRankError,
     ShapeError,
 )
-from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment, align
+from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment
 from ..quant import QuantizedTensor
 from ..routing import _check_routing, _raise_bad_id
 from .group import EPGroup
@@ -274,18 +274,18 @@ def _token_splits(counts: tuple[int, ...], k: int, width: int) -> list[int]:
     return [n + _position_rows(n, k, width) for n in counts]
 
 
-def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tensor, list[int]]:
+def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tensor, tuple[int, ...]]:
     """Exact mode, rows per token (``src`` ``[T, B]``): start the all-to-all of the token rows.
 
     Each token travels once to each other rank holding any of its experts (what DeepEP's dispatch
     does), followed in that rank's chunk by the rows carrying its k layout rows there (-1 where
     the choice is elsewhere); :func:`_place_tokens` then copies each token row to every layout
     row it fills. Fewer bytes than one row per routed slot whenever a token has several experts
-    on one rank; the layout is the same byte for byte. Returns the pending all-to-all, the
-    receive buffer and its splits."""
-    m, k, width, device = d._maps, d.top_k, src.shape[1], src.device
-    send_splits = _token_splits(m.token_send_counts, k, width)
-    recv_splits = _token_splits(m.token_recv_counts, k, width)
+    on one rank; the layout is the same byte for byte. The splits are ``d.dispatch_rows``, which
+    :func:`dispatch` computed for ``x``'s byte width (``src``'s). Returns the pending all-to-all,
+    the receive buffer and its splits."""
+    m, width, device = d._maps, src.shape[1], src.device
+    send_splits, recv_splits = d.dispatch_rows
     send = _rows_buffer(d, "send", sum(send_splits), width, device, keep=False)
     at = first = 0
     for n, rows in zip(m.token_send_counts, send_splits):
@@ -298,7 +298,7 @@ def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tenso
     return _start_all_to_all(d, recv, send, recv_splits, send_splits), recv, recv_splits
 
 
-def _place_tokens(d: EPDispatch, recv: torch.Tensor, recv_splits: list[int], out: torch.Tensor) -> None:
+def _place_tokens(d: EPDispatch, recv: torch.Tensor, recv_splits: tuple[int, ...], out: torch.Tensor) -> None:
     """Fill the layout rows ``out`` that come from other ranks from the received token rows."""
     m, k, device = d._maps, d.top_k, recv.device
     received = sum(m.token_recv_counts)
@@ -667,12 +667,9 @@ def _token_maps(
     (slot order) — its send row minus the first send row of its block."""
     W, r, E, ps = group.world_size, group.rank, group.num_experts, group.position_start
     total = [sum(host[s][p] for s in range(W)) for p in range(E)]  # rows per expert position
-    start = [0] * E  # layout row of each position's segment on its rank
+    start: list[int] = []  # layout row of each position's segment on its rank: rank d's layout
     for d in range(W):
-        end = 0
-        for p in range(ps[d], ps[d + 1]):
-            start[p] = align(end, alignment)
-            end = start[p] + total[p]
+        start += ContiguousLayout.from_counts(total[ps[d] : ps[d + 1]], alignment=alignment).starts
     offset, first = [], 0  # per send block: layout row there minus the block's first send row here
     for p in group.block_position:
         offset.append(start[p] + sum(host[s][p] for s in range(r)) - first)
