@@ -60,7 +60,7 @@ import torch
 
 import moe_hal
 from moe_hal import execution, ops
-from moe_hal.timing import CLOCKS, host_seconds_per_call, machine_record
+from moe_hal.timing import CLOCKS, host_seconds_per_call, machine_record, warmup_calls
 
 STATISTICS = {"median": statistics.median, "min": min}
 
@@ -163,7 +163,7 @@ def _timed(fn, clock, samples: list[float]):
 def _per_round(samples: list[float], iters: int, statistic) -> float:
     """``statistic`` over the rounds of :func:`host_seconds_per_call` (warm-up calls first, then
     ``iters`` calls per round) of the mean time per call in each round."""
-    timed = samples[max(3, iters // 10) :]
+    timed = samples[warmup_calls(iters) :]
     return statistic([sum(timed[i : i + iters]) / iters for i in range(0, len(timed), iters)])
 
 

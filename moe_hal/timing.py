@@ -158,6 +158,12 @@ def interleaved_wall_seconds(
     return times
 
 
+def warmup_calls(iters: int) -> int:
+    """Untimed calls :func:`host_seconds_per_call` makes of each function before its rounds of
+    ``iters`` calls."""
+    return max(3, iters // 10)
+
+
 def host_seconds_per_call(
     fns: Mapping[str, Callable[[], Any]],
     *,
@@ -168,12 +174,12 @@ def host_seconds_per_call(
 ) -> dict[str, float]:
     """Median host seconds per call of each function, without synchronising: every round times
     ``iters`` back-to-back calls of each function in turn (what a launch-overhead benchmark
-    measures). ``max(3, iters // 10)`` warm-up calls each first. ``clock``: wall time by default;
+    measures). :func:`warmup_calls` warm-up calls each first. ``clock``: wall time by default;
     ``time.thread_time`` counts only this thread's CPU time (steadier on an oversubscribed host).
     ``statistic`` reduces the rounds (``min``: the least disturbed round, for differences of a few
     microseconds on a loaded host)."""
     for fn in fns.values():
-        for _ in range(max(3, iters // 10)):
+        for _ in range(warmup_calls(iters)):
             fn()
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
