@@ -15,16 +15,18 @@ the order of a single process that concatenates the ranks' tokens in rank order.
   fixed cost, which on gloo is worth several MiB of copying). Dispatch sends each token **once**
   to each other rank holding any of its experts (not once per routed slot, as DeepEP's dispatch),
   followed by its k layout rows there, which the sender computes from the count matrix (it gives
-  every rank's layout); the receiver copies each token row into every layout row it fills. Rows
-  that differ from slot to slot (combine's, and both backwards) travel one per slot: the send
-  rows are ordered (destination rank, its local expert, slot), so what a rank receives is ordered
-  (source rank, local expert, slot) and is put into (local expert, source rank, slot) order by one
-  block copy per (source rank, local expert); on the way back the blocks are copied out of the
-  expert output the same way. Rows a rank routes to its own experts never enter the all-to-all:
-  they are gathered from ``x`` straight into the layout, and copied back from the expert output.
-  ``d.a`` is ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local
-  experts (segments aligned to ``alignment``, padding rows zero) — right for the large messages
-  of training and prefill.
+  every rank's layout); the receiver copies each token row, and each of its own tokens, into
+  every layout row it fills with one gather. Rows that differ from slot to slot (combine's, and
+  both backwards) travel one per slot: the send rows are ordered (destination rank, its local
+  expert, slot), so what a rank receives is ordered (source rank, local expert, slot) and is put
+  into (local expert, source rank, slot) order by one gather; on the way back one gather takes
+  the rows out of the expert output in that order. Rows a rank routes to its own experts never
+  enter the all-to-all: they join the received rows on the rank (:class:`_Maps`). Every row
+  movement is one op however many experts there are — an accelerator launches about one kernel
+  per op — so a dispatch + combine runs a fixed number of ops plus a few per rank. ``d.a`` is
+  ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local experts
+  (segments aligned to ``alignment``, padding rows zero) — right for the large messages of
+  training and prefill.
 * ``mode="capacity"``: every (source rank, expert) pair has a fixed ``capacity`` of rows, so all
   sizes are known without reading any count on the host (**no host sync**; shapes static, as CUDA
   graphs need); the fixed blocks for other ranks move with one all-to-all (a rank's blocks for its
@@ -97,34 +99,32 @@ class _Maps:
 
     Both modes send rows ``[0, remote_sent)`` to the other ranks with one all-to-all; this rank's
     own rows, ``[remote_sent, S)``, never enter it (send rows are in :attr:`EPGroup.send_block`
-    order). Exact mode moves contiguous blocks between the exchanged rows and the layout — except
-    when dispatch sends ``x``, whose rows for other ranks travel as token rows (``token_*``).
-    Capacity mode moves fixed blocks (``capacity`` rows per (rank, expert); its own chunk of the
-    received rows is the send rows' tail) and gathers on the experts' side: an empty *source* row
-    (a send row no slot fills, a received row no expert row uses) is never read on the other side,
-    so its index is merely clamped into range."""
+    order). On the experts' side the rows received from the other ranks, then this rank's own rows
+    (the send rows' tail, in the same order), then one zero row are the *arrivals*: ``recv_of_row``
+    gives the arrival each layout row holds (the zero row on padding), ``row_of_recv`` the layout
+    row of each arrival, so rows move between the arrivals and the layout with one gather each
+    way, however many experts and ranks there are (an accelerator runs one kernel per op, where a
+    copy per (rank, expert) block would launch thousands). Exact mode's dispatch of ``x`` is the
+    exception: its rows for other ranks travel as token rows (``token_*``). Capacity mode moves
+    fixed blocks (``capacity`` rows per (rank, expert)): an empty *source* row (a send row no slot
+    fills, a received row no expert row uses) is never read on the other side, so its index is
+    merely clamped into range."""
 
     send_token: torch.Tensor  # int64 [S]: source token of each send row (clamped where empty)
     send_slot: torch.Tensor  # int64 [S]: flat slot t*k+j of each send row (clamped where empty)
     slot_row: torch.Tensor  # int64 [T, k]: send row of each slot; S (the zero row) if not sent
     kept_slots: torch.Tensor | None  # bool [T, k]: slots that were sent; None when all were
-    # both modes
+    recv_of_row: torch.Tensor  # int64 [layout rows]: the arrival placed there; A (the zero row) on padding
+    row_of_recv: torch.Tensor  # int64 [A]: layout row of each arrival (clamped where capacity leaves it empty)
     remote_sent: int = 0  # send rows [0, remote_sent) go to other ranks
     exchange: bool = False  # the all-to-all runs (decided alike on every rank)
-    # exact mode
-    gaps: tuple[tuple[int, int], ...] = ()  # [start, end) padding row ranges of the layout
-    remote_blocks: tuple[tuple[int, int, int], ...] = ()  # (received row, layout row, rows) per block
-    local_blocks: tuple[tuple[int, int, int], ...] = ()  # (send row, layout row, rows) per block
     # exact mode, the dispatch of x: each token travels once to each other rank holding any of its
     # experts (token rows, in destination rank then token order), with its k layout rows there
     token_send: torch.Tensor | None = None  # int64 [token rows]: source token of each
     token_rows: torch.Tensor | None = None  # int64 [token rows, k]: layout row on the destination; -1 elsewhere
     token_send_counts: tuple[int, ...] = ()  # token rows to each rank (0 for this rank)
     token_recv_counts: tuple[int, ...] = ()  # token rows from each rank (0 for this rank)
-    # capacity mode
-    recv_of_row: torch.Tensor | None = None  # int64 [layout rows]: received row placed there; R on padding
-    row_of_recv: torch.Tensor | None = None  # int64 [R]: layout row of each received row (clamped)
-    # both modes: rows to / from each rank in the all-to-all (0 for this rank)
+    # rows to / from each rank in the all-to-all (0 for this rank)
     send_splits: tuple[int, ...] = ()
     recv_splits: tuple[int, ...] = ()
 
@@ -218,42 +218,22 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, per_token: bool) -> torch.Tens
 
     ``src`` ``[*, B]`` uint8: one row per token when ``per_token`` (send row ``s`` is
     ``src[send_token[s]]``), else one per send row. The rows for other ranks are gathered into the
-    send buffer, those for this rank's own experts straight into the layout (exact mode) or into the
-    own chunk of the received rows (capacity mode) while the others travel: one copy each. Exact
-    mode sends token rows once per destination rank (:func:`_send_tokens`) when ``per_token``."""
+    send buffer; this rank's own rows are put after the received ones while those travel; one
+    gather then fills the layout (:class:`_Maps`). Exact mode sends token rows once per
+    destination rank (:func:`_send_tokens`) when ``per_token``."""
     m, width, device = d._maps, src.shape[1], src.device
+    if d.mode == "exact" and m.exchange and per_token and width > 0:
+        pending, recv, recv_splits = _send_tokens(d, src)
+        return _place_tokens(d, pending, recv, recv_splits, src)
     sent = m.send_token.shape[0]
     index = m.send_token if per_token else None
-    if d.mode == "exact":
-        tokens = m.exchange and per_token and width > 0
-        out = torch.empty(d.layout.num_rows, width, dtype=torch.uint8, device=device)
-        for start, end in m.gaps:
-            out[start:end].zero_()
-        if tokens:
-            pending, recv, recv_splits = _send_tokens(d, src)
-        elif m.exchange:
-            recv = _rows_buffer(d, "recv", sum(m.recv_splits), width, device, keep=False)
-            pending = _start_all_to_all(d, recv, _send_rows(d, src, index, m.remote_sent), m.recv_splits, m.send_splits)
-        for at, dst, n in m.local_blocks:
-            if index is None:
-                out[dst : dst + n].copy_(src[at : at + n])
-            else:
-                _gather_into(out[dst : dst + n], src, index[at : at + n])
-        if m.exchange:
-            pending.wait()
-        if tokens:
-            _place_tokens(d, recv, recv_splits, out)
-        elif m.exchange:
-            for at, dst, n in m.remote_blocks:
-                out[dst : dst + n].copy_(recv[at : at + n])
-        return out
-    received, remote = m.row_of_recv.shape[0], sum(m.recv_splits)
-    recv = _rows_buffer(d, "recv", received + 1, width, device, keep=False)
-    recv[received].zero_()
+    arrived, remote = m.row_of_recv.shape[0], sum(m.recv_splits)
+    recv = _rows_buffer(d, "recv", arrived + 1, width, device, keep=False)
+    recv[arrived].zero_()
     if m.exchange:
         send = _send_rows(d, src, index, m.remote_sent)
         pending = _start_all_to_all(d, recv[:remote], send, m.recv_splits, m.send_splits)
-    own = recv[remote:received]  # the own chunk: the send rows' own-expert tail, in the same order
+    own = recv[remote:arrived]  # the send rows' own-expert tail, in the same order
     if index is None:
         own.copy_(src[m.remote_sent : sent])
     else:
@@ -283,7 +263,8 @@ def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tenso
     row it fills. Fewer bytes than one row per routed slot whenever a token has several experts
     on one rank; the layout is the same byte for byte. The splits are ``d.dispatch_rows``, which
     :func:`dispatch` computed for ``x``'s byte width (``src``'s). Returns the pending all-to-all,
-    the receive buffer and its splits."""
+    the receive buffer (room left after the received rows for ``src`` and a zero row) and its
+    splits."""
     m, width, device = d._maps, src.shape[1], src.device
     send_splits, recv_splits = d.dispatch_rows
     send = _rows_buffer(d, "send", sum(send_splits), width, device, keep=False)
@@ -294,16 +275,30 @@ def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tenso
             where = m.token_rows[first : first + n].view(torch.uint8).reshape(-1)
             send[at + n : at + rows].reshape(-1)[: where.shape[0]].copy_(where)
         at, first = at + rows, first + n
-    recv = _rows_buffer(d, "recv", sum(recv_splits), width, device, keep=False)
-    return _start_all_to_all(d, recv, send, recv_splits, send_splits), recv, recv_splits
+    received = sum(recv_splits)
+    recv = _rows_buffer(d, "recv", received + src.shape[0] + 1, width, device, keep=False)
+    return _start_all_to_all(d, recv[:received], send, recv_splits, send_splits), recv, recv_splits
 
 
-def _place_tokens(d: EPDispatch, recv: torch.Tensor, recv_splits: tuple[int, ...], out: torch.Tensor) -> None:
-    """Fill the layout rows ``out`` that come from other ranks from the received token rows."""
+def _place_tokens(
+    d: EPDispatch, pending: Pending, recv: torch.Tensor, recv_splits: tuple[int, ...], src: torch.Tensor
+) -> torch.Tensor:
+    """The layout ``[layout rows, B]`` (fresh) from the token rows :func:`_send_tokens` receives and
+    this rank's own tokens ``src``, which are copied after them while they travel: then one gather
+    fills every layout row (own choices, other ranks' choices and padding alike)."""
     m, k, device = d._maps, d.top_k, recv.device
-    received = sum(m.token_recv_counts)
-    where = torch.empty(received, k, dtype=torch.int64, device=device)
-    token_row = torch.empty(received, dtype=torch.int64, device=device)  # its row in recv
+    received, tokens = sum(recv_splits), src.shape[0]
+    recv[received : received + tokens].copy_(src)
+    recv[received + tokens].zero_()
+    num_rows = m.recv_of_row.shape[0]
+    # the arrival each layout row reads; choices held elsewhere (-1) all land on the extra last entry
+    arrival = torch.full((num_rows + 1,), received + tokens, dtype=torch.int64, device=device)
+    own = m.row_of_recv[sum(m.recv_splits) :]
+    arrival.index_copy_(0, own, m.send_token[m.remote_sent :] + received)
+    pending.wait()
+    got_tokens = sum(m.token_recv_counts)
+    where = torch.empty(got_tokens, k, dtype=torch.int64, device=device)
+    token_row = torch.empty(got_tokens, dtype=torch.int64, device=device)  # its row in recv
     at = got = 0
     for n, rows in zip(m.token_recv_counts, recv_splits):
         if n:
@@ -311,14 +306,9 @@ def _place_tokens(d: EPDispatch, recv: torch.Tensor, recv_splits: tuple[int, ...
             bytes_.copy_(recv[at + n : at + rows].reshape(-1)[: bytes_.shape[0]])
             torch.arange(at, at + n, out=token_row[got : got + n])
         at, got = at + rows, got + n
-    num_rows = out.shape[0]
-    # recv row of each layout row; choices held elsewhere (-1) all land on the extra last entry
-    recv_of_row = torch.zeros(num_rows + 1, dtype=torch.int64, device=device)
-    recv_of_row.scatter_(
-        0, torch.where(where >= 0, where, num_rows).view(-1), token_row[:, None].expand(-1, k).reshape(-1)
-    )
-    for _, dst, n in m.remote_blocks:
-        _gather_into(out[dst : dst + n], recv, recv_of_row[dst : dst + n])
+    arrival.scatter_(0, torch.where(where >= 0, where, num_rows).view(-1), token_row[:, None].expand(-1, k).reshape(-1))
+    out = torch.empty(num_rows, recv.shape[1], dtype=torch.uint8, device=device)
+    return _gather_into(out, recv, arrival[:num_rows])
 
 
 def _send_rows(d: EPDispatch, src: torch.Tensor, index: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -341,21 +331,14 @@ def _from_experts(
     ret[sent].zero_()
     remote = sum(m.recv_splits)
     if m.exchange:
-        back = _rows_buffer(d, "send", remote, width, flat.device, keep=False)
-        if d.mode == "exact":
-            for src, dst, n in m.remote_blocks:
-                back[src : src + n].copy_(flat[dst : dst + n])
-        else:
-            _gather_into(back, flat, m.row_of_recv[:remote])
+        back = _gather_into(
+            _rows_buffer(d, "send", remote, width, flat.device, keep=False), flat, m.row_of_recv[:remote]
+        )
     if before_exchange is not None:
         before_exchange()
     if m.exchange:
         pending = _start_all_to_all(d, ret[: m.remote_sent], back, m.send_splits, m.recv_splits)
-    if d.mode == "exact":
-        for src, dst, n in m.local_blocks:
-            ret[src : src + n].copy_(flat[dst : dst + n])
-    else:
-        _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
+    _gather_into(ret[m.remote_sent : sent], flat, m.row_of_recv[remote:])
     if m.exchange:
         pending.wait()
     return ret
@@ -431,12 +414,9 @@ def _layout_rows(d: EPDispatch) -> tuple[int, ...]:
 
 def _padding_fill(d: EPDispatch, t: torch.Tensor, value: float) -> torch.Tensor:
     """Set the padding rows of ``t`` (in the local layout) to ``value``, in place (no host sync)."""
-    if d.mode == "exact":
-        for start, end in d._maps.gaps:
-            t[start:end].fill_(value)
-        return t
-    past = torch.arange(d.layout.max_m, device=t.device)[None, :] >= d.layout.masked_m[:, None].to(t.device)
-    return t.masked_fill_(past.view(*past.shape, *([1] * (t.dim() - 2))), value)
+    m = d._maps
+    padding = (m.recv_of_row == m.row_of_recv.shape[0]).view(*_layout_rows(d))
+    return t.masked_fill_(padding.view(*padding.shape, *([1] * (t.dim() - padding.dim()))), value)
 
 
 class _DispatchRows(torch.autograd.Function):
@@ -607,28 +587,24 @@ def _exact_maps(
     to_rank = [sum(host[r][pos[e]] for e in held[d]) for d in range(W)]
     from_rank = [sum(c) for c in count]
     remote_sent = sum(to_rank) - to_rank[r]
-    # Layout row where source s's rows for local expert i go: after those of sources s' < s.
-    fill = list(layout.starts)
-    remote_blocks, local_blocks, received, kept = [], [], 0, remote_sent
+    # Layout row where source s's rows for local expert i go: after those of sources s' < s. The
+    # arrivals are the other ranks' rows (source, local expert, slot), then this rank's own.
+    fill, first = list(layout.starts), []
     for s in range(W):
-        for i, n in enumerate(count[s]):
-            if s == r:
-                local_blocks.append((kept, fill[i], n))
-                kept += n
-            elif n:
-                remote_blocks.append((received, fill[i], n))
-                received += n
-            fill[i] += n
-    gaps, end = [], 0
-    for start, stop in zip(layout.starts, layout.ends):
-        if start > end:
-            gaps.append((end, start))
-        end = stop
-    if layout.num_rows > end:
-        gaps.append((end, layout.num_rows))
+        first.append(list(fill))
+        fill = [f + n for f, n in zip(fill, count[s])]
+    arrival_order = [s for s in range(W) if s != r] + [r]
+    device = order.device
+    row_of_recv = _runs(
+        [first[s][i] for s in arrival_order for i in range(len(mine))],
+        [count[s][i] for s in arrival_order for i in range(len(mine))],
+        device,
+    )
+    arrived = row_of_recv.shape[0]
+    recv_of_row = torch.full((layout.num_rows,), arrived, dtype=torch.int64, device=device)
+    recv_of_row.index_copy_(0, row_of_recv, torch.arange(arrived, device=device))
     E, placement = group.num_experts, group.placement
     exchange = any(host[s][pos[e]] for s in range(W) for e in range(E) if placement[e] != s)
-    device = order.device
     sent = sum(to_rank)
     slot_of_send_row = order[:sent]
     slot_row = torch.full_like(order, sent).scatter_(0, slot_of_send_row, torch.arange(sent, device=device))
@@ -637,16 +613,25 @@ def _exact_maps(
         slot_of_send_row,
         slot_row.view(-1, k),
         None if sent == order.shape[0] else (slot_row < sent).view(-1, k),
-        gaps=tuple(gaps),
+        recv_of_row,
+        row_of_recv,
         remote_sent=remote_sent,
         exchange=exchange,
-        remote_blocks=tuple(remote_blocks),
-        local_blocks=tuple(b for b in local_blocks if b[2]),
         send_splits=tuple(0 if d == r else n for d, n in enumerate(to_rank)),
         recv_splits=tuple(0 if s == r else n for s, n in enumerate(from_rank)),
         **(_token_maps(host, group, block, *rank_hits, slot_row, alignment) if exchange else {}),
     )
     return maps, layout, to_rank, from_rank
+
+
+def _runs(starts: list[int], lengths: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[sum(lengths)]``: ``starts[b], starts[b] + 1, ..`` (``lengths[b]`` values) for each
+    run ``b`` in order — built with a fixed number of device ops (no host sync: the total is known)."""
+    total = sum(lengths)
+    start = torch.tensor(starts, dtype=torch.int64, device=device)
+    length = torch.tensor(lengths, dtype=torch.int64, device=device)
+    shift = start - (torch.cumsum(length, 0) - length)  # start minus the run's first output index
+    return torch.repeat_interleave(shift, length, output_size=total) + torch.arange(total, device=device)
 
 
 def _token_maps(
@@ -749,10 +734,10 @@ def _capacity_maps(
         slot_of_send_row,
         send_row_of_slot.view(-1, k),
         (send_row_of_slot < E * cap).view(-1, k),
+        recv_of_row,
+        row_of_recv,
         remote_sent=(E - L) * cap,
         exchange=W > 1,
-        recv_of_row=recv_of_row,
-        row_of_recv=row_of_recv,
         send_splits=tuple(0 if d == r else (ps[d + 1] - ps[d]) * cap for d in range(W)),
         recv_splits=tuple(0 if s == r else L * cap for s in range(W)),
     )
