@@ -6,20 +6,24 @@ written once.
   plugin's hooks without the others answering first).
 * :func:`check_gradients` — gradients of :func:`moe_hal.grouped_gemm` through a backend against
   float64 gradients from the reference backend, for the contiguous, masked and K-grouped layouts.
+* :class:`CountOps` — count the aten ops a block runs (an accelerator launches about one kernel
+  per op, so a count that grows with the problem's structure is a launch-overhead problem).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import api, plugins
 from .layouts import ContiguousLayout, KGroupedLayout, MaskedLayout
 
-__all__ = ["check_gradients", "only_plugins"]
+__all__ = ["CountOps", "check_gradients", "only_plugins"]
 
 
 @contextlib.contextmanager
@@ -85,3 +89,21 @@ def check_gradients(
             torch.testing.assert_close(
                 g.double(), w, rtol=rtol, atol=atol + atol_per_magnitude * float(w.detach().abs().max())
             )
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten ops run inside ``with CountOps() as count:`` — views and other metadata ops
+    included — by name in ``count.ops`` (a :class:`collections.Counter`); ``count.total`` is their
+    sum. Ops an autograd backward runs on the same thread are counted too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
