@@ -6,8 +6,9 @@ bytes moved. This script spawns ``W`` local gloo ranks (:func:`moe_hal.ep.spawn_
 ``--tokens`` tokens per rank to ``--topk`` of ``E`` experts and counts the aten ops of one
 dispatch + combine + backward with :class:`moe_hal.testing.CountOps` (views and other metadata
 ops included; the collectives' own work is not an aten op), for every ``W`` in ``--worlds`` and
-``E`` in ``--experts``, in both modes. The count is the same on every device type: the code path
-does not depend on it. Rank 0's count is reported (the others differ by a few ops at most:
+``E`` in ``--experts``, in both modes. The code path is the same on every device type, except
+combine's weighted sum, which on the CPU runs token chunk by token chunk (there its op count grows
+with tokens x features; the defaults fit in one chunk; an accelerator runs one). Rank 0's count is reported (the others differ by a few ops at most:
 the per-rank loops skip ranks that exchange nothing). Not a timing: it runs on any machine.
 """
 

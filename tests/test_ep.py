@@ -101,9 +101,13 @@ def test_dispatch_refuses_bad_arguments_naming_them(world1):
         ep.dispatch(x, torch.tensor([[0, 1], [7, 1], [0, 1]]), None, g)
     with pytest.raises(DTypeError, match="group"):
         ep.dispatch(x, ids, None, "world")
+    with pytest.raises(ShapeError, match=r"x.*at least one feature.*\(3, 0\)"):
+        ep.dispatch(torch.ones(3, 0), ids, None, g)
     d = ep.dispatch(x, ids, None, g, alignment=1)
     with pytest.raises(ShapeError, match="expert_out"):
         ep.combine(torch.ones(d.layout.num_rows + 1, 4), d)
+    with pytest.raises(ShapeError, match=r"expert_out.*at least one feature"):
+        ep.combine(torch.ones(d.layout.num_rows, 0), d)
 
 
 def test_capacity_overflow_names_expert_rank_count_and_capacity(world1):

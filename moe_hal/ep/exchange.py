@@ -222,7 +222,7 @@ def _to_experts(d: EPDispatch, src: torch.Tensor, per_token: bool) -> torch.Tens
     gather then fills the layout (:class:`_Maps`). Exact mode sends token rows once per
     destination rank (:func:`_send_tokens`) when ``per_token``."""
     m, width, device = d._maps, src.shape[1], src.device
-    if d.mode == "exact" and m.exchange and per_token and width > 0:
+    if d.mode == "exact" and m.exchange and per_token:
         pending, recv, recv_splits = _send_tokens(d, src)
         return _place_tokens(d, pending, recv, recv_splits, src)
     sent = m.send_token.shape[0]
@@ -501,6 +501,9 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
             "capacity", "a non-negative int (rows per source rank and expert) in mode='capacity'", capacity
         )
     flat, tokens, k, _ = _check_routing(x, topk_ids, group.num_experts, topk_weights)
+    shape = tuple((x.data if isinstance(x, QuantizedTensor) else x).shape)
+    if math.prod(shape[1:]) == 0:
+        raise ShapeError("x", "[T, H, ...] with at least one feature per token", shape)
     return flat, tokens, k
 
 
@@ -577,7 +580,7 @@ def _exact_maps(
     k: int,
     alignment: int,
 ) -> tuple[_Maps, ContiguousLayout, list[int], list[int]]:
-    """Splits, blocks, slot maps and layout from the host count matrix (identical on every rank, so
+    """Splits, row maps, slot maps and layout from the host count matrix (identical on every rank, so
     every rank agrees on whether the all-to-all runs). Also returns the rows sent to and received
     from each rank (this rank included)."""
     W, r, pos, held = group.world_size, group.rank, group.expert_position, group.experts_of_rank
@@ -628,8 +631,7 @@ def _runs(starts: list[int], lengths: list[int], device: torch.device) -> torch.
     """int64 ``[sum(lengths)]``: ``starts[b], starts[b] + 1, ..`` (``lengths[b]`` values) for each
     run ``b`` in order — built with a fixed number of device ops (no host sync: the total is known)."""
     total = sum(lengths)
-    start = torch.tensor(starts, dtype=torch.int64, device=device)
-    length = torch.tensor(lengths, dtype=torch.int64, device=device)
+    start, length = torch.tensor([starts, lengths], dtype=torch.int64, device=device)  # one copy to the device
     shift = start - (torch.cumsum(length, 0) - length)  # start minus the run's first output index
     return torch.repeat_interleave(shift, length, output_size=total) + torch.arange(total, device=device)
 
@@ -847,7 +849,7 @@ def dispatch(
         width = src.shape[1]
     else:
         width = math.prod(x.shape[1:]) * x.element_size()
-    if maps.token_send is not None and width:  # what _to_experts moves
+    if maps.token_send is not None:  # what _to_experts moves
         moved = (
             tuple(_token_splits(maps.token_send_counts, k, width)),
             tuple(_token_splits(maps.token_recv_counts, k, width)),
@@ -898,6 +900,8 @@ def _check_combine(expert_out, d: EPDispatch) -> None:
     lead = _layout_rows(d)
     if expert_out.dim() != len(lead) + 1 or tuple(expert_out.shape[:-1]) != lead:
         raise ShapeError("expert_out", f"a tensor with leading dims {lead} (those of d.a)", tuple(expert_out.shape))
+    if expert_out.shape[-1] == 0:
+        raise ShapeError("expert_out", "at least one feature per row (last dimension >= 1)", tuple(expert_out.shape))
 
 
 def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
