@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 import moe_hal
@@ -501,6 +502,20 @@ def cases(rank: int, world: int) -> dict:
             for m in (router, full, local):
                 m.zero_grad(set_to_none=True)
 
+    def exact_and_capacity_on_a_subgroup():
+        # One EP group per half of the world (as with one per data-parallel replica): its ranks are
+        # the subgroup's own, its problem is the subgroup's; every rank creates every group, in order.
+        halves = [list(range((W + 1) // 2)), list(range((W + 1) // 2, W))]
+        subgroups = [dist.new_group(members) for members in halves]
+        mine = 0 if rank in halves[0] else 1
+        members = halves[mine]
+        sub = ep.EPGroup(subgroups[mine], E)
+        assert (sub.rank, sub.world_size) == (members.index(rank), len(members))
+        tokens = [tok[m] for m in members]
+        p = make(30 + mine, sub.rank, tokens, E, 3, skip=0.1)
+        check(p, sub, E)
+        check(p, sub, E, mode="capacity", capacity=3 * max(tokens))
+
     def ops_do_not_grow_with_the_expert_count():
         # An accelerator launches about one kernel per op: a copy per (rank, expert) block made
         # exact mode run ~3000 ops per dispatch + combine at 256 experts on 2 ranks (390 at 16).
@@ -568,6 +583,7 @@ CASES = [
     "nn_moe_with_ep_group",
     "select_explains",
     "ops_do_not_grow_with_the_expert_count",
+    "exact_and_capacity_on_a_subgroup",
 ]
 
 
