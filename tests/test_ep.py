@@ -49,6 +49,13 @@ def test_every_rank_matches_the_single_process_result(world, case):
     assert not failures, "\n".join(f"--- rank {r}:\n{text}" for r, text in failures.items())
 
 
+def test_ep_ops_do_not_grow_with_the_rank_count():
+    per_rank = ep.spawn_local(ep_cases.ops_by_group_size, 4, timeout_s=SPAWN_TIMEOUT_S, collective_timeout_s=20)
+    for rank, modes in enumerate(per_rank):
+        for mode, (four, two) in modes.items():
+            assert two > 0 and abs(four - two) <= ep_cases.OPS_SLACK, (rank, mode, four, two)
+
+
 def test_a_crashed_rank_fails_every_rank_within_the_timeout():
     start = time.monotonic()
     with pytest.raises(SpawnError) as info:

@@ -268,13 +268,14 @@ def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tenso
     m, width, device = d._maps, src.shape[1], src.device
     send_splits, recv_splits = d.dispatch_rows
     send = _rows_buffer(d, "send", sum(send_splits), width, device, keep=False)
-    at = first = 0
-    for n, rows in zip(m.token_send_counts, send_splits):
-        if n:
-            _gather_into(send[at : at + n], src, m.token_send[first : first + n])
-            where = m.token_rows[first : first + n].view(torch.uint8).reshape(-1)
-            send[at + n : at + rows].reshape(-1)[: where.shape[0]].copy_(where)
-        at, first = at + rows, first + n
+    counts, starts = m.token_send_counts, _starts(send_splits)
+    # One gather fills every send row: token rows read their token, the layout rows' rows read
+    # token 0 and are overwritten next with the layout rows' bytes (one scatter of words).
+    source = torch.zeros(send.shape[0], dtype=torch.int64, device=device)
+    source.index_copy_(0, _runs(starts, counts, device), m.token_send)
+    _gather_into(send, src, source)
+    words = _words(send)
+    _scatter_layout_rows(words.view(-1), m.token_rows, starts, counts, words.shape[1], d.top_k)
     received = sum(recv_splits)
     recv = _rows_buffer(d, "recv", received + src.shape[0] + 1, width, device, keep=False)
     return _start_all_to_all(d, recv[:received], send, recv_splits, send_splits), recv, recv_splits
@@ -296,16 +297,11 @@ def _place_tokens(
     own = m.row_of_recv[sum(m.recv_splits) :]
     arrival.index_copy_(0, own, m.send_token[m.remote_sent :] + received)
     pending.wait()
-    got_tokens = sum(m.token_recv_counts)
-    where = torch.empty(got_tokens, k, dtype=torch.int64, device=device)
-    token_row = torch.empty(got_tokens, dtype=torch.int64, device=device)  # its row in recv
-    at = got = 0
-    for n, rows in zip(m.token_recv_counts, recv_splits):
-        if n:
-            bytes_ = where[got : got + n].view(torch.uint8).reshape(-1)
-            bytes_.copy_(recv[at + n : at + rows].reshape(-1)[: bytes_.shape[0]])
-            torch.arange(at, at + n, out=token_row[got : got + n])
-        at, got = at + rows, got + n
+    counts, starts = m.token_recv_counts, _starts(recv_splits)
+    token_row = _runs(starts, counts, device)  # the recv row of each received token row
+    words = _words(recv)
+    where = words.view(-1)[_layout_row_words(starts, counts, words.shape[1], k, words.element_size(), device)]
+    where = where.view(torch.int64).view(-1, k)  # the layout row of each received token's choices
     arrival.scatter_(0, torch.where(where >= 0, where, num_rows).view(-1), token_row[:, None].expand(-1, k).reshape(-1))
     out = torch.empty(num_rows, recv.shape[1], dtype=torch.uint8, device=device)
     return _gather_into(out, recv, arrival[:num_rows])
@@ -636,6 +632,32 @@ def _runs(starts: list[int], lengths: list[int], device: torch.device) -> torch.
     return torch.repeat_interleave(shift, length, output_size=total) + torch.arange(total, device=device)
 
 
+def _starts(rows: tuple[int, ...] | list[int]) -> list[int]:
+    """The first row of each rank's chunk, for chunks of ``rows`` rows in rank order."""
+    return [sum(rows[:i]) for i in range(len(rows))]
+
+
+def _layout_row_words(
+    starts: list[int], counts: tuple[int, ...], per_row: int, k: int, word_bytes: int, device: torch.device
+) -> torch.Tensor:
+    """Flat word indices of the int64 layout rows each rank's chunk carries after its ``counts``
+    token rows (chunks at ``starts``, rows of ``per_row`` words of ``word_bytes`` bytes)."""
+    return _runs([(s + n) * per_row for s, n in zip(starts, counts)], [n * k * 8 // word_bytes for n in counts], device)
+
+
+def _scatter_layout_rows(
+    flat_words: torch.Tensor,
+    layout_rows: torch.Tensor,
+    starts: list[int],
+    counts: tuple[int, ...],
+    per_row: int,
+    k: int,
+) -> None:
+    """Write ``layout_rows`` (int64 ``[sum(counts), k]``, rank by rank) after each rank's token rows."""
+    dst = _layout_row_words(starts, counts, per_row, k, flat_words.element_size(), flat_words.device)
+    flat_words.index_copy_(0, dst, layout_rows.reshape(-1).view(flat_words.dtype))
+
+
 def _token_maps(
     host: list[list[int]],
     group: EPGroup,
@@ -666,10 +688,12 @@ def _token_maps(
     # Tokens with a choice on rank d, in token order: a stable sort of "no choice there" per rank.
     tokens_by_rank = torch.sort(1 - hits.t(), dim=1, stable=True).indices  # [W, T]
     counts = [0 if d == r else host[r][E + _TOKENS + d] for d in range(W)]
-    send = torch.cat([tokens_by_rank[d, :n] for d, n in enumerate(counts)])
-    rows = torch.cat(
-        [torch.where(rank[tokens_by_rank[d, :n]] == d, where[tokens_by_rank[d, :n]], -1) for d, n in enumerate(counts)]
+    T, device = hits.shape[0], block.device
+    send = tokens_by_rank.reshape(-1)[_runs([d * T for d in range(W)], counts, device)]
+    destination = torch.repeat_interleave(
+        torch.arange(W, device=device), torch.tensor(counts, device=device), output_size=sum(counts)
     )
+    rows = torch.where(rank[send] == destination[:, None], where[send], -1)
     return {
         "token_send": send,
         "token_rows": rows,
@@ -842,7 +866,9 @@ def dispatch(
         dropped = (row[:E] - row[:E].clamp(max=capacity)).sum()
         ps, r = group.position_start, group.rank
         kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)
-        send_counts = torch.stack([kept[r, ps[t] : ps[t + 1]].sum() for t in range(group.world_size)])
+        upto = torch.cat([kept.new_zeros(1), torch.cumsum(kept[r], 0)])  # rows kept before each position
+        edges = torch.tensor(ps, device=kept.device)
+        send_counts = upto[edges[1:]] - upto[edges[:-1]]  # per destination rank: its positions' rows
         recv_counts = kept[:, ps[r] : ps[r + 1]].sum(1)
     if isinstance(x, QuantizedTensor):  # not differentiable: fp8 bytes and fp32 scales in one row
         src = torch.cat([_byte_rows(x.data.view(torch.uint8)), _byte_rows(x.scale)], dim=1)
