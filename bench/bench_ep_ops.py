@@ -8,8 +8,9 @@ dispatch + combine + backward with :class:`moe_hal.testing.CountOps` (views and 
 ops included; the collectives' own work is not an aten op), for every ``W`` in ``--worlds`` and
 ``E`` in ``--experts``, in both modes. The code path is the same on every device type, except
 combine's weighted sum, which on the CPU runs token chunk by token chunk (there its op count grows
-with tokens x features; the defaults fit in one chunk; an accelerator runs one). Rank 0's count is reported (the others differ by a few ops at most:
-the per-rank loops skip ranks that exchange nothing). Not a timing: it runs on any machine.
+with tokens x features; the defaults fit in one chunk; an accelerator runs one). Rank 0's count is
+reported (another rank's may differ by a few ops: a gather into zero rows is skipped). Not a
+timing: it runs on any machine.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ the order of a single process that concatenates the ranks' tokens in rank order.
   into (local expert, source rank, slot) order by one gather; on the way back one gather takes
   the rows out of the expert output in that order. Rows a rank routes to its own experts never
   enter the all-to-all: they join the received rows on the rank (:class:`_Maps`). Every row
-  movement is one op however many experts there are — an accelerator launches about one kernel
-  per op — so a dispatch + combine runs a fixed number of ops plus a few per rank. ``d.a`` is
+  movement is one op however many experts and ranks there are — an accelerator launches about
+  one kernel per op — so a dispatch + combine runs a fixed number of ops. ``d.a`` is
   ``[num_rows, H]`` in a :class:`~moe_hal.layouts.ContiguousLayout` over the local experts
   (segments aligned to ``alignment``, padding rows zero) — right for the large messages of
   training and prefill.
