@@ -107,6 +107,16 @@ def _packer(count: int) -> struct.Struct:
     return struct.Struct(f"={count}i")
 
 
+def _segment_rows(starts: Sequence[int], lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[sum(lengths)]``: ``starts[b], starts[b] + 1, ..`` (``lengths[b]`` values) for each
+    segment ``b`` in order — built with a fixed number of device ops (no host sync: the total is
+    known)."""
+    total = sum(lengths)
+    start, length = torch.tensor([list(starts), list(lengths)], dtype=torch.int64, device=device)  # one copy
+    shift = start - (torch.cumsum(length, 0) - length)  # start minus the segment's first output index
+    return torch.repeat_interleave(shift, length, output_size=total) + torch.arange(total, device=device)
+
+
 def upload(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The host tensor ``host`` on ``device``, copied without making the host wait for the device.
 
@@ -328,10 +338,7 @@ class SegmentLayout:
         counts = torch.tensor(self._counts, dtype=torch.int64)
         if counts.numel() and int(counts.sum()):
             groups = torch.repeat_interleave(torch.arange(len(self._counts), dtype=torch.int32), counts)
-            starts = torch.repeat_interleave(torch.tensor(self._starts, dtype=torch.int64), counts)
-            first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
-            rows = starts + torch.arange(int(counts.sum()), dtype=torch.int64) - first
-            ids[rows] = groups
+            ids[_segment_rows(self._starts, self._counts, torch.device("cpu"))] = groups
         return ids
 
     def _cached(self, kind: str, device, build) -> torch.Tensor:

@@ -77,7 +77,7 @@ from ..errors import (
     PeerRankError,
     ShapeError,
 )
-from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment
+from ..layouts import ContiguousLayout, MaskedLayout, _check_alignment, _segment_rows
 from ..quant import QuantizedTensor
 from ..routing import _check_routing, _raise_bad_id
 from .group import EPGroup
@@ -272,7 +272,7 @@ def _send_tokens(d: EPDispatch, src: torch.Tensor) -> tuple[Pending, torch.Tenso
     # One gather fills every send row: token rows read their token, the layout rows' rows read
     # token 0 and are overwritten next with the layout rows' bytes (one scatter of words).
     source = torch.zeros(send.shape[0], dtype=torch.int64, device=device)
-    source.index_copy_(0, _runs(starts, counts, device), m.token_send)
+    source.index_copy_(0, _segment_rows(starts, counts, device), m.token_send)
     _gather_into(send, src, source)
     words = _words(send)
     _scatter_layout_rows(words.view(-1), m.token_rows, starts, counts, words.shape[1], d.top_k)
@@ -298,7 +298,7 @@ def _place_tokens(
     arrival.index_copy_(0, own, m.send_token[m.remote_sent :] + received)
     pending.wait()
     counts, starts = m.token_recv_counts, _starts(recv_splits)
-    token_row = _runs(starts, counts, device)  # the recv row of each received token row
+    token_row = _segment_rows(starts, counts, device)  # the recv row of each received token row
     words = _words(recv)
     where = words.view(-1)[_layout_row_words(starts, counts, words.shape[1], k, words.element_size(), device)]
     where = where.view(torch.int64).view(-1, k)  # the layout row of each received token's choices
@@ -594,7 +594,7 @@ def _exact_maps(
         fill = [f + n for f, n in zip(fill, count[s])]
     arrival_order = [s for s in range(W) if s != r] + [r]
     device = order.device
-    row_of_recv = _runs(
+    row_of_recv = _segment_rows(
         [first[s][i] for s in arrival_order for i in range(len(mine))],
         [count[s][i] for s in arrival_order for i in range(len(mine))],
         device,
@@ -623,15 +623,6 @@ def _exact_maps(
     return maps, layout, to_rank, from_rank
 
 
-def _runs(starts: list[int], lengths: list[int], device: torch.device) -> torch.Tensor:
-    """int64 ``[sum(lengths)]``: ``starts[b], starts[b] + 1, ..`` (``lengths[b]`` values) for each
-    run ``b`` in order — built with a fixed number of device ops (no host sync: the total is known)."""
-    total = sum(lengths)
-    start, length = torch.tensor([starts, lengths], dtype=torch.int64, device=device)  # one copy to the device
-    shift = start - (torch.cumsum(length, 0) - length)  # start minus the run's first output index
-    return torch.repeat_interleave(shift, length, output_size=total) + torch.arange(total, device=device)
-
-
 def _starts(rows: tuple[int, ...] | list[int]) -> list[int]:
     """The first row of each rank's chunk, for chunks of ``rows`` rows in rank order."""
     return [sum(rows[:i]) for i in range(len(rows))]
@@ -642,7 +633,9 @@ def _layout_row_words(
 ) -> torch.Tensor:
     """Flat word indices of the int64 layout rows each rank's chunk carries after its ``counts``
     token rows (chunks at ``starts``, rows of ``per_row`` words of ``word_bytes`` bytes)."""
-    return _runs([(s + n) * per_row for s, n in zip(starts, counts)], [n * k * 8 // word_bytes for n in counts], device)
+    return _segment_rows(
+        [(s + n) * per_row for s, n in zip(starts, counts)], [n * k * 8 // word_bytes for n in counts], device
+    )
 
 
 def _scatter_layout_rows(
@@ -689,7 +682,7 @@ def _token_maps(
     tokens_by_rank = torch.sort(1 - hits.t(), dim=1, stable=True).indices  # [W, T]
     counts = [0 if d == r else host[r][E + _TOKENS + d] for d in range(W)]
     T, device = hits.shape[0], block.device
-    send = tokens_by_rank.reshape(-1)[_runs([d * T for d in range(W)], counts, device)]
+    send = tokens_by_rank.reshape(-1)[_segment_rows([d * T for d in range(W)], counts, device)]
     destination = torch.repeat_interleave(
         torch.arange(W, device=device), torch.tensor(counts, device=device), output_size=sum(counts)
     )
