@@ -30,16 +30,16 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (92.2%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (48.4%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
-#: before the K-block latency (moe_hal.perf.operands.PROMOTION_K), and 0.315 (30.9%) before the
-#: first Blackwell sources joined the set (torchao PR #2427 and the torchao MoE-training README,
-#: B200): new out-of-sample data, not a model change, raised it (the 1024^3 NVFP4 GEMM of
-#: PR #2427, 5.87 us measured, predicted 0.46 us from the other B200 source's millisecond calls).
-#: The worst over the non-B200 cases is still 30.9%.
-WORST_RECORDED = 0.925
+#: before the K-block latency (moe_hal.perf.operands.PROMOTION_K), 0.315 (30.9%) before the first
+#: Blackwell sources joined the set (torchao PR #2427 and the torchao MoE-training README, B200:
+#: 92.2% when they came, the fit then picking a fixed time of 0 from millisecond calls), and is
+#: 0.485 since the fit borrows times an architecture's cases do not show
+#: (moe_hal.perf.calibration.IDENTIFIES). The worst over the Hopper-class cases is still 30.9%.
+WORST_RECORDED = 0.485
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

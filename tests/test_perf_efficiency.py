@@ -308,3 +308,65 @@ def test_the_fit_recovers_a_known_k_block_latency():
     assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
     for case in cases:
         assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
+
+
+def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
+    # Model-made timings, 3 us per call and 2 us per tile on both architectures: the Hopper cases
+    # include microsecond calls (they identify the fixed time), the Blackwell ones are millisecond
+    # bf16 calls only (3 us is under 1% of each: the error is flat along the grid). The Blackwell
+    # fit must take Hopper's fixed time, say so, and set the K-block latency to 0 (nothing of it
+    # is visible, and it is a trait of SM90 kernels).
+    from moe_hal.perf import calibration
+
+    def r(device, arch, kind, value, **kw):
+        return Achieved(device, arch, kw.pop("impl", "*"), kind, value, 9, "fitted", "test", **kw)
+
+    truth = EfficiencyTable(
+        [
+            r("nvidia-h800-sxm", "hopper", "compute", 0.8, impl="lib", dtype="fp8", family="dense"),
+            r("nvidia-h800-sxm", "hopper", "bandwidth", 0.7, impl="lib"),
+            r("nvidia-h800-sxm", "hopper", "tile_overhead", 2e-6),
+            r("nvidia-h800-sxm", "hopper", "stage_latency", 80e-9),
+            r("nvidia-h800-sxm", "hopper", "launch", 3e-6),
+            r("nvidia-b200", "blackwell", "compute", 0.85, impl="lib", dtype="bf16", family="dense"),
+            r("nvidia-b200", "blackwell", "tile_overhead", 2e-6),
+            r("nvidia-b200", "blackwell", "launch", 3e-6),
+        ]
+    )
+    tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
+    shapes = {
+        ("nvidia-h800-sxm", "fp8"): [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 24576, 1536)]
+        + [(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384)],
+        ("nvidia-b200", "bf16"): [(16384, 16384, 16384), (32768, 8192, 16384), (16384, 32768, 8192)],
+    }
+    cases = []
+    for (device, dtype), sizes in shapes.items():
+        for i, (m, n, k) in enumerate(sizes):
+            case = calibration.MeasuredCase(
+                f"{device}-{i}", f"{device}-s{i % 2}", device, "lib", "contiguous", dtype, "bf16", (m,), n, k,
+                None, 1.0, tiles, kernel_family="dense",
+            )  # fmt: skip
+            cases.append(
+                calibration.MeasuredCase(
+                    **{**case.__dict__, "t_measured": calibration.predict(case, truth).t_predicted}
+                )
+            )
+    fitted = calibration.fit(cases)
+    for device, arch in (("nvidia-h800-sxm", "hopper"), ("nvidia-b200", "blackwell")):
+        for kind, value in (("tile_overhead", 2e-6), ("launch", 3e-6)):
+            assert fitted.figure(kind, device, arch, "lib").value == pytest.approx(value), (device, kind)
+    # the per-tile overhead shows in the Blackwell calls' hundreds of waves; the fixed time does not
+    launch = fitted.figure("launch", "nvidia-b200", "blackwell", "lib")
+    assert "borrowed from hopper (7 cases)" in launch.source, launch.source
+    assert "borrowed" not in fitted.figure("tile_overhead", "nvidia-b200", "blackwell", "lib").source
+    stage = fitted.figure("stage_latency", "nvidia-b200", "blackwell", "lib")
+    assert stage.value == 0 and "not identified" in stage.source
+    assert fitted.compute("nvidia-b200", "blackwell", "lib", "bf16", "dense").value == pytest.approx(0.85, rel=1e-3)
+    # a microsecond call on the Blackwell device is then predicted with the borrowed fixed time
+    small = calibration.MeasuredCase(
+        "small", "s", "nvidia-b200", "lib", "contiguous", "bf16", "bf16", (256,), 1024, 1024, None, 1.0, tiles,
+        kernel_family="dense",
+    )  # fmt: skip
+    assert calibration.predict(small, fitted).t_predicted == pytest.approx(
+        calibration.predict(small, truth).t_predicted, rel=1e-3
+    )

@@ -6,7 +6,13 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
 
 * per architecture, the per-tile overhead, the latency of each K block of a tile (kernels that
   promote partial sums per K block: :data:`~moe_hal.perf.operands.PROMOTION_K`) and the launch
-  time, chosen on a small grid to minimise the mean relative error over the fitted cases;
+  time, chosen on a small grid to minimise the mean relative error over the fitted cases — each
+  only where the architecture's cases *identify* it (:data:`IDENTIFIES`): a time that is a
+  negligible part of every case leaves the error flat along the grid, and the value the search
+  picks would be noise. An unidentified tile overhead or launch time — costs every GPU kernel
+  pays — is borrowed from the architectures that identify it (their case-weighted median; the
+  record says so); an unidentified K-block latency is 0, since promotion in software per K block
+  is a trait of one kernel generation (SM90's), not of GPUs;
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
   says binds it, the fraction that case needs is computed, and the median over the cases is
@@ -54,6 +60,17 @@ GRID: tuple[tuple[float, float, float], ...] = tuple(
     for stage in (0, 40, 80, 120)
     for launch in (0, 3, 6, 10)
 )
+
+#: The grid's times in its tuples' order, as recorded.
+GRID_KINDS = ("tile_overhead", "stage_latency", "launch")
+
+#: A group of cases identifies one of the grid's times only if, at the largest value the grid
+#: tries, that time would be at least this share of the measured time of :data:`MIN_CASES` of its
+#: cases, whichever tile runs (below that the error hardly moves along the grid).
+IDENTIFIES = 0.1
+
+#: The grid's times an architecture may borrow from others when its cases do not identify them.
+BORROWABLE = ("tile_overhead", "launch")
 
 #: The K-block latency at which the fit reads how many K blocks a call's compute time charges.
 _UNIT_STAGE = 1e-6
@@ -350,7 +367,7 @@ def fit(
     *,
     basis: str = "fitted",
     source: str = "bench/published/cases.yaml",
-    grid: Sequence[tuple[float, float]] = GRID,
+    grid: Sequence[tuple[float, float, float]] = GRID,
     prepared: Mapping[str, _Prepared] | None = None,
 ) -> EfficiencyTable:
     """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
@@ -359,25 +376,85 @@ def fit(
     by_arch: dict[str, list[_Prepared]] = {}
     for p in prepared:
         by_arch.setdefault(p.architecture, []).append(p)
+    identified = {arch: _identified(group, grid) for arch, group in by_arch.items()}
+    # First the architectures whose cases identify every borrowable time, then the others with
+    # those times fixed to what the first ones found.
+    lenders = {arch for arch, known in identified.items() if all(known[kind] for kind in BORROWABLE)}
+    chosen: dict[str, dict[str, float]] = {}
     records: list[Achieved] = []
-    for arch, group in by_arch.items():
+    for arch in sorted(by_arch, key=lambda a: a not in lenders):
+        group, known = by_arch[arch], identified[arch]
+        fixed: dict[str, tuple[float, str]] = {}
+        if not known["stage_latency"]:
+            fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(group)} cases: 0")
+        for kind in BORROWABLE:
+            if not known[kind] and (lent := _borrow(kind, chosen, by_arch, identified)) is not None:
+                fixed[kind] = lent
         best = None
-        for overhead, stage, launch in grid:
-            table = _fit_fractions(group, overhead, stage, launch, basis, source)
-            score = statistics.fmean(
-                abs(_fast_predict(p, table, overhead, stage, launch)[0] / p.case.t_measured - 1) for p in group
-            )
+        for point in _restrict(grid, {kind: value for kind, (value, _) in fixed.items()}):
+            table = _fit_fractions(group, *point, basis, source)
+            score = statistics.fmean(abs(_fast_predict(p, table, *point)[0] / p.case.t_measured - 1) for p in group)
             if best is None or score < best[0]:
-                best = (score, table, overhead, stage, launch)
-        _, table, overhead, stage, launch = best
+                best = (score, table, point)
+        _, table, point = best
+        chosen[arch] = dict(zip(GRID_KINDS, point))
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
-            note = f"{source} (one value per architecture, {len(group)} cases)"
-            records.append(Achieved(device, arch, "*", "tile_overhead", overhead, n, basis, note))
-            records.append(Achieved(device, arch, "*", "stage_latency", stage, n, basis, note))
-            records.append(Achieved(device, arch, "*", "launch", launch, n, basis, note))
+            for kind, value in chosen[arch].items():
+                how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(group)} cases"
+                records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
     return EfficiencyTable(records)
+
+
+def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
+    """Which of the grid's times ``group`` identifies (:data:`IDENTIFIES`)."""
+    top = dict(zip(GRID_KINDS, (max(point[i] for point in grid) for i in range(len(GRID_KINDS)))))
+    size = {
+        "tile_overhead": lambda c: c.waves * top["tile_overhead"],
+        "stage_latency": lambda c: c.stages * top["stage_latency"],
+        "launch": lambda c: top["launch"],
+    }
+    return {
+        kind: sum(1 for p in group if min(size[kind](c) for c in p.candidates) >= IDENTIFIES * p.case.t_measured)
+        >= MIN_CASES
+        for kind in GRID_KINDS
+    }
+
+
+def _borrow(
+    kind: str,
+    chosen: Mapping[str, Mapping[str, float]],
+    by_arch: Mapping[str, list[_Prepared]],
+    identified: Mapping[str, Mapping[str, bool]],
+) -> tuple[float, str] | None:
+    """The case-weighted median of ``kind`` over the architectures fitted so far that identify
+    it, and the words the records say it with; None when there is none."""
+    values = sorted((chosen[a][kind], len(by_arch[a]), a) for a in chosen if identified[a][kind])
+    if not values:
+        return None
+    half, seen = sum(n for _, n, _ in values) / 2, 0
+    median = values[-1][0]
+    for value, n, _ in values:
+        seen += n
+        if seen >= half:
+            median = value
+            break
+    names = ", ".join(f"{arch} ({n} cases)" for _, n, arch in sorted(values, key=lambda v: v[2]))
+    return median, f"not identified by this architecture's cases; borrowed from {names}"
+
+
+def _restrict(grid: Sequence[tuple[float, float, float]], fixed: Mapping[str, float]) -> list[tuple[float, ...]]:
+    """The grid's points with the ``fixed`` times set to their values (duplicates dropped, order kept)."""
+    index = {kind: i for i, kind in enumerate(GRID_KINDS)}
+    points = []
+    for point in grid:
+        values = list(point)
+        for kind, value in fixed.items():
+            values[index[kind]] = value
+        if tuple(values) not in points:
+            points.append(tuple(values))
+    return points
 
 
 def _fit_fractions(
