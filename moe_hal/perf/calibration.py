@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError
-from .efficiency import FAMILY_OF_OP, FRACTIONS, MIN_CASES, SECONDS, Achieved, EfficiencyTable
+from .efficiency import FAMILY_OF_OP, FRACTIONS, MIN_CASES, SECONDS, Achieved, EfficiencyTable, _weighted_median
 from .hardware import Hardware
 from .model import Estimate, estimate
 
@@ -380,7 +380,6 @@ def fit(
     # First the architectures whose cases identify every borrowable time, then the others with
     # those times fixed to what the first ones found.
     lenders = {arch for arch, known in identified.items() if all(known[kind] for kind in BORROWABLE)}
-    chosen: dict[str, dict[str, float]] = {}
     records: list[Achieved] = []
     for arch in sorted(by_arch, key=lambda a: a not in lenders):
         group, known = by_arch[arch], identified[arch]
@@ -388,7 +387,7 @@ def fit(
         if not known["stage_latency"]:
             fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(group)} cases: 0")
         for kind in BORROWABLE:
-            if not known[kind] and (lent := _borrow(kind, chosen, by_arch, identified)) is not None:
+            if not known[kind] and (lent := _borrow(kind, records, identified)) is not None:
                 fixed[kind] = lent
         best = None
         for point in _restrict(grid, {kind: value for kind, (value, _) in fixed.items()}):
@@ -397,11 +396,10 @@ def fit(
             if best is None or score < best[0]:
                 best = (score, table, point)
         _, table, point = best
-        chosen[arch] = dict(zip(GRID_KINDS, point))
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
-            for kind, value in chosen[arch].items():
+            for kind, value in zip(GRID_KINDS, point):
                 how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(group)} cases"
                 records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
     return EfficiencyTable(records)
@@ -423,25 +421,18 @@ def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float
 
 
 def _borrow(
-    kind: str,
-    chosen: Mapping[str, Mapping[str, float]],
-    by_arch: Mapping[str, list[_Prepared]],
-    identified: Mapping[str, Mapping[str, bool]],
+    kind: str, records: Sequence[Achieved], identified: Mapping[str, Mapping[str, bool]]
 ) -> tuple[float, str] | None:
-    """The case-weighted median of ``kind`` over the architectures fitted so far that identify
-    it, and the words the records say it with; None when there is none."""
-    values = sorted((chosen[a][kind], len(by_arch[a]), a) for a in chosen if identified[a][kind])
-    if not values:
+    """The case-weighted median of ``kind`` over the ``records`` of the architectures fitted so
+    far that identify it, and the words the borrower's records say it with; None when there is none."""
+    lent = [r for r in records if r.kind == kind and identified[r.architecture][kind]]
+    if not lent:
         return None
-    half, seen = sum(n for _, n, _ in values) / 2, 0
-    median = values[-1][0]
-    for value, n, _ in values:
-        seen += n
-        if seen >= half:
-            median = value
-            break
-    names = ", ".join(f"{arch} ({n} cases)" for _, n, arch in sorted(values, key=lambda v: v[2]))
-    return median, f"not identified by this architecture's cases; borrowed from {names}"
+    cases: dict[str, int] = {}
+    for r in lent:
+        cases[r.architecture] = cases.get(r.architecture, 0) + r.cases
+    names = ", ".join(f"{arch} ({n} cases)" for arch, n in sorted(cases.items()))
+    return _weighted_median(lent), f"not identified by this architecture's cases; borrowed from {names}"
 
 
 def _restrict(grid: Sequence[tuple[float, float, float]], fixed: Mapping[str, float]) -> list[tuple[float, ...]]:
