@@ -860,7 +860,7 @@ def dispatch(
         ps, r = group.position_start, group.rank
         kept = gathered[:, :E].clamp(max=capacity)  # [W, E] rows kept per (source, position)
         upto = torch.cat([kept.new_zeros(1), torch.cumsum(kept[r], 0)])  # rows kept before each position
-        edges = torch.tensor(ps, device=kept.device)
+        edges = group.on_device("position_start", kept.device)
         send_counts = upto[edges[1:]] - upto[edges[:-1]]  # per destination rank: its positions' rows
         recv_counts = kept[:, ps[r] : ps[r + 1]].sum(1)
     if isinstance(x, QuantizedTensor):  # not differentiable: fp8 bytes and fp32 scales in one row

@@ -110,8 +110,9 @@ class EPGroup:
         return len(self.local_experts)
 
     def on_device(self, name: str, device: torch.device) -> torch.Tensor:
-        """The int tuple attribute ``name`` (:attr:`expert_position`, :attr:`send_block`,
-        :attr:`block_position`, :attr:`block_rank`, :attr:`rank_chunk`, :attr:`chunk_rank`) as int64
+        """The int tuple attribute ``name`` (:attr:`expert_position`, :attr:`position_start`,
+        :attr:`send_block`, :attr:`block_position`, :attr:`block_rank`, :attr:`rank_chunk`,
+        :attr:`chunk_rank`) as int64
         on ``device``
         (cached)."""
         t = self._tensors.get((name, device))
