@@ -30,7 +30,7 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (48.4%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (41.1%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -38,8 +38,10 @@ def test_out_of_sample_median_error_meets_the_target(loso):
 #: Blackwell sources joined the set (torchao PR #2427 and the torchao MoE-training README, B200:
 #: 92.2% when they came, the fit then picking a fixed time of 0 from millisecond calls), and is
 #: 0.485 since the fit borrows times an architecture's cases do not show
-#: (moe_hal.perf.calibration.IDENTIFIES). The worst over the Hopper-class cases is still 30.9%.
-WORST_RECORDED = 0.485
+#: (moe_hal.perf.calibration.IDENTIFIES), and 0.412 since an implementation with no figure of its
+#: own is predicted with a typical one's, not the best one's (moe_hal.perf.efficiency). The worst
+#: over the Hopper-class cases is still 30.9%.
+WORST_RECORDED = 0.412
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -39,11 +39,29 @@ def test_without_an_implementation_the_best_known_one_answers():
     assert got.value == 0.8 and "best known implementation (other)" in got.level
 
 
-def test_an_unknown_implementation_gets_the_best_on_the_device_then_the_architecture():
+def test_an_unknown_implementation_is_looked_up_on_the_device_then_the_architecture():
     table = EfficiencyTable([rec(value=0.5), rec(device="dev-b", impl="new", value=0.7)])
     assert table.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous").value == 0.5  # device first
     assert table.compute("dev-c", "arch", "new", "fp8", "grouped_contiguous").value == 0.7  # then architecture
     assert table.compute("dev-c", "elsewhere", "new", "fp8", "grouped_contiguous") is None
+
+
+def test_an_implementation_never_measured_is_taken_as_typical_not_as_the_best():
+    # cases behind the values: 0.5 x 3, 0.6 x 3, 0.9 x 2 -> the 4th of 8 cases is 0.6
+    table = EfficiencyTable([rec(value=0.5), rec(impl="mid", value=0.6), rec(impl="fast", value=0.9, cases=2)])
+    got = table.compute("dev-a", "arch", "never-measured", "fp8", "grouped_contiguous")
+    assert got.value == 0.6 and "typical implementation (fast, lib, mid)" in got.level
+    assert table.compute("dev-a", "arch", None, "fp8", "grouped_contiguous").value == 0.9  # what the device reaches
+    assert table.compute("dev-a", "arch", "fast", "fp8", "grouped_contiguous").value == 0.9  # measured: its own
+    times = EfficiencyTable(
+        [
+            rec(kind="launch", value=2e-6),
+            rec(impl="mid", kind="launch", value=5e-6),
+            rec(impl="slow", kind="launch", value=9e-6),
+        ]
+    )
+    assert times.figure("launch", "dev-a", "arch", None).value == 2e-6  # the best time is the shortest
+    assert times.figure("launch", "dev-a", "arch", "other").value == 5e-6
 
 
 def test_the_family_class_is_tried_before_other_devices():
@@ -60,10 +78,18 @@ def test_one_case_is_not_enough_to_calibrate_a_level():
     assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous").value == 0.7
 
 
-def test_bandwidth_falls_back_to_the_best_streaming_on_the_device():
-    table = EfficiencyTable([rec(kind="bandwidth", value=0.45), rec(kind="bandwidth", impl="other", value=0.6)])
+def test_bandwidth_falls_back_to_the_streaming_of_the_other_kernels_on_the_device():
+    table = EfficiencyTable(
+        [
+            rec(kind="bandwidth", value=0.45),
+            rec(kind="bandwidth", impl="other", value=0.6),
+            rec(kind="bandwidth", impl="fast", value=0.8),
+            rec(device="dev-b", kind="bandwidth", impl="third", value=0.9),
+        ]
+    )
     assert table.bandwidth("dev-a", "arch", "lib").value == 0.45
-    assert table.bandwidth("dev-a", "arch", "third").value == 0.6
+    assert table.bandwidth("dev-a", "arch", "third").value == 0.6  # typical on this device, before dev-b's own
+    assert table.bandwidth("dev-a", "arch", None).value == 0.8  # the best this device reaches
 
 
 @pytest.mark.parametrize("bad", [{"value": 1.5}, {"value": 0.0}, {"kind": "speed"}, {"family": "dense2"}])

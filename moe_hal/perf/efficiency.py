@@ -29,14 +29,17 @@ leave-one-source-out validation, so the validation tests exactly what prediction
 
 1. the same device, dtype, family (then the same forward/backward class: contiguous and masked
    calls are forward kernels, K-grouped ones weight gradients), this implementation;
-2. the same, any implementation: the *best* implementation known;
+2. the same, another implementation (see below which);
 3. the same architecture instead of the same device (1, then 2);
-4. the architecture and dtype, then the architecture, best implementation.
+4. the architecture and dtype, then the architecture, any implementation.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
-stands on its own), and so does the implementation a level calls the best known (one timing
-makes no "best"). Without ``impl`` every level takes the best implementation known. Each answer
-carries its basis and the level it came from.
+stands on its own), and so does each implementation a level answers for (one timing makes no
+figure to go by). Without ``impl`` every level takes the best implementation known: what the
+device can reach. With an ``impl`` a level has no figure of, the level answers for a *typical*
+implementation: the case-weighted median over every implementation it knows — a kernel never
+measured is assumed ordinary, not as good as the best one measured. Each answer carries its
+basis and the level it came from.
 """
 
 from __future__ import annotations
@@ -161,8 +164,8 @@ class EfficiencyTable:
 
     def bandwidth(self, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """Achieved fraction of the datasheet memory bandwidth. Streaming is a property of the
-        device more than of the kernel, so after this implementation on this device comes the
-        best one on this device, then on the architecture."""
+        device more than of the kernel, so after this implementation on this device come the
+        others on this device, then those on the architecture (module docstring: which of them)."""
         key = ("bandwidth", device, architecture, impl)
         if key not in self._answers:
             levels = [("device", device, "streaming", lambda r: True)]
@@ -173,8 +176,8 @@ class EfficiencyTable:
 
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """A time (``tile_overhead``, ``stage_latency``, ``launch``) or a rate (``bandwidth_per_unit``,
-        ``l2_bandwidth``): this implementation, then the best known, on this device, then on the
-        architecture."""
+        ``l2_bandwidth``): this implementation, then another (module docstring), on this device,
+        then on the architecture."""
         if kind not in SECONDS + RATES:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
         key = (kind, device, architecture, impl)
@@ -195,18 +198,21 @@ class EfficiencyTable:
             try_impl = impl is not None and not (impl_only_first and index > 0)
             if try_impl and impl in by_impl and _enough(by_impl[impl]):
                 return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
-            # best: the highest fraction or rate, the shortest time, of an implementation with
-            # enough cases of its own (one case makes no "best known" figure)
-            backed = [i for i, records in by_impl.items() if _enough(records)]
-            if backed:
-                sign = -1 if kind in SECONDS else 1
-                best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
-                who = (
-                    "every implementation (fitted jointly)"
-                    if best_impl == "*"
-                    else f"best known implementation ({best_impl})"
-                )
-                return _summary(by_impl[best_impl], f"{who} on {where} {name}, {scope}")
+            # implementations with enough cases of their own (one timing makes no figure to go by)
+            backed = sorted(i for i, records in by_impl.items() if _enough(records))
+            if not backed:
+                continue
+            if backed == ["*"]:
+                return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
+            if impl is not None:
+                # A kernel never measured here is taken to be a typical one, not the best known:
+                # the median over the cases of every implementation measured here.
+                pooled = [r for i in backed for r in by_impl[i]]
+                return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+            # without an implementation, the best: the highest fraction or rate, the shortest time
+            sign = -1 if kind in SECONDS else 1
+            best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
+            return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}")
         return None
 
 
