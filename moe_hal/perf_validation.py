@@ -39,8 +39,11 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
     peaks: dict[str, float] = {}
     sources: dict[str, str] = {}
     bandwidth = cores = mma = None
+    promotion: dict[str, int] = {}
     if entry is not None:
         cores, mma = entry.num_cores, entry.mma_min_m
+        if entry.fp8_promotion_k:
+            promotion["fp8"] = entry.fp8_promotion_k
         try:
             db_hw = perf.Hardware.from_entry(entry)
         except ArgumentError as exc:  # an entry without figures (cpu-generic): measured below
@@ -60,7 +63,8 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
         cores = os.cpu_count() or 1
         sources["num_cores"] = "os.cpu_count()"
     name = getattr(entry, "id", None) or f"unrecognised {device.type}"
-    return perf.Hardware(name, int(cores), peaks, float(bandwidth), mma_min_m=mma, sources=sources), notes
+    hw = perf.Hardware(name, int(cores), peaks, float(bandwidth), mma_min_m=mma, sources=sources, promotion_k=promotion)
+    return hw, notes
 
 
 def _copy_bandwidth(device: Any, timer: Timer) -> float:

@@ -98,7 +98,13 @@ def test_bad_achieved_figures_are_refused(bad):
         rec(**bad)
 
 
-H800 = {"num_cores": 132, "peak_flops": {"fp8": 1979e12, "bf16": 989.5e12}, "mem_bandwidth": 3.35e12, "mma_min_m": 64}
+H800 = {
+    "num_cores": 132,
+    "peak_flops": {"fp8": 1979e12, "bf16": 989.5e12},
+    "mem_bandwidth": 3.35e12,
+    "mma_min_m": 64,
+    "promotion_k": {"fp8": 128},
+}
 
 
 def test_estimate_applies_achieved_figures_and_says_so():
@@ -181,6 +187,20 @@ def test_the_k_block_latency_weighs_less_the_larger_the_tile_and_skips_unpromote
     assert bf16.stage_latency == 0.0 and bf16.promotion_k == 0
     assert bf16.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 989.5e12 / 132) + 2e-6)
     assert "not applied" in bf16.basis["stage_latency"]
+    # nor do fp8 kernels where the MMA applies the block scales and accumulates in fp32 itself
+    mma_scales = hw.replace(promotion_k={})
+    fp8 = perf.estimate([64], 7168, 2048, mma_scales, "fp8", 64, 56, family="dense")
+    assert fp8.stage_latency == 0.0 and fp8.promotion_k == 0 and "not applied" in fp8.basis["stage_latency"]
+    assert fp8.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132) + 2e-6)
+
+
+def test_only_the_hopper_entries_promote_fp8_partial_sums_per_k_block():
+    for device in ("nvidia-h100-sxm", "nvidia-h100-pcie", "nvidia-h800-sxm", "nvidia-h200-sxm", "nvidia-h20"):
+        assert dict(perf.Hardware.from_entry(hwdb.get(device)).promotion_k) == {"fp8": 128}, device
+    for device in ("nvidia-b200", "nvidia-gb200-nvl72", "nvidia-b300"):
+        assert dict(perf.Hardware.from_entry(hwdb.get(device)).promotion_k) == {}, device
+    with pytest.raises(ArgumentError, match="promotion_k"):
+        perf.Hardware("bad", **{**H800, "promotion_k": {"fp8": 0}})
 
 
 def test_a_dense_gemm_uses_the_dense_family_fraction():

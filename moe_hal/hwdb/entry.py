@@ -182,6 +182,13 @@ class HardwareEntry:
         return None if found is None else int(found.value)
 
     @property
+    def fp8_promotion_k(self) -> int | None:
+        """K elements per software promotion of fp8 partial sums (Hopper 128); None where the
+        matrix unit accumulates in fp32 and applies block scales itself (Blackwell)."""
+        found = self.quantity("compute.fp8_promotion_k")
+        return None if found is None else int(found.value)
+
+    @property
     def l2_bytes(self) -> int | None:
         """L2 cache size in bytes (a measured size first)."""
         found = self._first("measured.l2", "on_chip.l2")
@@ -204,6 +211,7 @@ class HardwareEntry:
             "derived": {
                 "num_cores": self.num_cores,
                 "mma_min_m": self.mma_min_m,
+                "fp8_promotion_k": self.fp8_promotion_k,
                 "l2_bytes": self.l2_bytes,
                 "smem_per_core_bytes": self.smem_per_core_bytes,
                 "mem_bandwidth_bytes_per_s": self.mem_bandwidth(),

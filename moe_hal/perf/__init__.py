@@ -39,7 +39,8 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
 ``peak`` and ``BW`` are the device's (the roofline); ``R = eta_c * peak_datasheet`` and
 ``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the per-tile overhead, ``t_blk``
 the latency of each ``K_blk``-deep K block in kernels that promote partial sums once per block
-(:data:`.operands.PROMOTION_K`: fp8, 128; 0 for other dtypes) and ``t_fixed`` the fixed time per call, per device
+(``Hardware.promotion_k``: fp8, 128 on Hopper; none on Blackwell, whose MMA applies block scales
+and accumulates in fp32 itself) and ``t_fixed`` the fixed time per call, per device
 and kernel implementation (:mod:`.efficiency`). Without achieved figures ``R = peak``, ``B = BW``
 and ``t_oh = t_blk = 0`` (the prediction is then an ideal, as the estimate's ``basis`` says).
 

@@ -5,7 +5,7 @@ people measured and published, each with its source) or a device's own benchmark
 turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
 
 * per architecture, the per-tile overhead, the latency of each K block of a tile (kernels that
-  promote partial sums per K block: :data:`~moe_hal.perf.operands.PROMOTION_K`) and the launch
+  promote partial sums per K block: ``Hardware.promotion_k``) and the launch
   time, chosen on a small grid to minimise the mean relative error over the fitted cases — each
   only where the architecture's cases *identify* it (:data:`IDENTIFIES`): a time that is a
   negligible part of every case leaves the error flat along the grid, and the value the search

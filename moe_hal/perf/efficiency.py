@@ -11,8 +11,8 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``tile_overhead``: seconds each output tile costs beyond its MMA time (pipeline fill and
   epilogue), which is what makes short and small tiles less efficient;
 * ``stage_latency``: seconds each K block of a tile costs beyond its MMA time, for dtypes whose
-  kernels promote the partial sums once per K block (:data:`~moe_hal.perf.operands.PROMOTION_K`:
-  block-scaled fp8 on SM90 waits for a block's MMAs to complete before scaling their partial sums
+  kernels promote the partial sums once per K block (``Hardware.promotion_k``, from the hardware
+  DB's ``compute.fp8_promotion_k``: block-scaled fp8 on SM90 waits for a block's MMAs to complete before scaling their partial sums
   on the CUDA cores). A tile's blocks run one after another, so this latency is paid once per
   block per tile and the memory streaming of other tiles cannot hide it: it dominates calls with
   few, narrow tiles and long K (decode-sized GEMMs) and is a small share of large tiles' MMA time;

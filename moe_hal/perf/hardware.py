@@ -34,8 +34,12 @@ class Hardware:
     ``datasheet_bandwidth`` the figures achieved fractions are fractions of (default:
     ``peak_flops`` / ``mem_bandwidth``). ``tile_overhead``: seconds each tile costs beyond its MMA
     time (None: the table's, else 0). ``stage_latency``: seconds each K block of a tile costs
-    beyond its MMA time in kernels that promote partial sums per K block (None: the table's, else 0). ``mma_min_n``: smallest token count per MMA when tokens sit
-    on the MMA's N side (swap-AB kernels; None = no floor).
+    beyond its MMA time in kernels that promote partial sums per K block (None: the table's, else
+    0). ``promotion_k``: K elements per such block, per dtype (``{"fp8": 128}`` on Hopper, whose
+    fp8 kernels promote in software; empty where the MMA accumulates in fp32 and applies block
+    scales itself, as on Blackwell; the hardware DB's ``compute.fp8_promotion_k``). ``mma_min_n``:
+    smallest token count per MMA when tokens sit on the MMA's N side (swap-AB kernels; None = no
+    floor).
     """
 
     name: str
@@ -56,6 +60,7 @@ class Hardware:
     tile_overhead: float | None = None
     mma_min_n: int | None = None
     stage_latency: float | None = None
+    promotion_k: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
@@ -89,6 +94,12 @@ class Hardware:
             raise ArgumentError(
                 "Hardware.stage_latency", "None or a non-negative number of seconds", self.stage_latency
             )
+        promotion: dict[str, int] = {}
+        for key, value in dict(self.promotion_k).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentError(f"Hardware.promotion_k[{key!r}]", "a positive int (K elements)", value)
+            promotion[dtype_name(key)] = value
+        object.__setattr__(self, "promotion_k", MappingProxyType(promotion))
         if self.mma_min_n is not None and (
             isinstance(self.mma_min_n, bool) or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1
         ):
@@ -182,6 +193,7 @@ class Hardware:
             peak_flops=peaks,
             mem_bandwidth=float(bandwidth),
             mma_min_m=int(mma_min_m) if mma_min_m else None,
+            promotion_k={"fp8": entry.fp8_promotion_k} if getattr(entry, "fp8_promotion_k", None) else {},
             l2_bytes=int(l2) if l2 else None,
             sources=sources,
             architecture=getattr(entry, "architecture", None),

@@ -11,7 +11,7 @@ from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive
 from ..errors import ArgumentError
 from .efficiency import FAMILIES, Rates
 from .hardware import Hardware, resolve_hardware
-from .operands import BYTES_PER_ELEMENT, PROMOTION_K, default_out_dtype, dtype_name, operand_bytes
+from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
 #: Where a call's operands are when it starts: ``hbm`` (cold: every byte streams from device
 #: memory, as for MoE weights in a real model) or ``l2`` (just written and not flushed: the
@@ -305,11 +305,14 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
-        promotion_k = PROMOTION_K.get(self.dtype, 0)
+        promotion_k = h.promotion_k.get(self.dtype, 0)
         stage_latency = rates.stage_latency if promotion_k else 0.0
         basis = dict(rates.basis)
         if not promotion_k:
-            basis["stage_latency"] = f"not applied: {self.dtype} kernels do not promote partial sums per K block"
+            basis["stage_latency"] = (
+                f"not applied: {self.dtype} kernels on {h.name} do not promote partial sums per K block"
+                " (Hardware.promotion_k)"
+            )
 
         def tile_time(depth: int) -> float:
             """Seconds one core spends on one tile with reduction depth ``depth``: its MMA, the

@@ -51,16 +51,6 @@ def operand_bytes(dtype: str) -> tuple[float, float]:
     return BYTES_PER_ELEMENT[name] + sa, BYTES_PER_ELEMENT[name] + sb
 
 
-#: K elements per promotion block of the dtypes whose kernels promote the partial sums once per
-#: K block: a DeepGEMM-style fp8 kernel on SM90 waits for each 128-deep block's MMAs to complete,
-#: then multiplies the block's fp32 partial sums by its 1x128 and 128x128 scales on the CUDA cores
-#: (the scales of :data:`SCALE_BYTES`), so a tile's K blocks run one after another
-#: (deepseek-ai/DeepGEMM a6d97a1, deep_gemm/include/deep_gemm/fp8_gemm.cuh lines 241-290:
-#: ``warpgroup_wait<0>()`` after each block's WGMMAs, then "Promote with scales"; the accumulation
-#: interval N_C = 128 of the DeepSeek-V3 technical report, arXiv:2412.19437, section 3.3.2).
-PROMOTION_K: Mapping[str, int] = MappingProxyType({"fp8": 128})
-
-
 def default_out_dtype(dtype: str, op: str = "contiguous") -> str:
     """Output dtype assumed when none is given: fp32 for K-grouped (weight-gradient
     accumulation), bf16 for 8- and 4-bit inputs, the input dtype otherwise."""
