@@ -416,3 +416,41 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
     assert calibration.predict(small, fitted).t_predicted == pytest.approx(
         calibration.predict(small, truth).t_predicted, rel=1e-3
     )
+
+
+def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
+    # Model-made H800 timings of one kernel (0.8 of the fp8 peak, 3 us per call, 2 us per tile,
+    # 80 ns per K block): the calls of the test above as the model says, and six 1024^3 calls
+    # timed 2 us slower (another harness's fixed time). The short calls' MMA is under half of
+    # their time, so they must not move the fraction (taken from them it would be far below 0.8).
+    from moe_hal.perf import calibration
+
+    def r(kind, value, **kw):
+        return Achieved("nvidia-h800-sxm", "hopper", kw.pop("impl", "*"), kind, value, 9, "fitted", "test", **kw)
+
+    truth = EfficiencyTable(
+        [
+            r("compute", 0.8, impl="lib", dtype="fp8", family="dense"),
+            r("bandwidth", 0.7, impl="lib"),
+            r("tile_overhead", 2e-6),
+            r("stage_latency", 80e-9),
+            r("launch", 3e-6),
+        ]
+    )
+    tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
+    cases = []
+    sizes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 24576, 1536)]
+    sizes += [(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384)] + [(1024, 1024, 1024)] * 6
+    for i, (m, n, k) in enumerate(sizes):
+        case = calibration.MeasuredCase(
+            f"c{i}", f"s{i % 3}", "nvidia-h800-sxm", "lib", "contiguous", "fp8", "bf16", (m,), n, k, None, 1.0,
+            tiles, kernel_family="dense",
+        )  # fmt: skip
+        extra = 2e-6 if m == 1024 else 0.0
+        t = calibration.predict(case, truth).t_predicted + extra
+        cases.append(calibration.MeasuredCase(**{**case.__dict__, "t_measured": t}))
+    short = calibration.predict(cases[-1], truth)
+    assert short.bound == "compute" and short.t_compute - 2e-6 - 80e-9 * 8 < 0.5 * cases[-1].t_measured
+    # the fractions at the true times (the grid's search for the times is tested above)
+    fitted = calibration._fit_fractions(calibration._prepare(cases), 2e-6, 80e-9, 3e-6, "fitted", "test")
+    assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)

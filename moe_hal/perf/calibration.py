@@ -16,7 +16,8 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
   says binds it, the fraction that case needs is computed, and the median over the cases is
-  kept (capped at 1: no kernel beats the datasheet). Attribution and fractions are iterated to
+  kept (capped at 1: no kernel beats the datasheet) — only cases where that term is at least
+  half the measured time (:data:`BINDING_SHARE`) inform it. Attribution and fractions are iterated to
   a fixed point;
 * the cache state is a measurement condition, like the device: the bandwidth fraction is fitted
   from cold cases only (operands streamed from device memory), and per architecture the L2 rate
@@ -71,6 +72,13 @@ IDENTIFIES = 0.1
 
 #: The grid's times an architecture may borrow from others when its cases do not identify them.
 BORROWABLE = ("tile_overhead", "launch")
+
+#: A case informs the compute (or streaming) fraction of its kernel only when the MMA (or memory)
+#: time that fraction explains is at least this share of its measured time. In a call of a few
+#: microseconds the fixed and per-tile times are most of it, and an error of a fraction of a
+#: microsecond in them moves the fraction that case implies by tens of percent (which the
+#: fallback order then carries to other kernels' long calls).
+BINDING_SHARE = 0.5
 
 #: The K-block latency at which the fit reads how many K blocks a call's compute time charges.
 _UNIT_STAGE = 1e-6
@@ -462,11 +470,11 @@ def _fit_fractions(
             left = c.t_measured - launch
             if bound == "compute":
                 mma = left - cand.waves * overhead - cand.stages * stage
-                if mma > 0:
+                if mma > BINDING_SHARE * c.t_measured:
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)
                     )
-            elif left > 0 and c.operands == "hbm":
+            elif left > BINDING_SHARE * c.t_measured and c.operands == "hbm":
                 bandwidth.setdefault((c.device, c.impl), []).append(min(1.0, cand.t_memory_unit / left))
             elif left > 0 and cand.share_l2 > L2_SHARE:
                 # the time left once the bytes outside the L2 have streamed at the cold rate
