@@ -30,7 +30,7 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (37.6%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (30.9%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -43,9 +43,11 @@ def test_out_of_sample_median_error_meets_the_target(loso):
 #: #19566 (B200 FP8 GEMMs of 6-324 us, predicted up to 78.9% slow) raised it to 0.79, and it is
 #: 0.513 since only the devices whose fp8 kernels promote partial sums in software (Hopper) are
 #: charged a K-block latency (hwdb compute.fp8_promotion_k), and 0.377 since calls made mostly of
-#: fixed time no longer set a kernel's rate (moe_hal.perf.calibration.BINDING_SHARE). The worst
-#: over the Hopper-class cases is still 30.9%.
-WORST_RECORDED = 0.377
+#: fixed time no longer set a kernel's rate (moe_hal.perf.calibration.BINDING_SHARE), and 0.31
+#: since a weight-gradient call taken from forward kernels' rates is scaled by the measured
+#: weight-gradient / forward ratio (moe_hal.perf.efficiency); the worst is then a Hopper case
+#: again (README a6d97a1, 30.9%, the fast end of a call three sources timed 1.56x apart).
+WORST_RECORDED = 0.31
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

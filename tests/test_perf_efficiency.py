@@ -454,3 +454,35 @@ def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
     # the fractions at the true times (the grid's search for the times is tested above)
     fitted = calibration._fit_fractions(calibration._prepare(cases), 2e-6, 80e-9, 3e-6, "fitted", "test")
     assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
+
+
+def test_a_weight_gradient_call_taken_from_forward_kernels_is_scaled_by_the_measured_ratio():
+    # h800: one kernel measured in both classes (K-grouped 0.54 of the peak, forward 0.9: 0.6);
+    # b200: forward kernels only. A K-grouped call on the b200 takes its forward rate x 0.6.
+    table = EfficiencyTable(
+        [
+            rec(device="h800", arch="hopper", impl="dg", value=0.9, family="grouped_contiguous"),
+            rec(device="h800", arch="hopper", impl="dg", value=0.54, family="k_grouped"),
+            rec(device="b200", arch="blackwell", impl="lib", value=0.7, family="dense"),
+        ]
+    )
+    got = table.compute("b200", "blackwell", "new", "fp8", "k_grouped")
+    assert got.value == pytest.approx(0.7 * 0.6)
+    assert "x 0.600: the weight-gradient / forward ratio of dg fp8 on h800 (0.60)" in got.level
+    # the other way round: a forward call from weight-gradient kernels, divided (and capped at 1)
+    grads = EfficiencyTable(
+        [*table.records, rec(device="b300", arch="blackwell", impl="wg", value=0.66, family="k_grouped")]
+    )
+    assert grads.compute("b300", "blackwell", "new", "fp8", "grouped_masked").value == pytest.approx(
+        0.7
+    )  # same class first
+    only_grads = EfficiencyTable(
+        [*table.records[:2], rec(device="b300", arch="blackwell", impl="wg", value=0.66, family="k_grouped")]
+    )
+    assert only_grads.compute("b300", "blackwell", "new", "fp8", "dense").value == pytest.approx(
+        1.0
+    )  # 0.66 / 0.6, capped
+    # no kernel measured in both classes: the ratio is taken as 1, and the level says so
+    alone = EfficiencyTable([table.records[2]])
+    got = alone.compute("b200", "blackwell", "new", "fp8", "k_grouped")
+    assert got.value == 0.7 and "ratio taken as 1" in got.level

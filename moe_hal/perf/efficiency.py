@@ -31,7 +31,13 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    calls are forward kernels, K-grouped ones weight gradients), this implementation;
 2. the same, another implementation (see below which);
 3. the same architecture instead of the same device (1, then 2);
-4. the architecture and dtype, then the architecture, any implementation.
+4. the architecture and dtype, kernels of the other class; then the architecture, any dtype, this
+   class, then the other class. A figure of the other class is scaled by how much of the peak
+   weight-gradient kernels reach relative to forward ones where one implementation was measured
+   in both (:meth:`EfficiencyTable._class_ratio`; 1 where none was, and the answer says so):
+   K-grouped kernels reduce each group's tokens into a tile of their own and read both operands
+   along the token axis, and run at a lower share of the peak than the same library's forward
+   kernels.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
 stands on its own), and so does each implementation a level answers for (one timing makes no
@@ -158,9 +164,54 @@ class EfficiencyTable:
             ):
                 levels.append((where, name, f"{dtype} {scope}", lambda r, m=match: r.dtype == dtype and m(r)))
         if architecture:
-            levels.append(("architecture", architecture, f"{dtype}, any family", lambda r: r.dtype == dtype))
-            levels.append(("architecture", architecture, "any dtype", lambda r: True))
+            other = "forward" if cls == "weight_gradient" else "weight_gradient"
+            ratio = self._class_ratio()
+            if ratio is None:
+                factor = (1.0, "no implementation measured in both classes: ratio taken as 1")
+            else:
+                value = ratio[0] if cls == "weight_gradient" else 1 / ratio[0]
+                factor = (value, f"the weight-gradient / forward ratio of {ratio[1]}")
+
+            def in_other(r: Achieved) -> bool:
+                return CLASS_OF_FAMILY[r.family] == other
+
+            levels.append(
+                (
+                    "architecture",
+                    architecture,
+                    f"{dtype} {other} kernels",
+                    lambda r: r.dtype == dtype and in_other(r),
+                    factor,
+                )
+            )
+            levels.append(
+                ("architecture", architecture, f"any dtype, {cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)
+            )
+            levels.append(("architecture", architecture, f"any dtype, {other} kernels", in_other, factor))
         return self._resolve("compute", levels, impl)
+
+    def _class_ratio(self) -> tuple[float, str] | None:
+        """How much of the peak weight-gradient (K-grouped) kernels reach relative to forward ones,
+        where one implementation was measured in both classes on one device and dtype: the
+        case-weighted median of those ratios, and the words naming them. None when none was."""
+        if "class_ratio" not in self._answers:
+            by_kernel: dict[tuple[str, str, str], dict[str, list[Achieved]]] = {}
+            for r in self.records:
+                if r.kind == "compute":
+                    key = (r.device, r.impl, str(r.dtype))
+                    by_kernel.setdefault(key, {}).setdefault(CLASS_OF_FAMILY[str(r.family)], []).append(r)
+            ratios = []
+            for (device, impl, dtype), by_class in sorted(by_kernel.items()):
+                forward, gradient = by_class.get("forward", []), by_class.get("weight_gradient", [])
+                if _enough(forward) and _enough(gradient):
+                    value = _weighted_median(gradient) / _weighted_median(forward)
+                    ratios.append((value, _cases(forward) + _cases(gradient), f"{impl} {dtype} on {device}"))
+            answer = None
+            if ratios:
+                median = _median_by_weight([(v, n) for v, n, _ in ratios])
+                answer = (median, ", ".join(f"{name} ({v:.2f})" for v, _, name in ratios))
+            self._answers["class_ratio"] = answer
+        return self._answers["class_ratio"]
 
     def bandwidth(self, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """Achieved fraction of the datasheet memory bandwidth. Streaming is a property of the
@@ -190,30 +241,38 @@ class EfficiencyTable:
 
     def _resolve(self, kind: str, levels, impl: str | None, impl_only_first: bool = False) -> Resolved | None:
         mine = [r for r in self.records if r.kind == kind]
-        for index, (where, name, scope, keep) in enumerate(levels):
-            here = [r for r in mine if getattr(r, where) == name and keep(r)]
-            by_impl: dict[str, list[Achieved]] = {}
-            for r in here:
-                by_impl.setdefault(r.impl, []).append(r)
+        for index, (where, name, scope, keep, *scaled) in enumerate(levels):
             try_impl = impl is not None and not (impl_only_first and index > 0)
-            if try_impl and impl in by_impl and _enough(by_impl[impl]):
-                return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
-            # implementations with enough cases of their own (one timing makes no figure to go by)
-            backed = sorted(i for i, records in by_impl.items() if _enough(records))
-            if not backed:
-                continue
-            if backed == ["*"]:
-                return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
-            if impl is not None:
-                # A kernel never measured here is taken to be a typical one, not the best known:
-                # the median over the cases of every implementation measured here.
-                pooled = [r for i in backed for r in by_impl[i]]
-                return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
-            # without an implementation, the best: the highest fraction or rate, the shortest time
-            sign = -1 if kind in SECONDS else 1
-            best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
-            return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}")
+            found = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl)
+            if found is not None:
+                return _scaled(found, *scaled) if scaled else found
         return None
+
+    def _at_level(
+        self, kind: str, mine: list[Achieved], where: str, name: str, scope: str, keep, impl: str | None, try_impl: bool
+    ) -> Resolved | None:
+        """The answer of one level of a fallback order (module docstring), None when it has none."""
+        by_impl: dict[str, list[Achieved]] = {}
+        for r in mine:
+            if getattr(r, where) == name and keep(r):
+                by_impl.setdefault(r.impl, []).append(r)
+        if try_impl and impl in by_impl and _enough(by_impl[impl]):
+            return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
+        # implementations with enough cases of their own (one timing makes no figure to go by)
+        backed = sorted(i for i, records in by_impl.items() if _enough(records))
+        if not backed:
+            return None
+        if backed == ["*"]:
+            return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
+        if impl is not None:
+            # A kernel never measured here is taken to be a typical one, not the best known:
+            # the median over the cases of every implementation measured here.
+            pooled = [r for i in backed for r in by_impl[i]]
+            return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+        # without an implementation, the best: the highest fraction or rate, the shortest time
+        sign = -1 if kind in SECONDS else 1
+        best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
+        return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}")
 
 
 def _cases(records: list[Achieved]) -> int:
@@ -228,14 +287,26 @@ def _enough(records: list[Achieved]) -> bool:
 def _weighted_median(records: list[Achieved]) -> float:
     """Median of the record values, each counted ``cases`` times (the median of the cases when
     every record is one case)."""
-    ordered = sorted(records, key=lambda r: r.value)
-    half = _cases(ordered) / 2
+    return _median_by_weight([(r.value, r.cases) for r in records])
+
+
+def _median_by_weight(weighted: list[tuple[float, int]]) -> float:
+    """The lower median of ``(value, weight)`` pairs, each value counted ``weight`` times."""
+    ordered = sorted(weighted)
+    half = sum(w for _, w in ordered) / 2
     seen = 0
-    for r in ordered:
-        seen += r.cases
+    for value, weight in ordered:
+        seen += weight
         if seen >= half:
-            return r.value
-    return ordered[-1].value
+            return value
+    return ordered[-1][0]
+
+
+def _scaled(found: Resolved, factor: tuple[float, str]) -> Resolved:
+    """``found`` (a compute fraction of the other kernel class) times ``factor`` = (ratio, the
+    words saying where the ratio comes from), capped at 1 (no kernel beats the datasheet)."""
+    ratio, why = factor
+    return Resolved(min(1.0, found.value * ratio), found.basis, found.source, f"{found.level} x {ratio:.3f}: {why}")
 
 
 def _summary(records: list[Achieved], level: str) -> Resolved:
