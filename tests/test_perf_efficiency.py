@@ -199,8 +199,11 @@ def test_only_the_hopper_entries_promote_fp8_partial_sums_per_k_block():
         assert dict(perf.Hardware.from_entry(hwdb.get(device)).promotion_k) == {"fp8": 128}, device
     for device in ("nvidia-b200", "nvidia-gb200-nvl72", "nvidia-b300"):
         assert dict(perf.Hardware.from_entry(hwdb.get(device)).promotion_k) == {}, device
-    with pytest.raises(ArgumentError, match="promotion_k"):
-        perf.Hardware("bad", **{**H800, "promotion_k": {"fp8": 0}})
+    for bad in ({"fp8": 0}, {"fp8": 1.5}, 128, [("fp8", 128)]):
+        with pytest.raises(ArgumentError, match="promotion_k"):
+            perf.Hardware("bad", **{**H800, "promotion_k": bad})
+    with pytest.raises(ArgumentError, match="peak_flops"):
+        perf.Hardware("bad", **{**H800, "peak_flops": [("fp8", 1979e12)]})
 
 
 def test_a_dense_gemm_uses_the_dense_family_fraction():

@@ -66,6 +66,8 @@ class Hardware:
         if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
             raise ArgumentError("Hardware.num_cores", "a positive int", self.num_cores)
         peaks: dict[str, float] = {}
+        if not isinstance(self.peak_flops, Mapping):
+            raise ArgumentError("Hardware.peak_flops", "a mapping of dtype to FLOP/s", self.peak_flops)
         for key, value in dict(self.peak_flops).items():
             if not is_positive_number(value):
                 raise ArgumentError(f"Hardware.peak_flops[{key!r}]", "a positive FLOP/s value", value)
@@ -95,6 +97,8 @@ class Hardware:
                 "Hardware.stage_latency", "None or a non-negative number of seconds", self.stage_latency
             )
         promotion: dict[str, int] = {}
+        if not isinstance(self.promotion_k, Mapping):
+            raise ArgumentError("Hardware.promotion_k", "a mapping of dtype to K elements", self.promotion_k)
         for key, value in dict(self.promotion_k).items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ArgumentError(f"Hardware.promotion_k[{key!r}]", "a positive int (K elements)", value)
