@@ -309,11 +309,10 @@ def test_the_committed_fit_carries_the_k_block_latency_with_its_basis():
         perf.Hardware("bad", stage_latency=-1e-9, **H800)
 
 
-def test_the_fit_recovers_a_known_k_block_latency():
-    # timings made by the model itself with known figures (0.8 of the fp8 peak, 0.7 of the
-    # bandwidth, 2 us per tile, 80 ns per K block, 3 us per call): the fit must find them again,
-    # the latency included, from a mix of streaming-bound small-M calls with 4 to 56 K blocks and
-    # compute-bound large ones
+def _model_made_h800(shapes, extra=lambda m, n, k: 0.0):
+    """Cases of one kernel ("lib", dense fp8 on the H800) timed by the model itself with known
+    figures (0.8 of the fp8 peak, 0.7 of the bandwidth, 2 us per tile, 80 ns per K block, 3 us per
+    call), ``extra(m, n, k)`` seconds added to each: (the table of those figures, the cases)."""
     from moe_hal.perf import calibration
 
     def r(kind, value, **kw):
@@ -328,29 +327,27 @@ def test_the_fit_recovers_a_known_k_block_latency():
             r("launch", 3e-6),
         ]
     )
-    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
-    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+    tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
     cases = []
     for i, (m, n, k) in enumerate(shapes):
-        tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
         case = calibration.MeasuredCase(
-            f"c{i}",
-            f"s{i % 3}",
-            "nvidia-h800-sxm",
-            "lib",
-            "contiguous",
-            "fp8",
-            "bf16",
-            (m,),
-            n,
-            k,
-            None,
-            1.0,
-            tiles,
-            kernel_family="dense",
-        )
-        t = calibration.predict(case, truth).t_predicted
+            f"c{i}", f"s{i % 3}", "nvidia-h800-sxm", "lib", "contiguous", "fp8", "bf16", (m,), n, k, None, 1.0,
+            tiles, kernel_family="dense",
+        )  # fmt: skip
+        t = calibration.predict(case, truth).t_predicted + extra(m, n, k)
         cases.append(calibration.MeasuredCase(**{**case.__dict__, "t_measured": t}))
+    return truth, cases
+
+
+def test_the_fit_recovers_a_known_k_block_latency():
+    # timings made by the model itself with known figures (_model_made_h800): the fit must find
+    # them again, the latency included, from a mix of streaming-bound small-M calls with 4 to 56 K
+    # blocks and compute-bound large ones
+    from moe_hal.perf import calibration
+
+    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
+    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+    _, cases = _model_made_h800(shapes)
     fitted = calibration.fit(cases)
     for kind, value in (("tile_overhead", 2e-6), ("stage_latency", 80e-9), ("launch", 3e-6)):
         assert fitted.figure(kind, "nvidia-h800-sxm", "hopper", "lib").value == pytest.approx(value), kind
@@ -422,36 +419,15 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
 
 
 def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
-    # Model-made H800 timings of one kernel (0.8 of the fp8 peak, 3 us per call, 2 us per tile,
-    # 80 ns per K block): the calls of the test above as the model says, and six 1024^3 calls
-    # timed 2 us slower (another harness's fixed time). The short calls' MMA is under half of
-    # their time, so they must not move the fraction (taken from them it would be far below 0.8).
+    # Model-made H800 timings of one kernel (_model_made_h800): the calls of the test above as the
+    # model says, and six 1024^3 calls timed 2 us slower (another harness's fixed time). The short
+    # calls' MMA is under half of their time, so they must not move the fraction (taken from them
+    # it would be far below 0.8).
     from moe_hal.perf import calibration
 
-    def r(kind, value, **kw):
-        return Achieved("nvidia-h800-sxm", "hopper", kw.pop("impl", "*"), kind, value, 9, "fitted", "test", **kw)
-
-    truth = EfficiencyTable(
-        [
-            r("compute", 0.8, impl="lib", dtype="fp8", family="dense"),
-            r("bandwidth", 0.7, impl="lib"),
-            r("tile_overhead", 2e-6),
-            r("stage_latency", 80e-9),
-            r("launch", 3e-6),
-        ]
-    )
-    tiles = tuple((bm, bn) for bm in (64, 128) for bn in (16, 32, 56, 64, 128))
-    cases = []
     sizes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 24576, 1536)]
     sizes += [(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384)] + [(1024, 1024, 1024)] * 6
-    for i, (m, n, k) in enumerate(sizes):
-        case = calibration.MeasuredCase(
-            f"c{i}", f"s{i % 3}", "nvidia-h800-sxm", "lib", "contiguous", "fp8", "bf16", (m,), n, k, None, 1.0,
-            tiles, kernel_family="dense",
-        )  # fmt: skip
-        extra = 2e-6 if m == 1024 else 0.0
-        t = calibration.predict(case, truth).t_predicted + extra
-        cases.append(calibration.MeasuredCase(**{**case.__dict__, "t_measured": t}))
+    truth, cases = _model_made_h800(sizes, extra=lambda m, n, k: 2e-6 if m == 1024 else 0.0)
     short = calibration.predict(cases[-1], truth)
     assert short.bound == "compute" and short.t_compute - 2e-6 - 80e-9 * 8 < 0.5 * cases[-1].t_measured
     # the fractions at the true times (the grid's search for the times is tested above)
