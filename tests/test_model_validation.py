@@ -30,7 +30,7 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (30.9%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (74.5%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -46,8 +46,11 @@ def test_out_of_sample_median_error_meets_the_target(loso):
 #: fixed time no longer set a kernel's rate (moe_hal.perf.calibration.BINDING_SHARE), and 0.31
 #: since a weight-gradient call taken from forward kernels' rates is scaled by the measured
 #: weight-gradient / forward ratio (moe_hal.perf.efficiency); the worst is then a Hopper case
-#: again (README a6d97a1, 30.9%, the fast end of a call three sources timed 1.56x apart).
-WORST_RECORDED = 0.31
+#: again (README a6d97a1, 30.9%, the fast end of a call three sources timed 1.56x apart); vLLM
+#: PR #23280 (cuBLAS bf16 GEMMs of 1 to 8192 rows on the H100, a source found to test the model
+#: on cases it had not seen) raised it to 0.75: its calls of a few rows run much faster than 33
+#: tiles of the whole K on 132 SMs could.
+WORST_RECORDED = 0.75
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):
@@ -141,3 +144,14 @@ def test_the_same_call_timed_by_several_sources_is_listed_with_its_spread(loso):
     ratios = [r["ratio"] for r in loso["same_call_spread"]]
     assert ratios == sorted(ratios, reverse=True) and all(r >= 1 for r in ratios)
     assert all(len(r["times_us"]) >= 2 for r in loso["same_call_spread"])
+
+
+def test_the_per_architecture_split_covers_every_case(loso):
+    from moe_hal import hwdb
+
+    by_arch = loso["by_architecture"]
+    assert set(by_arch) == {"hopper", "blackwell"}
+    assert sum(s["cases"] for s in by_arch.values()) == loso["summary"]["all"]["cases"]
+    for arch, s in by_arch.items():
+        errors = [abs(r["error"]) for r in loso["per_case"] if hwdb.get(r["device"]).raw["architecture"] == arch]
+        assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), arch

@@ -50,11 +50,13 @@ def register(model_parser: argparse.ArgumentParser) -> None:
 
 def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, Any]:
     """The validation report: per case, summary, target verdict."""
+    from .. import hwdb
     from ..perf import calibration
 
     cases = calibration.load_published(cases_path)
     outcomes = calibration.in_sample(cases) if in_sample else calibration.leave_one_source_out(cases)
     summary = calibration.summarize(outcomes)
+    architecture = {c.device: str(hwdb.get(c.device).raw.get("architecture", "")) for c in cases}
     overall = summary["all"]
     return {
         "evaluation": "in-sample (fit on every case)" if in_sample else "leave-one-source-out",
@@ -71,6 +73,10 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
         "by_source": {
             source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
             for source in sorted({c.source for c in cases})
+        },
+        "by_architecture": {
+            arch: calibration.summarize(o for o in outcomes if architecture[o.case.device] == arch)["all"]
+            for arch in sorted(set(architecture.values()))
         },
         "per_case": [o.as_dict() for o in outcomes],
         "same_call_spread": calibration.same_call_spread(cases),
@@ -139,6 +145,9 @@ def print_report(data: dict[str, Any]) -> None:
             f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
             f"roofline median {s['roofline_median']:.1%}"
         )
+    print("per architecture:")
+    for arch, s in data["by_architecture"].items():
+        print(f"  {arch:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}")
     spread = data["same_call_spread"]
     if spread:
         print(
