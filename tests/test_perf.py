@@ -189,6 +189,34 @@ def test_fixed_time_overlap_and_bandwidth_cap():
     assert capped.t_roofline == base.t_roofline
 
 
+def test_split_k_spreads_a_few_tiles_over_the_cores():
+    # one 64-row group, N = 256: 2 tiles of 64 x 128 on 8 cores; K = 1024 split 4 -> 8 slices of 256
+    hw = perf.Hardware("eight-cores", 8, {"bf16": 8e12}, 1e18)  # compute-bound, 1e12 FLOP/s a core
+    kw = dict(n=256, k=1024, hw=hw, dtype="bf16", block_m=64, block_n=128)
+    whole = perf.estimate([64], **kw)
+    split = perf.estimate([64], split_k=4, **kw)
+    assert (whole.tiles, whole.waves, whole.split_k) == (2, 1, 1)
+    assert (split.tiles, split.waves, split.split_k) == (8, 1, 4)
+    assert whole.t_compute == pytest.approx(2 * 64 * 128 * 1024 / 1e12)
+    assert split.t_compute == pytest.approx(2 * 64 * 128 * 256 / 1e12)
+    # an uneven split rounds the slice depth up: 1024 / 3 -> 342
+    assert perf.estimate([64], split_k=3, **kw).t_compute == pytest.approx(2 * 64 * 128 * 342 / 1e12)
+    # the fp32 partials are written and read back: 2 x 4 slices x 64 x 256 x 4 bytes, on top of the
+    # call's own bytes (the bf16 output is written by the reduction instead of the GEMM)
+    assert split.bytes_min == whole.bytes_min
+    assert split.bytes_kernel == whole.bytes_kernel + 2 * 4 * 64 * 256 * 4
+    assert split.useful_flops == whole.useful_flops and split.t_roofline == whole.t_roofline
+    assert split.as_dict()["split_k"] == 4
+
+
+def test_split_k_partials_stream_from_memory_in_a_warm_call():
+    hw = H200.replace(l2_bytes=50 * 2**20, l2_bandwidth=8e12)
+    kw = dict(n=2112, k=7168, hw=hw, dtype="bf16", block_m=64, block_n=64, operands="l2")
+    whole, split = perf.estimate([16], **kw), perf.estimate([16], split_k=4, **kw)
+    # the operands read come from the L2 either way; the partials are not operands
+    assert split.bytes_l2 == whole.bytes_l2 == 2112 * 7168 * 2 + 16 * 7168 * 2
+
+
 def test_uneven_n_tile():
     est = perf.estimate([100], n=200, k=64, hw=H200, dtype="bf16", block_m=128, block_n=128)
     assert est.occupancy_n == pytest.approx(200 / 256)
@@ -322,6 +350,9 @@ def test_dtype_aliases_and_out_dtype():
         (dict(m=5), "m"),
         (dict(t_fixed=-1.0), "t_fixed"),
         (dict(overlap_p=0.5), "overlap_p"),
+        (dict(split_k=0), "split_k"),
+        (dict(split_k=2.0), "split_k"),
+        (dict(split_k=2, op="k_grouped", k=None, m=64), "split_k"),
     ],
 )
 def test_bad_arguments_name_themselves(kwargs, argument):

@@ -159,3 +159,43 @@ def test_a_known_cache_state_names_its_evidence_and_reaches_the_model(published)
     operands = {c.source: c.operands for c in calibration.load_published()}
     for name, source in published["sources"].items():
         assert operands[name] == ("l2" if source["cache_state"] == "l2_warm" else "hbm"), name
+
+
+def test_only_the_kernels_that_split_k_are_predicted_split(published):
+    from moe_hal.perf import calibration
+
+    declared = {name for name, impl in published["impls"].items() if "split_k" in impl}
+    assert declared == {"cublas"}
+    for case in calibration.load_published():
+        if case.impl in declared and case.op != "k_grouped":
+            assert case.split_k == tuple(published["impls"][case.impl]["split_k"]), case.id
+        else:
+            assert case.split_k == (1,), case.id
+    # a K-grouped call is never split further, whatever its kernel declares
+    raw = {
+        "id": "x",
+        "source": "s",
+        "device": "nvidia-h100-sxm",
+        "impl": "cublas",
+        "layout": "k_grouped",
+        "dtype": "bf16",
+        "out_dtype": "fp32",
+        "groups": 2,
+        "k_per_group": 256,
+        "m": 64,
+        "n": 64,
+        "measured": {"time_us": 10.0},
+    }
+    assert calibration._case(raw, published["impls"]["cublas"], "hbm").split_k == (1,)
+
+
+def test_a_small_call_of_a_splitting_kernel_is_predicted_split():
+    # N = 2112 in 64-wide tiles is 33 tiles for the H100's 132 SMs: splitting K fills the chip
+    from moe_hal.perf import calibration
+
+    source = [c for c in calibration.load_published() if c.source == "vllm-pr23280-h100"]
+    table = calibration.fit(source)  # achieved figures: the MMA of 33 tiles then binds
+    case = next(c for c in source if c.id == "h100-vllm23280-bf16-m16-n2112-k7168")
+    split = calibration.predict(case, table)
+    unsplit = calibration.predict(calibration.MeasuredCase(**{**case.__dict__, "split_k": (1,)}), table)
+    assert split.split_k > 1 and split.t_predicted < unsplit.t_predicted

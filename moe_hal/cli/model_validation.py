@@ -130,6 +130,7 @@ def print_report(data: dict[str, Any]) -> None:
         print(
             f"{row['id'][:46]:46} {row['measured_us']:9.1f} {row['predicted_us']:9.1f} {row['error']:+7.1%} "
             f"{row['roofline_us']:9.1f} {row['roofline_error']:+7.1%}  {row['bound']:8} {row['tile'][0]}x{row['tile'][1]}"
+            + (f" split-K {row['split_k']}" if row["split_k"] > 1 else "")
         )
     print()
     for name, s in data["summary"].items():

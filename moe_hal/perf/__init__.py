@@ -33,6 +33,8 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
                min(B_kernel - output bytes, L2 size) stream at l2_bw instead:
                T_mem = (B_kernel - B_L2) / BW_eff + B_L2 / l2_bw
     T_pred   = max(T_comp, T_mem) + t_fixed            (or (T_comp^p + T_mem^p)^(1/p))
+    split-K (split_k = s > 1, contiguous/masked): tiles x s slices of depth ceil(K / s) in t_tile,
+               and B_kernel + 2 * s * sum M_g * N * 4 (fp32 partials written, then read back)
     T_ideal  = max(F_useful / peak, B_min / BW)        the plain roofline (speed of light)
     M*       = R * e_b / (2 * B)                       ridge height in rows
 

@@ -100,7 +100,7 @@ class MeasuredCase:
 
     ``counts``: rows per group (``op`` contiguous/masked) or K per group (``op`` k_grouped, with
     ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
-    launch. ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
+    launch; ``split_k``: the K splits it can run them with (``(1,)``: it does not split K). ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
     whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
     plain GEMM, modelled as one contiguous group). ``operands``: where the operands were when
     the source timed the call (``hbm``: cold or unknown; ``l2``: its benchmark had just written
@@ -124,10 +124,16 @@ class MeasuredCase:
     streams_all_experts: bool = False
     kernel_family: str | None = None
     operands: str = "hbm"
+    split_k: tuple[int, ...] = (1,)
 
     @property
     def family(self) -> str:
         return self.kernel_family or FAMILY_OF_OP[self.op]
+
+    @property
+    def configs(self) -> list[tuple[int, int, int]]:
+        """Every ``(block_m, block_n, split_k)`` the implementation can run this call with."""
+        return [(bm, bn, s) for bm, bn in self.tiles for s in self.split_k]
 
 
 @dataclass(frozen=True)
@@ -165,6 +171,7 @@ class Outcome:
             "roofline_error": self.roofline_error,
             "bound": e.bound,
             "tile": list(e.tile),
+            "split_k": e.split_k,
             "basis": dict(e.basis),
         }
 
@@ -231,6 +238,8 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str) -> Mea
             block_m = [min((bm for bm in block_m if bm >= rows), default=max(block_m))]
         block_n = impl.get("block_n", DEFAULT_BLOCK_N)
         tiles = tuple((bm, bn) for bm in block_m for bn in block_n if not (bm > 128 and bn > 128))
+    # K-grouped calls already split K by group: no kernel splits them further
+    split_k = (1,) if op == "k_grouped" else tuple(impl.get("split_k", (1,)))
     return MeasuredCase(
         id=raw["id"],
         source=raw["source"],
@@ -249,6 +258,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str) -> Mea
         streams_all_experts=bool(raw.get("streams_all_experts", False)),
         kernel_family=family,
         operands=operands,
+        split_k=split_k,
     )
 
 
@@ -269,8 +279,8 @@ def predict(case: MeasuredCase, table: EfficiencyTable | None = None) -> Estimat
     hw = datasheet_hardware(case.device)
     hw = hw.replace(efficiency=table if table is not None else EfficiencyTable(), impl=case.impl)
     best = None
-    for bm, bn in case.tiles:
-        est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
+    for bm, bn, s in case.configs:
+        est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, split_k=s, **_call_options(case))
         if best is None or est.t_predicted < best.t_predicted:
             best = est
     assert best is not None
@@ -297,6 +307,7 @@ def _call_options(case: MeasuredCase) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _Candidate:
     tile: tuple[int, int]
+    split_k: int
     t_compute_unit: float  # compute time at the full datasheet peak, no tile overhead
     waves: int
     stages: float  # K blocks the busiest core runs one after another (compute seconds per second of their latency)
@@ -320,21 +331,22 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         hw = datasheet_hardware(case.device)
         prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
         # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
-        split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
+        l2_split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
         staged = hw.replace(stage_latency=_UNIT_STAGE)
-        for bm, bn in case.tiles:
-            est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, **_call_options(case))
+        for bm, bn, s in case.configs:
+            est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, split_k=s, **_call_options(case))
             t_staged = estimate(
-                case.counts, case.n, case.k, staged, case.dtype, bm, bn, **_call_options(case)
+                case.counts, case.n, case.k, staged, case.dtype, bm, bn, split_k=s, **_call_options(case)
             ).t_compute
             resident = 0.0  # a cold call streams every byte from memory
-            if split is not None:
+            if l2_split is not None:
                 resident = estimate(
-                    case.counts, case.n, case.k, split, case.dtype, bm, bn, **_call_options(case)
+                    case.counts, case.n, case.k, l2_split, case.dtype, bm, bn, split_k=s, **_call_options(case)
                 ).bytes_l2
             prepared.candidates.append(
                 _Candidate(
                     (bm, bn),
+                    s,
                     est.t_compute,
                     est.waves,
                     (t_staged - est.t_compute) / _UNIT_STAGE,

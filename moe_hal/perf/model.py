@@ -33,6 +33,8 @@ class Estimate:
     ``ridge_m`` is computed from the achieved pair (one basis). ``operands``: where the
     operands were (:data:`OPERANDS`); ``bytes_l2``: the operand bytes streamed from the L2
     (``operands="l2"``), the rest of ``bytes_kernel`` streams at ``achieved_bandwidth``.
+    ``split_k``: the slices each tile's K reduction was split into (1: not split); ``tiles``
+    counts every slice.
 
     For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
     group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
@@ -81,6 +83,7 @@ class Estimate:
     promotion_k: int = 0
     operands: str = "hbm"
     bytes_l2: float = 0.0
+    split_k: int = 1
     basis: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -136,6 +139,7 @@ def estimate(
     swap_ab: bool = False,
     family: str | None = None,
     operands: str = "hbm",
+    split_k: int = 1,
 ) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
@@ -161,6 +165,10 @@ def estimate(
     just before the call): then ``min(operand bytes, L2 size)`` stream at the implementation's
     ``l2_bandwidth`` and the rest at its streaming bandwidth; without an L2 size or L2 rate the
     call is predicted cold and ``basis["operands"]`` says so.
+    ``split_k``: split each tile's K reduction into this many slices, run on different cores
+    (what cuBLAS and CUTLASS do when a call has too few tiles for the chip); each slice writes its
+    fp32 partial tile to memory and a reduction reads them back. 1 (default) for kernels that do
+    not split, K-grouped calls included.
     """
     call = Call.build(
         counts,
@@ -183,7 +191,10 @@ def estimate(
         family=family,
         operands=operands,
     )
-    return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"))
+    split_k = positive_int(split_k, "split_k")
+    if op == "k_grouped" and split_k != 1:
+        raise ArgumentError("split_k", "1 for op='k_grouped' (its groups already split K)", split_k)
+    return call.estimate(positive_int(block_m, "block_m"), positive_int(block_n, "block_n"), split_k)
 
 
 @dataclass(frozen=True)
@@ -292,7 +303,7 @@ class Call:
             operands,
         )
 
-    def estimate(self, block_m: int, block_n: int) -> Estimate:
+    def estimate(self, block_m: int, block_n: int, split_k: int = 1) -> Estimate:
         h, hist, n, rates = self.hw, self.hist, self.n, self.rates
         S = h.num_cores
         peak, roof_bw = h.peak(self.dtype), h.mem_bandwidth  # the roofline (ideal)
@@ -350,22 +361,23 @@ class Call:
                 rows += c * r
                 padded_rows += mb * block_m * r
                 blocks += mb * r
-            tiles = blocks * n_blocks
+            tiles = blocks * n_blocks * split_k
             useful = 2.0 * rows * n * k
             padded = 2.0 * padded_rows * n_pad * k
             occ_m = rows / padded_rows if padded_rows else 1.0
-            t_tile = tile_time(k)
+            t_tile = tile_time(ceil_div(k, split_k))
             t_comp = ceil_div(tiles, S) * t_tile
             bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
-            written = rows * n * e_c
-            bytes_kernel = bytes_min
+            # split K: every slice's fp32 partial is written, then read back by the reduction
+            written = rows * n * e_c + (2 * split_k * rows * n * 4 if split_k > 1 else 0)
+            bytes_kernel = bytes_min + written - rows * n * e_c
             if self.streams_all_experts:
                 bytes_kernel += (groups - active) * n * k * e_b
             if self.reads_padding_rows:
                 bytes_kernel += (padded_rows - rows) * k * e_a
             for c in hist:
                 terms[c] = (
-                    ceil_div(c, block_m) * n_blocks * t_tile / S,
+                    ceil_div(c, block_m) * n_blocks * split_k * t_tile / S,
                     (n * k * e_b + c * k * e_a + c * n * e_c) / bw,
                 )
 
@@ -436,6 +448,7 @@ class Call:
             promotion_k=promotion_k,
             operands=self.operands,
             bytes_l2=bytes_l2,
+            split_k=split_k,
             basis=basis,
         )
 
