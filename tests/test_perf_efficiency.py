@@ -73,6 +73,26 @@ def test_the_family_class_is_tried_before_other_devices():
     assert table.compute("dev-a", "arch", "lib", "fp8", "k_grouped").value == 0.4
 
 
+def test_fp16_and_bf16_answer_for_each_other_before_another_width():
+    # the device knows bf16 and fp8 kernels; an fp16 call takes the bf16 figure, not the fp8 one
+    # (nor the architecture's fp16 one: the device comes first)
+    table = EfficiencyTable(
+        [
+            rec(dtype="bf16", value=0.6),
+            rec(dtype="fp8", value=0.9),
+            rec(device="dev-b", dtype="fp16", value=0.4),
+        ]
+    )
+    got = table.compute("dev-a", "arch", "lib", "fp16", "grouped_contiguous")
+    assert got.value == 0.6 and "bf16 grouped_contiguous" in got.level
+    # its own dtype first when the device has both
+    table = EfficiencyTable([rec(dtype="bf16", value=0.6), rec(dtype="fp16", value=0.7)])
+    assert table.compute("dev-a", "arch", "lib", "fp16", "grouped_contiguous").value == 0.7
+    # fp8 has no twin: with only bf16 and fp16 on the device it goes to the architecture's any-dtype level
+    got = EfficiencyTable([rec(dtype="bf16", value=0.6)]).compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous")
+    assert got.value == 0.6 and "any dtype" in got.level
+
+
 def test_one_case_is_not_enough_to_calibrate_a_level():
     table = EfficiencyTable([rec(value=0.2, cases=1), rec(device="dev-b", value=0.7, cases=4)])
     assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous").value == 0.7

@@ -28,7 +28,8 @@ applies to this call" with one fallback order, used both at prediction time and 
 leave-one-source-out validation, so the validation tests exactly what predictions do:
 
 1. the same device, dtype, family (then the same forward/backward class: contiguous and masked
-   calls are forward kernels, K-grouped ones weight gradients), this implementation;
+   calls are forward kernels, K-grouped ones weight gradients), this implementation; after the
+   dtype, its twin of the same width where it has one (fp16 and bf16, :data:`SAME_MMA_RATE`);
 2. the same, another implementation (see below which);
 3. the same architecture instead of the same device (1, then 2);
 4. the architecture and dtype, kernels of the other class; then the architecture, any dtype, this
@@ -81,6 +82,12 @@ RATES = ("bandwidth_per_unit", "l2_bandwidth")
 
 #: A fallback level is used only with at least this many measured cases behind it.
 MIN_CASES = 2
+
+#: Dtypes a kernel runs on the same tensor-core instructions at the same share of each one's
+#: datasheet peak: fp16 and bf16 (one MMA shape and issue rate per 16-bit float type on Hopper and
+#: Blackwell). Where a level has a figure of only one of them, it answers for the other before a
+#: dtype of another width is tried (an fp8 or fp4 rate says little of a 16-bit kernel).
+SAME_MMA_RATE = {"fp16": "bf16", "bf16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -157,12 +164,14 @@ class EfficiencyTable:
         cls = CLASS_OF_FAMILY[family]
         places = [("device", device)] + ([("architecture", architecture)] if architecture else [])
         levels = []
+        twins = [dtype] + ([SAME_MMA_RATE[dtype]] if dtype in SAME_MMA_RATE else [])
         for where, name in places:
             for scope, match in (
                 (family, lambda r: r.family == family),
                 (f"{cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls),
             ):
-                levels.append((where, name, f"{dtype} {scope}", lambda r, m=match: r.dtype == dtype and m(r)))
+                for dt in twins:
+                    levels.append((where, name, f"{dt} {scope}", lambda r, m=match, d=dt: r.dtype == d and m(r)))
         if architecture:
             other = "forward" if cls == "weight_gradient" else "weight_gradient"
             ratio = self._class_ratio()
