@@ -100,7 +100,8 @@ class MeasuredCase:
 
     ``counts``: rows per group (``op`` contiguous/masked) or K per group (``op`` k_grouped, with
     ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
-    launch; ``split_k``: the K splits it can run them with (``(1,)``: it does not split K). ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
+    launch; ``split_k``: the K splits it can run them with (``(1,)``: it does not split K).
+    ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
     whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
     plain GEMM, modelled as one contiguous group). ``operands``: where the operands were when
     the source timed the call (``hbm``: cold or unknown; ``l2``: its benchmark had just written
