@@ -156,5 +156,5 @@ def test_the_per_architecture_split_covers_every_case(loso):
     assert set(by_arch) == {"hopper", "blackwell"}
     assert sum(s["cases"] for s in by_arch.values()) == loso["summary"]["all"]["cases"]
     for arch, s in by_arch.items():
-        errors = [abs(r["error"]) for r in loso["per_case"] if hwdb.get(r["device"]).raw["architecture"] == arch]
+        errors = [abs(r["error"]) for r in loso["per_case"] if hwdb.get(r["device"]).architecture == arch]
         assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), arch

@@ -56,7 +56,7 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
     cases = calibration.load_published(cases_path)
     outcomes = calibration.in_sample(cases) if in_sample else calibration.leave_one_source_out(cases)
     summary = calibration.summarize(outcomes)
-    architecture = {c.device: str(hwdb.get(c.device).raw.get("architecture", "")) for c in cases}
+    architecture = {c.device: hwdb.get(c.device).architecture for c in cases}
     overall = summary["all"]
     return {
         "evaluation": "in-sample (fit on every case)" if in_sample else "leave-one-source-out",

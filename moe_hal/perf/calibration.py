@@ -330,7 +330,7 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
     out = []
     for case in cases:
         hw = datasheet_hardware(case.device)
-        prepared = _Prepared(case, str(hwdb.get(case.device).raw.get("architecture", "")))
+        prepared = _Prepared(case, hwdb.get(case.device).architecture)
         # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
         l2_split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
         staged = hw.replace(stage_latency=_UNIT_STAGE)
@@ -548,7 +548,7 @@ def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
     for c in cases:
         hw = datasheet_hardware(c.device)
         silicon = (
-            str(hwdb.get(c.device).raw.get("architecture", "")),
+            hwdb.get(c.device).architecture,
             hw.num_cores,
             hw.peak(c.dtype),
             hw.mem_bandwidth,
