@@ -369,8 +369,9 @@ class Call:
             t_comp = ceil_div(tiles, S) * t_tile
             bytes_min = active * n * k * e_b + rows * k * e_a + rows * n * e_c
             # split K: every slice's fp32 partial is written, then read back by the reduction
-            written = rows * n * e_c + (2 * split_k * rows * n * 4 if split_k > 1 else 0)
-            bytes_kernel = bytes_min + written - rows * n * e_c
+            partials = 2 * split_k * rows * n * 4 if split_k > 1 else 0
+            written = rows * n * e_c + partials
+            bytes_kernel = bytes_min + partials
             if self.streams_all_experts:
                 bytes_kernel += (groups - active) * n * k * e_b
             if self.reads_padding_rows:
