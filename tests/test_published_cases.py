@@ -7,6 +7,7 @@ the hardware DB does not know.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -197,5 +198,5 @@ def test_a_small_call_of_a_splitting_kernel_is_predicted_split():
     table = calibration.fit(source)  # achieved figures: the MMA of 33 tiles then binds
     case = next(c for c in source if c.id == "h100-vllm23280-bf16-m16-n2112-k7168")
     split = calibration.predict(case, table)
-    unsplit = calibration.predict(calibration.MeasuredCase(**{**case.__dict__, "split_k": (1,)}), table)
+    unsplit = calibration.predict(dataclasses.replace(case, split_k=(1,)), table)
     assert split.split_k > 1 and split.t_predicted < unsplit.t_predicted
