@@ -30,7 +30,7 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (93.4%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (41.1%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -52,8 +52,10 @@ def test_out_of_sample_median_error_meets_the_target(loso):
 #: tiles of the whole K on 132 SMs could; and 0.36 since an implementation that splits K says so
 #: and is predicted split (moe_hal.perf.estimate split_k; cases.yaml impls.cublas.split_k); TileOPs
 #: PRs #2148 and #2110 (H200 GEMMs of a few microseconds by cuBLAS and TileLang kernels, CUPTI
-#: kernel time) raised it to 0.94: the fitted fixed times per architecture are DeepGEMM's.
-WORST_RECORDED = 0.94
+#: kernel time) raised it to 0.94: the fitted fixed times per architecture are DeepGEMM's; it is
+#: 0.42 since a tile pays the overhead by its accumulator's area up to a 128 x 128 tile's
+#: (moe_hal.perf.model.OVERHEAD_TILE), the worst then torchao PR #2427's small NVFP4 GEMMs (B200).
+WORST_RECORDED = 0.42
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -168,12 +168,13 @@ def test_each_k_block_of_a_tile_adds_its_latency_and_says_so():
     est = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense")
     assert est.tiles == 128 and est.waves == 1 and est.promotion_k == 128
     mma = 2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132)
-    assert est.t_compute == pytest.approx(mma + 16 * 100e-9 + 2e-6)
+    # the 2 us overhead is stated per 128 x 128 tile: a 64 x 56 one pays its area's share
+    assert est.t_compute == pytest.approx(mma + 16 * 100e-9 + 2e-6 * 64 * 56 / 128**2)
     assert est.stage_latency == 100e-9
     assert "100 ns per K block" in est.basis["stage_latency"] and "fitted" in est.basis["stage_latency"]
     # a partial last block is a whole block
     assert perf.estimate([64], 7168, 2049, hw, "fp8", 64, 56).t_compute == pytest.approx(
-        2 * 64 * 56 * 2049 / (0.5 * 1979e12 / 132) + 17 * 100e-9 + 2e-6
+        2 * 64 * 56 * 2049 / (0.5 * 1979e12 / 132) + 17 * 100e-9 + 2e-6 * 64 * 56 / 128**2
     )
 
 
@@ -184,7 +185,10 @@ def test_more_k_blocks_predict_longer_all_else_equal():
     short = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense")
     long = perf.estimate([64], 2048, 7168, hw, "fp8", 64, 16, family="dense")
     assert long.t_compute - short.t_compute == pytest.approx(
-        (56 - 16) * 100e-9 + 2 * 64 * 16 * 7168 / (0.5 * 1979e12 / 132) - 2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132)
+        (56 - 16) * 100e-9
+        + 2 * 64 * 16 * 7168 / (0.5 * 1979e12 / 132)
+        - 2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132)
+        + 2e-6 * 64 * (16 - 56) / 128**2
     )
     assert long.t_predicted > short.t_predicted
     assert perf.estimate([64], 2048, 7168, plain, "fp8", 64, 16, family="dense").t_predicted < long.t_predicted
@@ -205,13 +209,34 @@ def test_the_k_block_latency_weighs_less_the_larger_the_tile_and_skips_unpromote
     # bf16 kernels do not promote partial sums per K block: no latency, and the basis says why
     bf16 = perf.estimate([64], 7168, 2048, hw, "bf16", 64, 56)
     assert bf16.stage_latency == 0.0 and bf16.promotion_k == 0
-    assert bf16.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 989.5e12 / 132) + 2e-6)
+    assert bf16.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 989.5e12 / 132) + 2e-6 * 64 * 56 / 128**2)
     assert "not applied" in bf16.basis["stage_latency"]
     # nor do fp8 kernels where the MMA applies the block scales and accumulates in fp32 itself
     mma_scales = hw.replace(promotion_k={})
     fp8 = perf.estimate([64], 7168, 2048, mma_scales, "fp8", 64, 56, family="dense")
     assert fp8.stage_latency == 0.0 and fp8.promotion_k == 0 and "not applied" in fp8.basis["stage_latency"]
-    assert fp8.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132) + 2e-6)
+    assert fp8.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132) + 2e-6 * 64 * 56 / 128**2)
+
+
+def test_a_tile_pays_the_overhead_by_its_accumulator_area_up_to_128_by_128():
+    hw = _staged(0.0)  # 2 us per 128 x 128 tile, 3 us per call
+    for (bm, bn), share in (((128, 128), 1.0), ((64, 64), 0.25), ((128, 256), 1.0), ((64, 56), 64 * 56 / 128**2)):
+        est = perf.estimate([bm], bn, 256, hw, "bf16", bm, bn, family="dense")
+        assert est.tiles == 1 and est.tile_overhead == 2e-6
+        assert est.overhead_per_tile == pytest.approx(2e-6 * share)
+        assert est.t_compute == pytest.approx(2 * bm * bn * 256 / (0.5 * 989.5e12 / 132) + 2e-6 * share)
+        assert "per 128 x 128 tile" in est.basis["tile_overhead"]
+    # a tile shorter than the MMA's minimum M fills the whole MMA accumulator, and pays for it
+    short = perf.estimate([16], 128, 256, hw, "bf16", 16, 128, family="dense")
+    assert short.overhead_per_tile == pytest.approx(2e-6 * 64 * 128 / 128**2)
+    # a long call in 64 x 64 tiles pays twice the overhead of 128 x 256 ones (8x the waves at a
+    # quarter each), so the advisor still prefers the large tile there, and the small one for a
+    # call of one wave
+    counts, n, k = [8192] * 8, 7168, 4096
+    small, large = (perf.estimate(counts, n, k, hw, "bf16", bm, bn) for bm, bn in ((64, 64), (128, 256)))
+    assert small.waves * small.overhead_per_tile == pytest.approx(2 * large.waves * large.overhead_per_tile, rel=0.01)
+    assert perf.advise(counts, n, k, hw, "bf16", [(64, 64), (128, 256)]).best.tile == (128, 256)
+    assert perf.advise([128] * 8, 128, 128, hw, "bf16", [(64, 64), (128, 256)]).best.tile == (64, 64)
 
 
 def test_only_the_hopper_entries_promote_fp8_partial_sums_per_k_block():

@@ -21,9 +21,10 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + ceil(K / K_blk) * t_blk + t_oh
+    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + ceil(K / K_blk) * t_blk
+               + t_oh * min(1, max(BM, mma_min_m) * BN / 128^2)
                                                        one tile on one core: MMA, the latency of
-                                                       each K block, the per-tile overhead
+                                                       each K block, its share of the overhead
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles
     B_min    = G_act*N*K*e_b + sum M_g*K*e_a + sum M_g*N*e_c   each byte once, active experts
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
@@ -39,7 +40,7 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     M*       = R * e_b / (2 * B)                       ridge height in rows
 
 ``peak`` and ``BW`` are the device's (the roofline); ``R = eta_c * peak_datasheet`` and
-``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the per-tile overhead, ``t_blk``
+``B = eta_b * BW_datasheet`` are what kernels achieve, ``t_oh`` the overhead of a 128 x 128 tile, ``t_blk``
 the latency of each ``K_blk``-deep K block in kernels that promote partial sums once per block
 (``Hardware.promotion_k``: fp8, 128 on Hopper; none on Blackwell, whose MMA applies block scales
 and accumulates in fp32 itself) and ``t_fixed`` the fixed time per call, per device

@@ -15,8 +15,8 @@ DEFAULT_TILES: tuple[tuple[int, int], ...] = ((64, 128), (128, 128), (256, 128))
 
 #: Predictions within this fraction of the best are equivalent: the model's own out-of-sample
 #: error on published measurements (leave-one-source-out, bench/results/model_validation_published.json:
-#: median 8.2% over 204 cases; a Hopper source's median up to 32.8% (two calls of a few
-#: microseconds), a B200 source's up to 13.0%)
+#: median 8.0% over 204 cases; a Hopper source's median up to 18.4% (cuBLAS at 1 to 16384 rows,
+#: vLLM PR #23280), a B200 source's up to 12.1%)
 #: rounded up. Inside the band the ranking is a tie-break, not a prediction; on devices with
 #: few published timings the model's error is wider than the band.
 TIE_BAND = 0.10

@@ -80,8 +80,9 @@ BORROWABLE = ("tile_overhead", "launch")
 #: fallback order then carries to other kernels' long calls).
 BINDING_SHARE = 0.5
 
-#: The K-block latency at which the fit reads how many K blocks a call's compute time charges.
-_UNIT_STAGE = 1e-6
+#: The K-block latency (and tile overhead) at which the fit reads how many K blocks (and tile
+#: overheads) a call's compute time charges.
+_UNIT_TIME = 1e-6
 
 #: Iterations of the attribute-then-refit loop (it settles in 3-4).
 ITERATIONS = 6
@@ -310,7 +311,7 @@ class _Candidate:
     tile: tuple[int, int]
     split_k: int
     t_compute_unit: float  # compute time at the full datasheet peak, no tile overhead
-    waves: int
+    overhead_tiles: float  # tile overheads the busiest core pays (compute seconds per second of tile overhead)
     stages: float  # K blocks the busiest core runs one after another (compute seconds per second of their latency)
     t_memory_unit: float  # memory time at the full datasheet bandwidth
     share_l2: float  # the share of its bytes a warm call streams from the L2 (0 when cold)
@@ -333,11 +334,15 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         prepared = _Prepared(case, hwdb.get(case.device).architecture)
         # the bytes the L2 holds do not depend on its rate: any rate makes the model split them
         l2_split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
-        staged = hw.replace(stage_latency=_UNIT_STAGE)
+        staged = hw.replace(stage_latency=_UNIT_TIME)
+        overheads = hw.replace(tile_overhead=_UNIT_TIME)
         for bm, bn, s in case.configs:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, split_k=s, **_call_options(case))
             t_staged = estimate(
                 case.counts, case.n, case.k, staged, case.dtype, bm, bn, split_k=s, **_call_options(case)
+            ).t_compute
+            t_overheads = estimate(
+                case.counts, case.n, case.k, overheads, case.dtype, bm, bn, split_k=s, **_call_options(case)
             ).t_compute
             resident = 0.0  # a cold call streams every byte from memory
             if l2_split is not None:
@@ -349,8 +354,8 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
                     (bm, bn),
                     s,
                     est.t_compute,
-                    est.waves,
-                    (t_staged - est.t_compute) / _UNIT_STAGE,
+                    (t_overheads - est.t_compute) / _UNIT_TIME,
+                    (t_staged - est.t_compute) / _UNIT_TIME,
                     est.t_memory,
                     resident / est.bytes_kernel,
                     resident,
@@ -372,7 +377,7 @@ def _fast_predict(
     l2 = table.figure("l2_bandwidth", c.device, p.architecture, c.impl) if c.operands == "l2" else None
     best = None
     for cand in p.candidates:
-        t_comp = cand.t_compute_unit / eta_c + cand.waves * overhead + cand.stages * stage
+        t_comp = cand.t_compute_unit / eta_c + cand.overhead_tiles * overhead + cand.stages * stage
         t_mem = cand.t_memory_unit / eta_b
         if l2 is not None:
             t_mem = cand.t_memory_unit * (1 - cand.share_l2) / eta_b + cand.bytes_l2 / l2.value
@@ -430,7 +435,7 @@ def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float
     """Which of the grid's times ``group`` identifies (:data:`IDENTIFIES`)."""
     top = dict(zip(GRID_KINDS, (max(point[i] for point in grid) for i in range(len(GRID_KINDS)))))
     size = {
-        "tile_overhead": lambda c: c.waves * top["tile_overhead"],
+        "tile_overhead": lambda c: c.overhead_tiles * top["tile_overhead"],
         "stage_latency": lambda c: c.stages * top["stage_latency"],
         "launch": lambda c: top["launch"],
     }
@@ -482,7 +487,7 @@ def _fit_fractions(
             _, cand, bound = _fast_predict(p, table, overhead, stage, launch)
             left = c.t_measured - launch
             if bound == "compute":
-                mma = left - cand.waves * overhead - cand.stages * stage
+                mma = left - cand.overhead_tiles * overhead - cand.stages * stage
                 if mma > BINDING_SHARE * c.t_measured:
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)

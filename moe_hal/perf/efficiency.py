@@ -8,8 +8,10 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``compute``: fraction of the dense datasheet peak of one dtype, per family
   (:data:`FAMILIES`);
 * ``bandwidth``: fraction of the datasheet memory bandwidth a streaming kernel reaches;
-* ``tile_overhead``: seconds each output tile costs beyond its MMA time (pipeline fill and
-  epilogue), which is what makes short and small tiles less efficient;
+* ``tile_overhead``: seconds a 128 x 128 output tile costs beyond its MMA time (pipeline fill and
+  accumulator drain: what makes tiles with a short K loop less efficient than their MMA); a tile
+  with a smaller accumulator pays the share its area is of that one's
+  (:data:`moe_hal.perf.model.OVERHEAD_TILE`);
 * ``stage_latency``: seconds each K block of a tile costs beyond its MMA time, for dtypes whose
   kernels promote the partial sums once per K block (``Hardware.promotion_k``, from the hardware
   DB's ``compute.fp8_promotion_k``: block-scaled fp8 on SM90 waits for a block's MMAs to complete before scaling their partial sums
@@ -452,7 +454,8 @@ class Rates:
         if hw.tile_overhead is not None:
             overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
         elif (found := table.figure("tile_overhead", device, arch, impl)) is not None:
-            overhead, basis["tile_overhead"] = found.value, f"{found.value * 1e6:.2f} us ({found.basis}; {found.level})"
+            overhead = found.value
+            basis["tile_overhead"] = f"{found.value * 1e6:.2f} us per 128 x 128 tile ({found.basis}; {found.level})"
         else:
             overhead, basis["tile_overhead"] = 0.0, "not known: 0"
         if hw.stage_latency is not None:

@@ -19,6 +19,10 @@ from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_
 #: operands before each timed call).
 OPERANDS = ("hbm", "l2")
 
+#: The output tile an achieved ``tile_overhead`` is stated for. A tile with a smaller
+#: accumulator pays the share its area is of this one's; a larger one pays the whole.
+OVERHEAD_TILE = (128, 128)
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -27,9 +31,10 @@ class Estimate:
     ``t_roofline`` (the ideal) uses ``peak_flops`` and ``mem_bandwidth``: the device's peak and
     bandwidth (measured or datasheet, as ``basis["roofline"]`` says). ``t_predicted`` (the
     expected time) uses what kernels achieve: ``achieved_flops``, ``achieved_bandwidth``,
-    ``tile_overhead`` per tile, ``stage_latency`` per K block of a tile (``promotion_k`` elements
-    of K each, run one after another; 0 for dtypes the kernel does not promote per K block) and
-    ``t_fixed`` per call; ``basis`` says where each came from.
+    ``tile_overhead`` per :data:`OVERHEAD_TILE` (``overhead_per_tile``: what one tile of this call
+    pays, the share of its accumulator's area up to that tile's), ``stage_latency`` per K block of a
+    tile (``promotion_k`` elements of K each, run one after another; 0 for dtypes the kernel does
+    not promote per K block) and ``t_fixed`` per call; ``basis`` says where each came from.
     ``ridge_m`` is computed from the achieved pair (one basis). ``operands``: where the
     operands were (:data:`OPERANDS`); ``bytes_l2``: the operand bytes streamed from the L2
     (``operands="l2"``), the rest of ``bytes_kernel`` streams at ``achieved_bandwidth``.
@@ -79,6 +84,7 @@ class Estimate:
     achieved_flops: float = 0.0
     achieved_bandwidth: float = 0.0
     tile_overhead: float = 0.0
+    overhead_per_tile: float = 0.0
     stage_latency: float = 0.0
     promotion_k: int = 0
     operands: str = "hbm"
@@ -318,6 +324,13 @@ class Call:
         per_core = rates.flops / S
         promotion_k = h.promotion_k.get(self.dtype, 0)
         stage_latency = rates.stage_latency if promotion_k else 0.0
+        # Small tiles drain a small accumulator: a wave of 64 x 64 tiles pays a quarter of a
+        # 128 x 128 one's (TileOPs PR #2148 times 8 x 128^3 GEMMs of one wave at 2.7 us in all).
+        # Larger tiles pay the whole, so fewer, larger tiles still win a long call, where their
+        # operand reuse (not modelled) is what makes them faster (docs/perf-model.md, "The tile
+        # overhead by accumulator area").
+        accumulator = max(block_m, m_floor) * block_n
+        overhead = rates.tile_overhead * min(1.0, accumulator / (OVERHEAD_TILE[0] * OVERHEAD_TILE[1]))
         basis = dict(rates.basis)
         if not promotion_k:
             basis["stage_latency"] = (
@@ -328,10 +341,10 @@ class Call:
         def tile_time(depth: int) -> float:
             """Seconds one core spends on one tile with reduction depth ``depth``: its MMA, the
             latency of each of its K blocks (run one after another: each waits for its MMAs to
-            promote their partial sums) and the fixed per-tile overhead (pipeline fill, epilogue)."""
+            promote their partial sums) and its overhead (pipeline fill, accumulator drain)."""
             mma = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
             blocks = ceil_div(depth, promotion_k) if promotion_k else 0
-            return mma + blocks * stage_latency + rates.tile_overhead
+            return mma + blocks * stage_latency + overhead
 
         # per distinct count: (compute time of its tiles on the whole chip, memory time alone)
         terms: dict[int, tuple[float, float]] = {}
@@ -445,6 +458,7 @@ class Call:
             achieved_flops=rates.flops,
             achieved_bandwidth=bw,
             tile_overhead=rates.tile_overhead,
+            overhead_per_tile=overhead,
             stage_latency=stage_latency,
             promotion_k=promotion_k,
             operands=self.operands,
