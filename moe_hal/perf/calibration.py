@@ -43,9 +43,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError
-from .efficiency import FAMILY_OF_OP, FRACTIONS, MIN_CASES, SECONDS, Achieved, EfficiencyTable, _weighted_median
+from .efficiency import (
+    FAMILY_OF_OP,
+    FRACTIONS,
+    MIN_CASES,
+    PER_OVERHEAD_TILE,
+    SECONDS,
+    Achieved,
+    EfficiencyTable,
+    _weighted_median,
+)
 from .hardware import Hardware
-from .model import OVERHEAD_TILE, Estimate, estimate
+from .model import Estimate, estimate
 
 #: The published validation set in a source checkout (not part of the wheel).
 PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases.yaml"
@@ -428,7 +437,7 @@ def fit(
             for kind, value in zip(GRID_KINDS, point):
                 how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(group)} cases"
                 if kind == "tile_overhead":
-                    how = f"per {OVERHEAD_TILE[0]} x {OVERHEAD_TILE[1]} tile; {how}"
+                    how = f"{PER_OVERHEAD_TILE}; {how}"
                 records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
     return EfficiencyTable(records)
 

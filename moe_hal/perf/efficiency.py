@@ -11,7 +11,7 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``tile_overhead``: seconds a 128 x 128 output tile costs beyond its MMA time (pipeline fill and
   accumulator drain: what makes tiles with a short K loop less efficient than their MMA); a tile
   with a smaller accumulator pays the share its area is of that one's
-  (:data:`moe_hal.perf.model.OVERHEAD_TILE`);
+  (:data:`OVERHEAD_TILE`);
 * ``stage_latency``: seconds each K block of a tile costs beyond its MMA time, for dtypes whose
   kernels promote the partial sums once per K block (``Hardware.promotion_k``, from the hardware
   DB's ``compute.fp8_promotion_k``: block-scaled fp8 on SM90 waits for a block's MMAs to complete before scaling their partial sums
@@ -84,6 +84,14 @@ RATES = ("bandwidth_per_unit", "l2_bandwidth")
 
 #: A fallback level is used only with at least this many measured cases behind it.
 MIN_CASES = 2
+
+#: The output tile an achieved ``tile_overhead`` is stated for. A tile with a smaller
+#: accumulator pays the share its area is of this one's; a larger one pays the whole
+#: (:class:`moe_hal.perf.model.Call`).
+OVERHEAD_TILE = (128, 128)
+
+#: What a ``tile_overhead`` figure is stated for, in the words records and bases say it with.
+PER_OVERHEAD_TILE = f"per {OVERHEAD_TILE[0]} x {OVERHEAD_TILE[1]} tile"
 
 #: Dtypes a kernel runs on the same tensor-core instructions at the same share of each one's
 #: datasheet peak: fp16 and bf16 (one MMA shape and issue rate per 16-bit float type on Hopper and
@@ -455,7 +463,7 @@ class Rates:
             overhead, basis["tile_overhead"] = hw.tile_overhead, "given (Hardware.tile_overhead)"
         elif (found := table.figure("tile_overhead", device, arch, impl)) is not None:
             overhead = found.value
-            basis["tile_overhead"] = f"{found.value * 1e6:.2f} us per 128 x 128 tile ({found.basis}; {found.level})"
+            basis["tile_overhead"] = f"{found.value * 1e6:.2f} us {PER_OVERHEAD_TILE} ({found.basis}; {found.level})"
         else:
             overhead, basis["tile_overhead"] = 0.0, "not known: 0"
         if hw.stage_latency is not None:

@@ -33,7 +33,7 @@ class Hardware:
     implementation whose figures apply (None: the best known), ``datasheet_peak_flops`` /
     ``datasheet_bandwidth`` the figures achieved fractions are fractions of (default:
     ``peak_flops`` / ``mem_bandwidth``). ``tile_overhead``: seconds a 128 x 128 tile costs beyond its
-    MMA time, a smaller tile its accumulator's share (``moe_hal.perf.model.OVERHEAD_TILE``; None:
+    MMA time, a smaller tile its accumulator's share (``moe_hal.perf.efficiency.OVERHEAD_TILE``; None:
     the table's, else 0). ``stage_latency``: seconds each K block of a tile costs
     beyond its MMA time in kernels that promote partial sums per K block (None: the table's, else
     0). ``promotion_k``: K elements per such block, per dtype (``{"fp8": 128}`` on Hopper, whose

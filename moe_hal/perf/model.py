@@ -9,7 +9,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..backend import OPS
 from ..checks import ceil_div, checked_int, group_counts, is_number, is_positive_number, positive_int
 from ..errors import ArgumentError
-from .efficiency import FAMILIES, Rates
+from .efficiency import FAMILIES, OVERHEAD_TILE, Rates
 from .hardware import Hardware, resolve_hardware
 from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
@@ -19,10 +19,6 @@ from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_
 #: operands before each timed call).
 OPERANDS = ("hbm", "l2")
 
-#: The output tile an achieved ``tile_overhead`` is stated for. A tile with a smaller
-#: accumulator pays the share its area is of this one's; a larger one pays the whole.
-OVERHEAD_TILE = (128, 128)
-
 
 @dataclass(frozen=True)
 class Estimate:
@@ -31,7 +27,7 @@ class Estimate:
     ``t_roofline`` (the ideal) uses ``peak_flops`` and ``mem_bandwidth``: the device's peak and
     bandwidth (measured or datasheet, as ``basis["roofline"]`` says). ``t_predicted`` (the
     expected time) uses what kernels achieve: ``achieved_flops``, ``achieved_bandwidth``,
-    ``tile_overhead`` per :data:`OVERHEAD_TILE` (``overhead_per_tile``: what one tile of this call
+    ``tile_overhead`` per :data:`~moe_hal.perf.efficiency.OVERHEAD_TILE` (``overhead_per_tile``: what one tile of this call
     pays, the share of its accumulator's area up to that tile's), ``stage_latency`` per K block of a
     tile (``promotion_k`` elements of K each, run one after another; 0 for dtypes the kernel does
     not promote per K block) and ``t_fixed`` per call; ``basis`` says where each came from.
