@@ -544,6 +544,8 @@ def contiguous_cases(check: Check) -> list[tuple[str, list[int]]]:
         return [("seed-64", workloads.synthetic_counts("seed", 64, 32))]
     cases = [(f"seed-{t // 1024}k", workloads.synthetic_counts("seed", t, 32)) for t in (8192, 32768, 65536)]
     cases += [(f"zipf{a}-32k", workloads.synthetic_counts(f"zipf:{a}", 32768, 32, seed=7)) for a in ("1.0", "1.5")]
+    # last, so a short budget drops it first: 64 rows per expert, where padding and tile height matter most
+    cases.append(("seed-2k", workloads.synthetic_counts("seed", 2048, 32)))
     return cases
 
 

@@ -4,10 +4,10 @@
 #   1. make the local packages importable without network (editable install, else a copied site dir);
 #   2. bench/calibrate.py        -> $OUT/measured_overlay.yaml   (hardware calibration, <= 75 s)
 #   3. backends/cuda/scripts/gpu_check.py        -> $OUT/gpu_check.json          (GPU-only checks, correctness, timings,
-#      targets, <= 250 s; the exit status of this script is gpu_check.py's: non-zero when a check fails)
+#      targets, <= 350 s; the exit status of this script is gpu_check.py's: non-zero when a check fails)
 #      with the calibration overlay loaded (MOE_HAL_HWDB), so the model uses this card's ceilings;
-#   4. bench/model_validation.py -> $OUT/model_validation.json   (perf-model validation, DeepSeek-V3 cases, <= 110 s)
-#   plus $OUT/gpu_check.log with everything printed.
+#   plus $OUT/gpu_check.log with everything printed. The performance model's error on the timings is
+#   computed afterwards, without a GPU, from the committed JSON (bench/gpu_check_cases.py).
 #
 # It installs nothing from the network. The kernel checks need nothing the nvidia-h200 image lacks;
 # the hardware DB (the tile advisor, the model figures, calibration) needs jsonschema, taken from
@@ -17,7 +17,7 @@
 #
 # Without $OUT (outside the device tool) results go to bench/results/gpu_check_local/.
 # GPU_CHECK_SMOKE=1 runs the same flow on a machine without a GPU: gpu_check.py --cpu-smoke (Triton
-# interpreter, tiny shapes), calibration of the CPU into $OUT only, a quick model validation.
+# interpreter, tiny shapes) and calibration of the CPU into $OUT only.
 set -u -o pipefail
 cd "$(dirname "$0")/../../.."  # the repository root: the check also runs the core's bench/ tools
 OUT=${OUT:-bench/results/gpu_check_local}
@@ -88,25 +88,14 @@ if [ -s "$OVERLAY" ]; then
 fi
 
 # -- 3. the CUDA backend check -------------------------------------------------------------------
-log "gpu_check.py (budget 220 s, hard limit 250 s; the JSON is rewritten after every case)"
+log "gpu_check.py (budget 320 s, hard limit 350 s; the JSON is rewritten after every case)"
 CHECK_ARGS=()
 [ "$SMOKE" = 1 ] && CHECK_ARGS=(--cpu-smoke)
-timeout 250 $PY backends/cuda/scripts/gpu_check.py --out "$OUT/gpu_check.json" --budget 220 "${CHECK_ARGS[@]}" 2>&1 | tee -a "$LOG"
+timeout 350 $PY backends/cuda/scripts/gpu_check.py --out "$OUT/gpu_check.json" --budget 320 "${CHECK_ARGS[@]}" 2>&1 | tee -a "$LOG"
 CHECK_STATUS=${PIPESTATUS[0]}
 log "gpu_check.py ended with status $CHECK_STATUS"
 
-# -- 4. perf-model validation (owned by the perf work; optional) -----------------------------------
-if [ -f bench/model_validation.py ]; then
-    log "model_validation.py (DeepSeek-V3 cases, budget 110 s)"
-    VAL_ARGS=(--only dsv3)
-    [ "$SMOKE" = 1 ] && VAL_ARGS=(--quick --only small-seed)
-    timeout 110 $PY bench/model_validation.py --out "$OUT/model_validation.json" "${VAL_ARGS[@]}" --warmup 2 --reps 5 \
-        2>&1 | tail -40 | tee -a "$LOG" \
-        || log "model_validation.py ended with status $?"
-else
-    log "bench/model_validation.py not present: skipped"
-fi
-
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee -a "$LOG"
 log "done; files in $OUT:"
 ls -la "$OUT" | tee -a "$LOG"
 # A failed correctness check (or a crashed/killed gpu_check.py) fails the whole call.
