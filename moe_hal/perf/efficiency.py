@@ -22,7 +22,12 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
   stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
-  operands just before the timed call).
+  operands just before the timed call);
+* ``tile_load_rate``: bytes/s at which one SM or AI core loads a tile's operands into its
+  on-chip memory. A tile's MMA cannot run faster than its operands arrive, so a tile whose
+  operand bytes per K step, ``BM + BN`` elements, are large against its ``BM x BN`` MMA (little
+  operand reuse: a 64 x 128 tile has half a 128 x 256 one's FLOP per byte) runs at most at
+  ``tile_load_rate`` x its FLOP per byte, below the achieved compute rate of larger tiles.
 
 Figures live in the hardware DB under ``achieved.<impl>`` (fitted from published measurements or
 measured by calibration, ``hwdb/measured/``). :class:`EfficiencyTable` answers "which figure
@@ -76,11 +81,25 @@ CLASS_OF_FAMILY = {
 }
 
 #: Kinds of achieved figure: fractions (compute, bandwidth), seconds (tile_overhead,
-#: stage_latency, launch) and rates in bytes/s (bandwidth_per_unit, l2_bandwidth).
-KINDS = ("compute", "bandwidth", "tile_overhead", "stage_latency", "launch", "bandwidth_per_unit", "l2_bandwidth")
+#: stage_latency, launch) and rates in bytes/s (bandwidth_per_unit, l2_bandwidth, tile_load_rate).
+KINDS = (
+    "compute",
+    "bandwidth",
+    "tile_overhead",
+    "stage_latency",
+    "launch",
+    "bandwidth_per_unit",
+    "l2_bandwidth",
+    "tile_load_rate",
+)
 FRACTIONS = ("compute", "bandwidth")
 SECONDS = ("tile_overhead", "stage_latency", "launch")
-RATES = ("bandwidth_per_unit", "l2_bandwidth")
+RATES = ("bandwidth_per_unit", "l2_bandwidth", "tile_load_rate")
+
+#: Kinds that apply only to the implementation they were measured or fitted for (or to every
+#: one, ``*``): a tile load rate depends on how a kernel loads its operands (TMA multicast across
+#: a cluster halves one operand's loads), so one kernel's says nothing of another's.
+OWN_IMPL_ONLY = ("tile_load_rate",)
 
 #: A fallback level is used only with at least this many measured cases behind it.
 MIN_CASES = 2
@@ -105,9 +124,12 @@ class Achieved:
     """One achieved figure of one implementation on one device.
 
     ``value``: a fraction of the datasheet figure (``compute``, ``bandwidth``), seconds
-    (``tile_overhead``, ``stage_latency``, ``launch``) or bytes/s (``bandwidth_per_unit``, ``l2_bandwidth``).
+    (``tile_overhead``, ``stage_latency``, ``launch``) or bytes/s (``bandwidth_per_unit``, ``l2_bandwidth``,
+    ``tile_load_rate``).
     ``dtype``/``family`` only for ``compute``. ``cases``: how
     many measured cases it summarises. ``basis``: ``fitted`` or ``measured``; ``source``: where.
+    ``typical``: False for an implementation that only this project's own runs measured (its
+    own kernels): its figures answer for itself, never for a typical implementation.
     """
 
     device: str
@@ -120,6 +142,7 @@ class Achieved:
     source: str
     dtype: str | None = None
     family: str | None = None
+    typical: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -246,7 +269,7 @@ class EfficiencyTable:
 
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """A time (``tile_overhead``, ``stage_latency``, ``launch``) or a rate (``bandwidth_per_unit``,
-        ``l2_bandwidth``): this implementation, then another (module docstring), on this device,
+        ``l2_bandwidth``, ``tile_load_rate``): this implementation, then another (module docstring), on this device,
         then on the architecture."""
         if kind not in SECONDS + RATES:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
@@ -255,7 +278,12 @@ class EfficiencyTable:
             levels = [("device", device, kind, lambda r: True)]
             if architecture:
                 levels.append(("architecture", architecture, kind, lambda r: True))
-            self._answers[key] = self._resolve(kind, levels, impl)
+            if kind in OWN_IMPL_ONLY:
+                # how a kernel loads its tiles is its own trait: never another kernel's figure
+                levels = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
+                self._answers[key] = None if impl is None else self._resolve(kind, levels, impl)
+            else:
+                self._answers[key] = self._resolve(kind, levels, impl)
         return self._answers[key]
 
     def _resolve(self, kind: str, levels, impl: str | None, impl_only_first: bool = False) -> Resolved | None:
@@ -285,9 +313,13 @@ class EfficiencyTable:
             return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
         if impl is not None:
             # A kernel never measured here is taken to be a typical one, not the best known:
-            # the median over the cases of every implementation measured here.
-            pooled = [r for i in backed for r in by_impl[i]]
-            return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+            # the median over the cases of every implementation measured here, this project's
+            # own kernels excepted (one young kernel is no sample of what kernels reach).
+            typical = [i for i in backed if all(r.typical for r in by_impl[i])]
+            if not typical:
+                return None
+            pooled = [r for i in typical for r in by_impl[i]]
+            return _summary(pooled, f"typical implementation ({', '.join(typical)}) on {where} {name}, {scope}")
         # without an implementation, the best: the highest fraction or rate, the shortest time
         sign = -1 if kind in SECONDS else 1
         best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
@@ -343,9 +375,10 @@ _SI = {"us": 1e-6, "ns": 1e-9, "GB/s": 1e9, "TB/s": 1e12}
 
 def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieved]:
     """The :class:`Achieved` figures of one hardware-DB entry's ``achieved`` mapping (fractions
-    and seconds; ``bandwidth_per_unit`` and ``l2_bandwidth`` are rates the model reads directly)."""
+    and seconds; the rates (:data:`RATES`) the model reads directly)."""
     out = []
     for impl, figures in achieved.items():
+        typical = bool(figures.get("typical", True))
         for dtype, families in figures.get("compute", {}).items():
             for family, q in families.items():
                 out.append(
@@ -360,6 +393,7 @@ def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieve
                         q["source"],
                         dtype=dtype,
                         family=family,
+                        typical=typical,
                     )
                 )
         if "bandwidth" in figures:
@@ -374,6 +408,7 @@ def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieve
                     int(q.get("cases", 1)),
                     q["basis"],
                     q["source"],
+                    typical=typical,
                 )
             )
         for kind in SECONDS + RATES:
@@ -389,6 +424,7 @@ def records_of(entry_id: str, architecture: str, achieved: dict) -> list[Achieve
                         int(q.get("cases", 1)),
                         q["basis"],
                         q["source"],
+                        typical=typical,
                     )
                 )
     return out
@@ -412,9 +448,10 @@ def table_from_entries(entries: Iterable) -> EfficiencyTable:
 class Rates:
     """What one call of ``dtype`` and ``op`` on a :class:`~moe_hal.perf.Hardware` is predicted
     with: FLOP/s and bytes/s a kernel achieves, seconds per tile, per K block of a tile and per
-    call, the per-core streaming cap and the L2 bandwidth (None: not modelled), and in ``basis``
-    where each came from (``roofline``, ``compute``, ``bandwidth``, ``tile_overhead``,
-    ``stage_latency``, ``launch``, ``bw_per_core``, ``l2_bandwidth``)."""
+    call, the per-core streaming cap, the L2 bandwidth and the per-core tile load rate (None: not
+    modelled), and in ``basis`` where each came from (``roofline``, ``compute``, ``bandwidth``,
+    ``tile_overhead``, ``stage_latency``, ``launch``, ``bw_per_core``, ``l2_bandwidth``,
+    ``tile_load_rate``)."""
 
     flops: float
     bandwidth: float
@@ -423,6 +460,7 @@ class Rates:
     launch: float
     bw_per_core: float | None
     l2_bandwidth: float | None
+    tile_load_rate: float | None
     basis: Mapping[str, str]
 
     @classmethod
@@ -482,7 +520,11 @@ class Rates:
         else:
             launch, basis["launch"] = 0.0, "not known: 0"
         caps: dict[str, float | None] = {}
-        for kind, given in (("bandwidth_per_unit", hw.bw_per_core), ("l2_bandwidth", hw.l2_bandwidth)):
+        for kind, given in (
+            ("bandwidth_per_unit", hw.bw_per_core),
+            ("l2_bandwidth", hw.l2_bandwidth),
+            ("tile_load_rate", hw.tile_load_rate),
+        ):
             name = "bw_per_core" if kind == "bandwidth_per_unit" else kind
             if given is not None:
                 caps[name], basis[name] = given, "given (Hardware)"
@@ -498,6 +540,7 @@ class Rates:
             launch,
             caps["bw_per_core"],
             caps["l2_bandwidth"],
+            caps["tile_load_rate"],
             MappingProxyType(basis),
         )
 

@@ -25,7 +25,8 @@ class Hardware:
     run; None = no cap). ``t_fixed``: seconds of launch + prologue added to every prediction.
     ``l2_bandwidth``: bytes/s at which operands already in the L2 stream into the cores; used
     for calls estimated with ``operands="l2"`` (None = not known: such calls are predicted cold).
-    ``l2_bytes``: the L2 size.
+    ``l2_bytes``: the L2 size. ``tile_load_rate``: bytes/s one core loads a tile's operands at,
+    which caps the MMA rate of tiles with little operand reuse (None: the table's, else no cap).
     ``sources``: where each number came from (free text per key, for reports).
 
     Achieved efficiency (:mod:`moe_hal.perf.efficiency`): ``efficiency`` is the table of achieved
@@ -51,6 +52,7 @@ class Hardware:
     l2_bytes: int | None = None
     bw_per_core: float | None = None
     l2_bandwidth: float | None = None
+    tile_load_rate: float | None = None
     t_fixed: float = 0.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     architecture: str | None = None
@@ -87,6 +89,8 @@ class Hardware:
             raise ArgumentError("Hardware.bw_per_core", "None or a positive bytes/s value", self.bw_per_core)
         if self.l2_bandwidth is not None and not is_positive_number(self.l2_bandwidth):
             raise ArgumentError("Hardware.l2_bandwidth", "None or a positive bytes/s value", self.l2_bandwidth)
+        if self.tile_load_rate is not None and not is_positive_number(self.tile_load_rate):
+            raise ArgumentError("Hardware.tile_load_rate", "None or a positive bytes/s value", self.tile_load_rate)
         if not is_number(self.t_fixed) or self.t_fixed < 0:
             raise ArgumentError("Hardware.t_fixed", "a non-negative number of seconds", self.t_fixed)
         if self.tile_overhead is not None and (not is_number(self.tile_overhead) or self.tile_overhead < 0):

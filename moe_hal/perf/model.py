@@ -35,7 +35,9 @@ class Estimate:
     operands were (:data:`OPERANDS`); ``bytes_l2``: the operand bytes streamed from the L2
     (``operands="l2"``), the rest of ``bytes_kernel`` streams at ``achieved_bandwidth``.
     ``split_k``: the slices each tile's K reduction was split into (1: not split); ``tiles``
-    counts every slice.
+    counts every slice. ``tile_load_rate``: bytes/s one core loads a tile's operands at (None: not
+    modelled); a tile with too little operand reuse for the achieved compute rate runs its MMA at
+    that rate times its FLOP per operand byte (``basis["tile_load_rate"]`` says how much slower).
 
     For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
     group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
@@ -86,6 +88,7 @@ class Estimate:
     operands: str = "hbm"
     bytes_l2: float = 0.0
     split_k: int = 1
+    tile_load_rate: float | None = None
     basis: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -327,7 +330,16 @@ class Call:
         # overhead by accumulator area").
         accumulator = max(block_m, m_floor) * block_n
         overhead = rates.tile_overhead * min(1.0, accumulator / (OVERHEAD_TILE[0] * OVERHEAD_TILE[1]))
+        # A tile's MMA runs no faster than its operands arrive: its FLOP per operand byte times
+        # the rate one core loads them at (64 x 128 tiles have half the reuse of 128 x 256 ones).
+        reuse = 2.0 * accumulator / (max(block_m, m_floor) * e_a + block_n * e_b)
+        mma_rate = per_core if rates.tile_load_rate is None else min(per_core, rates.tile_load_rate * reuse)
         basis = dict(rates.basis)
+        if rates.tile_load_rate is not None:
+            basis["tile_load_rate"] += (
+                f"; this tile's MMA at {mma_rate / per_core:.0%} of the achieved compute rate"
+                f" ({reuse:.0f} FLOP per operand byte)"
+            )
         if not promotion_k:
             basis["stage_latency"] = (
                 f"not applied: {self.dtype} kernels on {h.name} do not promote partial sums per K block"
@@ -335,10 +347,11 @@ class Call:
             )
 
         def tile_time(depth: int) -> float:
-            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA, the
+            """Seconds one core spends on one tile with reduction depth ``depth``: its MMA (at the
+            lower of the achieved compute rate and what its operand loads allow), the
             latency of each of its K blocks (run one after another: each waits for its MMAs to
             promote their partial sums) and its overhead (pipeline fill, accumulator drain)."""
-            mma = 2.0 * max(block_m, m_floor) * block_n * depth / per_core
+            mma = 2.0 * accumulator * depth / mma_rate
             blocks = ceil_div(depth, promotion_k) if promotion_k else 0
             return mma + blocks * stage_latency + overhead
 
@@ -460,6 +473,7 @@ class Call:
             operands=self.operands,
             bytes_l2=bytes_l2,
             split_k=split_k,
+            tile_load_rate=rates.tile_load_rate,
             basis=basis,
         )
 
