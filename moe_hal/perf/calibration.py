@@ -55,9 +55,17 @@ from .efficiency import (
 )
 from .hardware import Hardware
 from .model import Estimate, estimate
+from .operands import operand_bytes
 
 #: The published validation set in a source checkout (not part of the wheel).
 PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases.yaml"
+
+#: This project's own measured runs, in the published set's schema (each source names the
+#: committed result file and the script and commit that produced it); in a source checkout.
+OWN_MEASUREMENTS = PUBLISHED.parents[1] / "own_measurements"
+
+#: ``MeasuredCase.origin`` of the two kinds of case.
+ORIGINS = ("published", "own")
 
 #: Block-N values a kernel is assumed to choose from unless its implementation says otherwise.
 DEFAULT_BLOCK_N: tuple[int, ...] = (64, 96, 112, 128, 144, 160, 192, 224, 256)
@@ -73,6 +81,10 @@ GRID: tuple[tuple[float, float, float], ...] = tuple(
 
 #: The grid's times in its tuples' order, as recorded.
 GRID_KINDS = ("tile_overhead", "stage_latency", "launch")
+
+#: Per-core tile load rates (bytes/s) tried per implementation once the grid's times are chosen
+#: (None: no cap). Only an implementation timed at several tile shapes of one call can show it.
+LOAD_RATES: tuple[float | None, ...] = (None, *(gbps * 1e9 for gbps in (40, 50, 60, 70, 80, 100, 130)))
 
 #: A group of cases identifies one of the grid's times only if, at the largest value the grid
 #: tries, that time would be at least this share of the measured time of :data:`MIN_CASES` of its
@@ -115,7 +127,8 @@ class MeasuredCase:
     whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
     plain GEMM, modelled as one contiguous group). ``operands``: where the operands were when
     the source timed the call (``hbm``: cold or unknown; ``l2``: its benchmark had just written
-    them, the source's ``cache_state`` ``l2_warm``).
+    them, the source's ``cache_state`` ``l2_warm``). ``origin``: ``published`` (measured and
+    published by others) or ``own`` (this project's committed run, :data:`OWN_MEASUREMENTS`).
     """
 
     id: str
@@ -136,6 +149,7 @@ class MeasuredCase:
     kernel_family: str | None = None
     operands: str = "hbm"
     split_k: tuple[int, ...] = (1,)
+    origin: str = "published"
 
     @property
     def family(self) -> str:
@@ -169,6 +183,7 @@ class Outcome:
         return {
             "id": self.case.id,
             "source": self.case.source,
+            "origin": self.case.origin,
             "device": self.case.device,
             "impl": self.case.impl,
             "op": self.case.op,
@@ -190,8 +205,18 @@ class Outcome:
 # ---------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------
+def load_cases(path: str | Path | None = None) -> list[MeasuredCase]:
+    """Every measured case: those of ``path`` alone when given, else the published set and this
+    project's own runs (every ``*.yaml`` of :data:`OWN_MEASUREMENTS` in a source checkout)."""
+    if path is not None:
+        return load_published(path)
+    own = sorted(OWN_MEASUREMENTS.glob("*.yaml")) if OWN_MEASUREMENTS.is_dir() else []
+    return [case for file in (PUBLISHED, *own) for case in load_published(file)]
+
+
 def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
-    """The cases of the published set (validated against its schema)."""
+    """The cases of one file in the published set's schema (default: the published set),
+    validated against that schema."""
     import json
 
     import jsonschema
@@ -203,7 +228,7 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
             "path", "the published set bench/published/cases.yaml (in a source checkout)", str(location)
         )
     data = yaml.safe_load(location.read_text())
-    schema = json.loads(location.with_name("schema.json").read_text())
+    schema = json.loads(PUBLISHED.with_name("schema.json").read_text())  # one schema for every file
     jsonschema.Draft202012Validator(schema).validate(data)
     impls, sources = data.get("impls", {}), data["sources"]
     return [
@@ -211,15 +236,17 @@ def load_published(path: str | Path | None = None) -> list[MeasuredCase]:
             raw,
             {**impls.get(raw["impl"], {}), **sources[raw["source"]].get("kernel_tiles", {}).get(raw["impl"], {})},
             OPERANDS_OF_CACHE_STATE[sources[raw["source"]]["cache_state"]],
+            "own" if "result" in sources[raw["source"]] else "published",
         )
         for raw in data["cases"]
     ]
 
 
-def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str) -> MeasuredCase:
+def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str, origin: str) -> MeasuredCase:
     """One case of the published set; ``impl``: what its kernel can launch (``impls.<impl>`` of
     the set, overridden by the source's ``kernel_tiles.<impl>``: the kernel version it ran);
-    ``operands``: where its source's benchmark left the operands."""
+    ``operands``: where its source's benchmark left the operands; ``origin``: see
+    :class:`MeasuredCase`."""
     layout = raw["layout"]
     # a dense GEMM is one contiguous group run by a dense kernel (its own compute fraction)
     op, family = ("contiguous", "dense") if layout == "dense" else (layout, None)
@@ -270,6 +297,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str) -> Mea
         kernel_family=family,
         operands=operands,
         split_k=split_k,
+        origin=origin,
     )
 
 
@@ -325,6 +353,12 @@ class _Candidate:
     t_memory_unit: float  # memory time at the full datasheet bandwidth
     share_l2: float  # the share of its bytes a warm call streams from the L2 (0 when cold)
     bytes_l2: float  # those bytes
+    reuse: float  # the tile's FLOP per operand byte loaded
+    core_peak: float  # datasheet FLOP/s of one core in the case's dtype
+
+    def load_cap(self, load_rate: float | None) -> float:
+        """The highest fraction of the datasheet peak this tile's operand loads allow."""
+        return float("inf") if load_rate is None else load_rate * self.reuse / self.core_peak
 
 
 @dataclass
@@ -345,6 +379,8 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         l2_split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
         staged = hw.replace(stage_latency=_UNIT_TIME)
         overheads = hw.replace(tile_overhead=_UNIT_TIME)
+        m_floor = (hw.mma_min_n if case.swap_ab else hw.mma_min_m) or 1
+        e_a, e_b = operand_bytes(case.dtype)
         for bm, bn, s in case.configs:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, split_k=s, **_call_options(case))
             t_staged = estimate(
@@ -368,6 +404,8 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
                     est.t_memory,
                     resident / est.bytes_kernel,
                     resident,
+                    2.0 * max(bm, m_floor) * bn / (max(bm, m_floor) * e_a + bn * e_b),
+                    hw.peak(case.dtype) / hw.num_cores,
                 )
             )
         out.append(prepared)
@@ -375,9 +413,10 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
 
 
 def _fast_predict(
-    p: _Prepared, table: EfficiencyTable, overhead: float, stage: float, launch: float
+    p: _Prepared, table: EfficiencyTable, overhead: float, stage: float, launch: float, load: float | None = None
 ) -> tuple[float, _Candidate, str]:
-    """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms."""
+    """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms
+    (``load``: the per-core tile load rate, None for no cap)."""
     c = p.case
     comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
     band = table.bandwidth(c.device, p.architecture, c.impl)
@@ -386,7 +425,8 @@ def _fast_predict(
     l2 = table.figure("l2_bandwidth", c.device, p.architecture, c.impl) if c.operands == "l2" else None
     best = None
     for cand in p.candidates:
-        t_comp = cand.t_compute_unit / eta_c + cand.overhead_tiles * overhead + cand.stages * stage
+        t_comp = cand.t_compute_unit / min(eta_c, cand.load_cap(load)) + cand.overhead_tiles * overhead
+        t_comp += cand.stages * stage
         t_mem = cand.t_memory_unit / eta_b
         if l2 is not None:
             t_mem = cand.t_memory_unit * (1 - cand.share_l2) / eta_b + cand.bytes_l2 / l2.value
@@ -411,7 +451,14 @@ def fit(
     by_arch: dict[str, list[_Prepared]] = {}
     for p in prepared:
         by_arch.setdefault(p.architecture, []).append(p)
-    identified = {arch: _identified(group, grid) for arch, group in by_arch.items()}
+    # The grid's times are fitted on published cases where an architecture has them: those are
+    # kernel times from profilers, while this project's own runs time whole calls with CUDA
+    # events, host launch gaps included; own runs then fit their kernels' fractions at those times.
+    timed = {arch: [p for p in group if p.case.origin == "published"] or group for arch, group in by_arch.items()}
+    # this project's own kernels (measured by its own runs alone) answer only for themselves
+    published_impls = {p.case.impl for p in prepared if p.case.origin == "published"}
+    own_kernels = frozenset(p.case.impl for p in prepared if p.case.impl not in published_impls)
+    identified = {arch: _identified(timed[arch], grid) for arch in by_arch}
     # First the architectures whose cases identify every borrowable time, then the others with
     # those times fixed to what the first ones found.
     lenders = {arch for arch, known in identified.items() if all(known[kind] for kind in BORROWABLE)}
@@ -420,26 +467,110 @@ def fit(
         group, known = by_arch[arch], identified[arch]
         fixed: dict[str, tuple[float, str]] = {}
         if not known["stage_latency"]:
-            fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(group)} cases: 0")
+            fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(timed[arch])} cases: 0")
         for kind in BORROWABLE:
             if not known[kind] and (lent := _borrow(kind, records, identified)) is not None:
                 fixed[kind] = lent
-        best = None
-        for point in _restrict(grid, {kind: value for kind, (value, _) in fixed.items()}):
-            table = _fit_fractions(group, *point, basis, source)
-            score = statistics.fmean(abs(_fast_predict(p, table, *point)[0] / p.case.t_measured - 1) for p in group)
-            if best is None or score < best[0]:
-                best = (score, table, point)
-        _, table, point = best
+        points = _restrict(grid, {kind: value for kind, (value, _) in fixed.items()})
+        # the grid without load caps, then each implementation's load rate at the chosen times,
+        # then the grid again with those rates (they trade off little: one round settles them)
+        table, point = _search(group, timed[arch], points, {}, basis, source, own_kernels)
+        loads, load_notes = _fit_loads(group, point, basis, source, own_kernels)
+        if loads:
+            table, point = _search(group, timed[arch], points, loads, basis, source, own_kernels)
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
             for kind, value in zip(GRID_KINDS, point):
-                how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(group)} cases"
+                how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(timed[arch])} cases"
                 if kind == "tile_overhead":
                     how = f"{PER_OVERHEAD_TILE}; {how}"
                 records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
+            for impl, load in sorted(loads.items()):
+                mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
+                if mine:
+                    how = f"{impl}'s own; {load_notes[impl]}"
+                    records.append(
+                        Achieved(
+                            device,
+                            arch,
+                            impl,
+                            "tile_load_rate",
+                            load,
+                            mine,
+                            basis,
+                            f"{source} ({how})",
+                            typical=impl not in own_kernels,
+                        )
+                    )
     return EfficiencyTable(records)
+
+
+def _score(
+    group: list[_Prepared], table: EfficiencyTable, point: tuple[float, ...], loads: Mapping[str, float]
+) -> float:
+    """Mean relative error of the fast prediction over ``group``."""
+    return statistics.fmean(
+        abs(_fast_predict(p, table, *point, loads.get(p.case.impl))[0] / p.case.t_measured - 1) for p in group
+    )
+
+
+def _search(
+    group: list[_Prepared],
+    scored: list[_Prepared],
+    points: Sequence[tuple[float, ...]],
+    loads: Mapping[str, float],
+    basis: str,
+    source: str,
+    own_kernels: frozenset[str],
+) -> tuple[EfficiencyTable, tuple[float, ...]]:
+    """The fractions fitted on ``group`` and the grid point of the best of ``points`` with
+    ``loads``, judged by the error over ``scored``."""
+    best = None
+    for point in points:
+        table = _fit_fractions(group, *point, basis, source, loads, own_kernels)
+        score = _score(scored, table, point, loads)
+        if best is None or score < best[0]:
+            best = (score, table, point)
+    assert best is not None
+    return best[1], best[2]
+
+
+def _fit_loads(
+    group: list[_Prepared], point: tuple[float, ...], basis: str, source: str, own_kernels: frozenset[str]
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Per implementation timed at tiles of several FLOP per operand byte (a tile sweep), the
+    load rate of :data:`LOAD_RATES` that best predicts its cases, kept only where it moves at
+    least :data:`MIN_CASES` of their predictions by :data:`IDENTIFIES` of their measured time (a
+    cap that binds nowhere the cases can see is noise); and in words how each was chosen."""
+    reuse: dict[str, set[float]] = {}
+    for p in group:
+        for cand in p.candidates if len(p.case.tiles) == 1 else ():
+            reuse.setdefault(p.case.impl, set()).add(round(cand.reuse, 3))
+    loads: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    for impl in sorted(i for i, values in reuse.items() if len(values) > 1):
+        mine = [p for p in group if p.case.impl == impl]
+        best = None
+        for rate in LOAD_RATES:
+            trial = {**loads, impl: rate} if rate is not None else dict(loads)
+            table = _fit_fractions(group, *point, basis, source, trial, own_kernels)
+            score = _score(mine, table, point, trial)
+            if best is None or score < best[0]:
+                best = (score, rate, table)
+        _, rate, table = best
+        if rate is None:
+            continue
+        moved = sum(
+            1
+            for p in mine
+            if abs(_fast_predict(p, table, *point, rate)[0] - _fast_predict(p, table, *point)[0])
+            >= IDENTIFIES * p.case.t_measured
+        )
+        if moved >= MIN_CASES:
+            loads[impl] = rate
+            notes[impl] = f"fitted on its {len(mine)} cases at fixed tiles, binds {moved} of them"
+    return loads, notes
 
 
 def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
@@ -486,7 +617,14 @@ def _restrict(grid: Sequence[tuple[float, float, float]], fixed: Mapping[str, fl
 
 
 def _fit_fractions(
-    group: list[_Prepared], overhead: float, stage: float, launch: float, basis: str, source: str
+    group: list[_Prepared],
+    overhead: float,
+    stage: float,
+    launch: float,
+    basis: str,
+    source: str,
+    loads: Mapping[str, float] | None = None,
+    own_kernels: frozenset[str] = frozenset(),
 ) -> EfficiencyTable:
     table = EfficiencyTable()
     for _ in range(ITERATIONS):
@@ -495,11 +633,13 @@ def _fit_fractions(
         l2: list[float] = []
         for p in group:
             c = p.case
-            _, cand, bound = _fast_predict(p, table, overhead, stage, launch)
+            load = (loads or {}).get(c.impl)
+            _, cand, bound = _fast_predict(p, table, overhead, stage, launch, load)
             left = c.t_measured - launch
             if bound == "compute":
                 mma = left - cand.overhead_tiles * overhead - cand.stages * stage
-                if mma > BINDING_SHARE * c.t_measured:
+                # a tile its operand loads hold below the fraction it would imply says nothing of it
+                if mma > BINDING_SHARE * c.t_measured and cand.t_compute_unit / mma < cand.load_cap(load):
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)
                     )
@@ -513,11 +653,11 @@ def _fit_fractions(
                     l2.append(cand.bytes_l2 / rest)
         arch = group[0].architecture
         records = [
-            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dtype=dt, family=f)
+            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dt, f, i not in own_kernels)
             for (d, i, dt, f), v in compute.items()
         ]
         records += [
-            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source)
+            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source, typical=i not in own_kernels)
             for (d, i), v in bandwidth.items()
         ]
         if len(l2) >= MIN_CASES:
@@ -648,6 +788,8 @@ def overlays(table: EfficiencyTable, *, method: str, tool: str, date: str | None
             "date": day,
             "tool": tool,
         }
+        if not r.typical:
+            impl["typical"] = False
         if r.kind == "compute":
             impl.setdefault("compute", {}).setdefault(r.dtype, {})[r.family] = q
         else:
