@@ -229,12 +229,15 @@ class PerfModel:
     ``streams_all_experts``: the kernel reads the weights of empty experts too.
     ``reads_padding_rows``: the kernel loads the alignment padding rows of A.
     ``masked_computes_max_m``: a masked call multiplies all ``max_m`` rows of every group.
+    ``impl``: the kernel implementation name whose achieved efficiency the model applies
+    (``achieved.<impl>`` in the hardware DB; None: the best known for the device).
     """
 
     tiles: tuple[tuple[int, int], ...] | None = None
     streams_all_experts: bool = False
     reads_padding_rows: bool = False
     masked_computes_max_m: bool = False
+    impl: str | None = None
 
     def __post_init__(self) -> None:
         if self.tiles is not None:
@@ -246,10 +249,16 @@ class PerfModel:
         for name in ("streams_all_experts", "reads_padding_rows", "masked_computes_max_m"):
             if not isinstance(getattr(self, name), bool):
                 raise ArgumentError(f"PerfModel.{name}", "a bool", repr(getattr(self, name)))
+        if self.impl is not None and not (isinstance(self.impl, str) and self.impl):
+            raise ArgumentError("PerfModel.impl", "None or a kernel implementation name", repr(self.impl))
 
-    def estimate_options(self) -> dict[str, bool]:
+    def estimate_options(self) -> dict[str, Any]:
         """The keyword arguments of :func:`moe_hal.perf.estimate` / ``advise`` these facts set."""
-        return {"streams_all_experts": self.streams_all_experts, "reads_padding_rows": self.reads_padding_rows}
+        return {
+            "streams_all_experts": self.streams_all_experts,
+            "reads_padding_rows": self.reads_padding_rows,
+            "impl": self.impl,
+        }
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,23 @@ def _fp8_signatures(scale_formats: set[str]) -> tuple[Signature, Signature]:
     )
 
 
+#: The name the hardware DB keeps these kernels' achieved efficiency under (``achieved.<impl>``,
+#: fitted from ``backends/cuda/scripts/gpu_check.py`` runs through bench/own_measurements/).
+IMPL = "moe_hal_triton"
+
+
 def _perf_model(arch: str) -> PerfModel:
     """What the performance model must assume about the kernels: the tiles of contiguous 16-bit
     calls (the advisor picks among them per call), no weight traffic for empty experts, no reads
     of padding rows, masked tiles past ``masked_m`` skipped."""
     tiles = tuple((bm, configs.TABLE[(arch, "16bit", bm)].block_n) for bm in configs.HEIGHTS["contiguous"])
-    return PerfModel(tiles=tiles, streams_all_experts=False, reads_padding_rows=False, masked_computes_max_m=False)
+    return PerfModel(
+        tiles=tiles,
+        streams_all_experts=False,
+        reads_padding_rows=False,
+        masked_computes_max_m=False,
+        impl=IMPL,
+    )
 
 
 #: CUDA-graph capture per layout. Masked calls read ``masked_m`` on the device, so a replay takes

@@ -394,7 +394,7 @@ def test_tile_is_the_advisors_choice(gen, name, hw):
     be = moe_hal.get_backend(name)
     plan = be.plan(problem)
     tiles = [c.tile for c in configs.candidates(be.ARCH, "bf16", "contiguous")]
-    expected = perf.advise(counts, 4096, 7168, hw, "bf16", tiles=tiles, out_dtype="bf16").tile
+    expected = perf.advise(counts, 4096, 7168, hw, "bf16", tiles=tiles, out_dtype="bf16", impl=plugin.IMPL).tile
     assert plan.config.tile == expected
     assert f"advisor on {hw}" in be.describe_path(problem)
     assert be.plan(problem) is plan, "plans are cached per layout"
