@@ -101,7 +101,7 @@ def build_overlay(args: argparse.Namespace, device: torch.device, entry_id: str)
             print(f"calibrate: {dtype} matmul not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
             continue
         unit = "TOPS" if dtype == "int8" else "TFLOPS"
-        api = {"fp8": "torch._scaled_mm (e4m3, unit scales, bf16 out)", "int8": "torch._int_mm"}.get(
+        api = {"fp8": "torch._scaled_mm (e4m3, unit scales, bf16 out, fast accumulation)", "int8": "torch._int_mm"}.get(
             dtype, "torch.matmul"
         )
         tf32 = {"fp32": ", TF32 disabled", "tf32": ", fp32 inputs with TF32 enabled"}.get(dtype, "")

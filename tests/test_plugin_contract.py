@@ -65,9 +65,10 @@ def test_clear_cache_forgets_selections():
 def test_perf_model_is_typed_and_validated():
     spec = BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), perf_model=PerfModel(tiles=[[64, 128]]))
     assert spec.perf_model.tiles == ((64, 128),)
-    assert PerfModel(reads_padding_rows=True).estimate_options() == {
+    assert PerfModel(reads_padding_rows=True, impl="acme_kernels").estimate_options() == {
         "streams_all_experts": False,
         "reads_padding_rows": True,
+        "impl": "acme_kernels",
     }
     with pytest.raises(ValueError, match="perf_model"):
         BackendSpec("x", "v", ("cpu",), "fallback", 0, "m:C", (), perf_model={"tiles": [[64, 128]]})
@@ -75,6 +76,8 @@ def test_perf_model_is_typed_and_validated():
         PerfModel(tiles=[(64, 0)])
     with pytest.raises(ValueError, match="streams_all_experts"):
         PerfModel(streams_all_experts="yes")
+    with pytest.raises(ValueError, match="impl"):
+        PerfModel(impl="")
 
 
 def test_the_shipped_backends_declare_their_perf_model():

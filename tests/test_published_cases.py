@@ -187,7 +187,7 @@ def test_only_the_kernels_that_split_k_are_predicted_split(published):
         "n": 64,
         "measured": {"time_us": 10.0},
     }
-    assert calibration._case(raw, published["impls"]["cublas"], "hbm").split_k == (1,)
+    assert calibration._case(raw, published["impls"]["cublas"], "hbm", "published").split_k == (1,)
 
 
 def test_a_small_call_of_a_splitting_kernel_is_predicted_split():

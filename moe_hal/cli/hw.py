@@ -114,9 +114,11 @@ def _achieved(entry: Any) -> str:
         bases = {
             leaf["basis"]
             for name, node in figures.items()
+            if name != "typical"
             for leaf in ([x for fam in node.values() for x in fam.values()] if name == "compute" else [node])
         }
-        out.append(f"{impl} ({'/'.join(_BASIS_TAG[b] for b in sorted(bases))})")
+        own = "" if figures.get("typical", True) else ", own kernel"
+        out.append(f"{impl} ({'/'.join(_BASIS_TAG[b] for b in sorted(bases))}{own})")
     return ", ".join(out) or "-"
 
 
