@@ -30,7 +30,18 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (41.1%),
+def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
+    # issue 14: the H200 gpu_check timings feed the fit, and the model's error on them is reported;
+    # each run is predicted from the other and the published set (the second repeats the first's
+    # calls with the refitted advisor: out of run, not out of shape)
+    own = loso["own"]
+    assert own["cases"] >= 100 and len(own["sources"]) >= 2
+    assert own["summary"]["all"]["model_median"] <= model_validation.TARGET_OWN_MEDIAN, own["summary"]
+    assert own["target"]["median_met"]
+    assert set(own["by_impl"]) == {"moe_hal_triton", "torch_grouped_mm"}
+
+
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (53.0%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -55,7 +66,11 @@ def test_out_of_sample_median_error_meets_the_target(loso):
 #: kernel time) raised it to 0.94: the fitted fixed times per architecture are DeepGEMM's; it is
 #: 0.42 since a tile pays the overhead by its accumulator's area up to a 128 x 128 tile's
 #: (moe_hal.perf.model.OVERHEAD_TILE), the worst then torchao PR #2427's small NVFP4 GEMMs (B200).
-WORST_RECORDED = 0.42
+#: This project's two H200 runs (bench/own_measurements/) raised it to 0.53: their torch grouped_mm
+#: calls, streaming at 0.58 of the datasheet bandwidth, joined the typical H200 streaming fraction,
+#: which DeepGEMM's v0 masked kernel (issue #20's 256 x 64 call, no figure of its own on the H200)
+#: falls back to, while it streams at 0.85: a limit of the typical-implementation fallback.
+WORST_RECORDED = 0.54
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):
@@ -64,7 +79,7 @@ def test_the_out_of_sample_worst_error_does_not_regress(loso):
 
 def test_the_worst_case_is_reported_honestly(loso):
     s = loso["summary"]["all"]
-    worst = max(abs(row["error"]) for row in loso["per_case"])
+    worst = max(abs(row["error"]) for row in loso["per_case"] if row["origin"] == "published")
     assert s["model_worst"] == pytest.approx(worst)
     assert loso["target"]["worst_met"] == (worst <= model_validation.TARGET_WORST)
 
@@ -93,9 +108,11 @@ def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path):
     args = parser.parse_args(["model", "validate", "--in-sample", "--out", str(out)])
     assert args.func(args) == 0
     text = capsys.readouterr().out
-    assert "in-sample" in text and "target (in-sample" in text and "h800-readme0-contig" in text
+    assert "target on the published set (in-sample" in text and "h800-readme0-contig" in text
+    assert "this project's own runs" in text
     data = json.loads(out.read_text())
-    assert len(data["per_case"]) == data["cases"]
+    assert len(data["per_case"]) == data["cases"] + data["own"]["cases"]
+    assert data["cases"] == sum(1 for row in data["per_case"] if row["origin"] == "published")
 
 
 def test_the_advisor_tie_band_covers_the_model_error(loso):
@@ -158,5 +175,9 @@ def test_the_per_architecture_split_covers_every_case(loso):
     assert set(by_arch) == {"hopper", "blackwell"}
     assert sum(s["cases"] for s in by_arch.values()) == loso["summary"]["all"]["cases"]
     for arch, s in by_arch.items():
-        errors = [abs(r["error"]) for r in loso["per_case"] if hwdb.get(r["device"]).architecture == arch]
+        errors = [
+            abs(r["error"])
+            for r in loso["per_case"]
+            if hwdb.get(r["device"]).architecture == arch and r["origin"] == "published"
+        ]
         assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), arch

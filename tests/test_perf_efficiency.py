@@ -510,3 +510,72 @@ def test_a_weight_gradient_call_taken_from_forward_kernels_is_scaled_by_the_meas
     alone = EfficiencyTable([table.records[2]])
     got = alone.compute("b200", "blackwell", "new", "fp8", "k_grouped")
     assert got.value == 0.7 and "ratio taken as 1" in got.level
+
+
+# ---------------------------------------------------------------------------------------------
+# This project's own kernels, and the tile load rate
+
+
+def test_own_kernels_answer_only_for_themselves():
+    ours = Achieved(
+        "dev-a", "arch", "ours", "compute", 0.3, 40, "fitted", "own run", "fp8", "grouped_contiguous", False
+    )
+    lib = rec(device="dev-b", value=0.7)
+    table = EfficiencyTable([ours, lib])
+    assert table.compute("dev-a", "arch", "ours", "fp8", "grouped_contiguous").value == 0.3
+    # another kernel on dev-a is not taken to be like ours: the architecture's typical one answers
+    other = table.compute("dev-a", "arch", "never_measured", "fp8", "grouped_contiguous")
+    assert other.value == 0.7 and "architecture" in other.level and "ours" not in other.level
+    # nor is ours what the device can reach
+    best = table.compute("dev-a", "arch", None, "fp8", "grouped_contiguous")
+    assert best.value == 0.7 and "best known implementation (lib)" in best.level
+
+
+def test_a_tile_load_rate_is_the_own_implementations_only():
+    load = Achieved("dev-a", "arch", "ours", "tile_load_rate", 80e9, 40, "fitted", "own run")
+    table = EfficiencyTable([load, rec()])
+    assert table.figure("tile_load_rate", "dev-a", "arch", "ours").value == 80e9
+    assert table.figure("tile_load_rate", "dev-a", "arch", "lib") is None
+    assert table.figure("tile_load_rate", "dev-a", "arch", None) is None
+
+
+def test_a_tile_runs_its_mma_no_faster_than_its_operands_arrive():
+    # one core at 1 TFLOP/s loading operands at 10 GB/s: a bf16 64 x 128 tile does
+    # 2*64*128 FLOP per (64 + 128) * 2 bytes = 42.67 FLOP/B, so its MMA runs at 0.4267 TFLOP/s;
+    # a 128 x 256 tile (85.33 FLOP/B) at 0.8533 TFLOP/s; both below the 1 TFLOP/s peak
+    base = perf.Hardware("one-core", num_cores=1, peak_flops={"bf16": 1e12}, mem_bandwidth=1e15)
+    capped = base.replace(tile_load_rate=10e9)
+    for (bm, bn), rate in (
+        ((64, 128), 10e9 * 2 * 64 * 128 / (192 * 2)),
+        ((128, 256), 10e9 * 2 * 128 * 256 / (384 * 2)),
+    ):
+        free = perf.estimate([bm], bn, 1024, base, "bf16", bm, bn)
+        slow = perf.estimate([bm], bn, 1024, capped, "bf16", bm, bn)
+        mma = 2 * bm * bn * 1024
+        assert free.t_compute == pytest.approx(mma / 1e12)
+        assert slow.t_compute == pytest.approx(mma / rate)
+        assert slow.tile_load_rate == 10e9 and "of the achieved compute rate" in slow.basis["tile_load_rate"]
+    # a fast enough load rate leaves the MMA at the compute rate
+    fast = perf.estimate([128], 256, 1024, base.replace(tile_load_rate=1e12), "bf16", 128, 256)
+    assert fast.t_compute == pytest.approx(2 * 128 * 256 * 1024 / 1e12)
+    with pytest.raises(ArgumentError, match="tile_load_rate"):
+        base.replace(tile_load_rate=0)
+
+
+def test_own_kernel_flag_and_load_rate_round_trip_through_an_overlay():
+    from moe_hal.perf import calibration, efficiency
+
+    table = EfficiencyTable(
+        [
+            Achieved("nvidia-h200-sxm", "hopper", "ours", "tile_load_rate", 80e9, 40, "fitted", "own", typical=False),
+            Achieved(
+                "nvidia-h200-sxm", "hopper", "ours", "compute", 0.6, 40, "fitted", "own", "bf16", "k_grouped", False
+            ),
+        ]
+    )
+    doc = calibration.overlays(table, method="m", tool="t", date="2026-12-04")["nvidia-h200-sxm"]
+    assert doc["achieved"]["ours"]["typical"] is False
+    assert doc["achieved"]["ours"]["tile_load_rate"]["value"] == 80.0
+    back = efficiency.records_of("nvidia-h200-sxm", "hopper", doc["achieved"])
+    assert {(r.kind, r.typical) for r in back} == {("tile_load_rate", False), ("compute", False)}
+    assert next(r for r in back if r.kind == "tile_load_rate").value == pytest.approx(80e9)

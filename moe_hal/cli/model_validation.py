@@ -102,9 +102,9 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
             source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
             for source in sorted({c.source for c in cases})
         },
-        "by_architecture": {
-            arch: calibration.summarize(o for o in outcomes if architecture[o.case.device] == arch)["all"]
-            for arch in sorted(set(architecture.values()))
+        "by_architecture": {  # of the published set, as the summary
+            arch: calibration.summarize(o for o in published if architecture[o.case.device] == arch)["all"]
+            for arch in sorted({architecture[o.case.device] for o in published})
         },
         "per_case": [o.as_dict() for o in outcomes],
         "same_call_spread": calibration.same_call_spread(cases),
@@ -183,7 +183,7 @@ def print_report(data: dict[str, Any]) -> None:
             f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
             f"roofline median {s['roofline_median']:.1%}"
         )
-    print("per architecture:")
+    print("per architecture (published set):")
     for arch, s in data["by_architecture"].items():
         print(f"  {arch:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}")
     spread = data["same_call_spread"]

@@ -52,8 +52,10 @@ stands on its own), and so does each implementation a level answers for (one tim
 figure to go by). Without ``impl`` every level takes the best implementation known: what the
 device can reach. With an ``impl`` a level has no figure of, the level answers for a *typical*
 implementation: the case-weighted median over every implementation it knows — a kernel never
-measured is assumed ordinary, not as good as the best one measured. Each answer carries its
-basis and the level it came from.
+measured is assumed ordinary, not as good as the best one measured. This project's own
+kernels (``typical: false``, measured by its own runs alone) answer only for themselves: one
+young kernel says neither what kernels typically reach nor what the device can. Each answer
+carries its basis and the level it came from.
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class Achieved:
     ``dtype``/``family`` only for ``compute``. ``cases``: how
     many measured cases it summarises. ``basis``: ``fitted`` or ``measured``; ``source``: where.
     ``typical``: False for an implementation that only this project's own runs measured (its
-    own kernels): its figures answer for itself, never for a typical implementation.
+    own kernels): its figures answer for itself only, never for a typical implementation or as
+    the best known one (one young kernel is no sample of what kernels reach on a device).
     """
 
     device: str
@@ -305,21 +308,18 @@ class EfficiencyTable:
                 by_impl.setdefault(r.impl, []).append(r)
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
             return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
-        # implementations with enough cases of their own (one timing makes no figure to go by)
-        backed = sorted(i for i, records in by_impl.items() if _enough(records))
+        # implementations with enough cases of their own (one timing makes no figure to go by);
+        # this project's own kernels answer only for themselves, above
+        backed = sorted(i for i, records in by_impl.items() if _enough(records) and all(r.typical for r in records))
         if not backed:
             return None
         if backed == ["*"]:
             return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
         if impl is not None:
             # A kernel never measured here is taken to be a typical one, not the best known:
-            # the median over the cases of every implementation measured here, this project's
-            # own kernels excepted (one young kernel is no sample of what kernels reach).
-            typical = [i for i in backed if all(r.typical for r in by_impl[i])]
-            if not typical:
-                return None
-            pooled = [r for i in typical for r in by_impl[i]]
-            return _summary(pooled, f"typical implementation ({', '.join(typical)}) on {where} {name}, {scope}")
+            # the median over the cases of every implementation measured here.
+            pooled = [r for i in backed for r in by_impl[i]]
+            return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
         # without an implementation, the best: the highest fraction or rate, the shortest time
         sign = -1 if kind in SECONDS else 1
         best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))

@@ -41,11 +41,13 @@ def _slug(text: str) -> str:
 
 
 def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str, Any]]:
-    """The measured cases of one gpu_check report (see the module docstring for which)."""
+    """The measured cases of one gpu_check report (see the module docstring for which), their ids
+    prefixed with the run's start to the minute, so that the cases of several runs stay apart."""
     if report.get("mode") != "gpu":
         raise SystemExit(f"gpu_check_cases: the report's mode is {report.get('mode')!r}, not a GPU run")
     common = {"source": source, "device": device, "device_basis": "stated", "counts_basis": "exact"}
     cases: list[dict[str, Any]] = []
+    run = report["date"][:16]
 
     def add(case_id: str, ms: float, **fields: Any) -> None:
         cases.append({"id": _slug(case_id), **common, **fields, "measured": {"time_us": round(ms * 1e3, 3)}})
@@ -54,7 +56,7 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
         if "error" in row:
             continue
         shape = {"groups": row["G"], "counts": row["counts"], "n": row["N"], "k": row["K"]}
-        name = f"h200-{row['case']}"
+        name = f"{run}-{row['case']}"
         for sweep, dtype in (("tile_sweep", "bf16"), ("fp8_tile_sweep", "fp8")):
             for tile, timing in row.get(sweep, {}).items():
                 bm, bn = (int(v) for v in tile.split("x"))
@@ -85,7 +87,7 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
         if "error" in row or not timing:
             continue
         add(
-            f"h200-{row['case']}",
+            f"{run}-{row['case']}",
             timing["median_ms"],
             impl="moe_hal_triton",
             layout="masked",
@@ -105,7 +107,7 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
         if tokens * row["G"] != row["T"]:
             continue  # the set's K-grouped cases hold one K per group
         add(
-            f"h200-{row['case']}-bf16",
+            f"{run}-{row['case']}-bf16",
             timing["median_ms"],
             impl="moe_hal_triton",
             layout="k_grouped",
@@ -129,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"gpu_check_cases: --commit must be 40 hex digits, got {args.commit!r}")
     report = json.loads(args.report.read_text())
     device = report["device"]["hw_id"]
-    date = report["date"][:10]
-    source = _slug(f"moe-hal-gpu-check-{device}-{date}")
+    source = _slug(f"moe-hal-gpu-check-{device}-{report['date'][:16]}")
     settings = report["settings"]
     versions = report["versions"]
     data = {

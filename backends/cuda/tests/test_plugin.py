@@ -270,8 +270,23 @@ def test_peer_blockers():
         assert peers.blocker("deep_gemm", types.SimpleNamespace(**base)) == "deep_gemm is not installed"
 
 
-def test_path_table_packaged_and_empty():
-    assert paths.table() == {}
+def test_path_table_holds_the_h200_runs_k_grouped_verdicts():
+    # bench/results/gpu_check_h200_run2.json: torch grouped_mm's 2D x 2D form beat our bf16
+    # K-grouped kernel 1.46x and 1.54x (the first run: 1.44x, 1.52x); nothing else was taken
+    table = paths.table()
+    assert set(table) == {
+        ("sm90", "k_grouped", "bf16", (2048, 256, 4096)),
+        ("sm90", "k_grouped", "bf16", (4096, 256, 2048)),
+    }
+    assert all(e.path == "torch" and e.speedup > 1.4 for e in table.values())
+    assert all(e.source.startswith("bench/results/gpu_check_h200_run2.json") for e in table.values())
+    # the measured call (8192 tokens over 32 experts, dW 7168 x 2048) falls in the first bucket
+    klay = moe_hal.KGroupedLayout.from_counts(perf.synthetic_counts("seed", 8192, 32))
+    p = moe_hal.Problem.build(
+        torch.zeros(8192, 7168, dtype=torch.bfloat16), torch.zeros(8192, 2048, dtype=torch.bfloat16), klay
+    )
+    assert paths.lookup("sm90", p).bucket == (2048, 256, 4096)
+    assert paths.lookup("sm100", p) is None  # measured on Hopper only
 
 
 def _bf16_contiguous(counts, n=32, k=64, alignment=16):

@@ -1,0 +1,71 @@
+"""backends/cuda/scripts/gpu_check_cases.py: a committed GPU report becomes measured cases in the
+published set's schema, each timing carried over exactly, and a CPU smoke report is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "backends" / "cuda" / "scripts" / "gpu_check_cases.py"
+REPORT = ROOT / "bench" / "results" / "gpu_check_h200.json"
+COMMIT = "b616cb5502be8f93c4a392e8cef12ab75d7f1015"
+
+
+def convert(report: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), str(report), "--commit", COMMIT, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_committed_h200_report_becomes_valid_cases_with_its_timings(tmp_path):
+    out = tmp_path / "cases.yaml"
+    result = convert(REPORT, out)
+    assert result.returncode == 0, result.stderr
+    data = yaml.safe_load(out.read_text())
+    schema = json.loads((ROOT / "bench" / "published" / "schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(data)
+    (source,) = data["sources"].values()
+    assert source["result"] == "bench/results/gpu_check_h200.json" and source["commit"] == COMMIT
+    ids = [c["id"] for c in data["cases"]]
+    assert len(ids) == len(set(ids))
+    report = json.loads(REPORT.read_text())
+    # every fixed tile of every sweep, and torch grouped_mm, of every contiguous row
+    for row in report["timings"]:
+        for sweep, dtype in (("tile_sweep", "bf16"), ("fp8_tile_sweep", "fp8")):
+            for tile, timing in row[sweep].items():
+                case = next(
+                    c
+                    for c in data["cases"]
+                    if c["impl"] == "moe_hal_triton"
+                    and c["layout"] == "contiguous"
+                    and c["dtype"] == dtype
+                    and c.get("tile") == [int(v) for v in tile.split("x")]
+                    and c["counts"] == row["counts"]
+                    and (c["n"], c["k"]) == (row["N"], row["K"])
+                )
+                assert case["measured"]["time_us"] == pytest.approx(timing["median_ms"] * 1e3, abs=1e-3)
+    torch_cases = [c for c in data["cases"] if c["impl"] == "torch_grouped_mm"]
+    assert len(torch_cases) == len(report["timings"])
+    # the committed cases file is this conversion of the committed report
+    committed = yaml.safe_load((ROOT / "bench" / "own_measurements" / "gpu_check_h200.yaml").read_text())
+    assert committed == data
+
+
+def test_a_cpu_smoke_report_is_refused(tmp_path):
+    smoke = json.loads(REPORT.read_text())
+    smoke["mode"] = "cpu-smoke (Triton interpreter)"
+    path = tmp_path / "smoke.json"
+    path.write_text(json.dumps(smoke))
+    result = convert(path, tmp_path / "cases.yaml")
+    assert result.returncode != 0 and "not a GPU run" in result.stderr
+    assert not (tmp_path / "cases.yaml").exists()
