@@ -620,6 +620,7 @@ def contiguous_timings(check: Check) -> None:
                 plan = be.plan(problem)
                 row["advisor_tile"] = list(plan.config.tile)
                 row["path"] = be.describe_path(problem)
+                row["routed_to"] = plan.path
                 row["paths"]["ours_bf16"] = time_calls(
                     check, [(lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90")) for a, b in sets]
                 )
@@ -711,7 +712,15 @@ def k_grouped_timings(check: Check) -> None:
             lay = moe_hal.KGroupedLayout.from_counts(counts)
             x, dy = check.randn(lay.num_rows, m, scale=0.1), check.randn(lay.num_rows, n, scale=0.1)
             out = torch.empty(len(counts), m, n, dtype=torch.bfloat16, device=check.device)
-            row["paths"]["ours_bf16"] = time_calls(check, [lambda: gemm(x, dy, lay, out=out, backend="cuda_sm90")])
+            # our Triton kernel itself, launched at the plan's tile, whatever the path table routes
+            # the call to (a routed call is timed apart: "routed")
+            be = backend_object("cuda_sm90")
+            problem = moe_hal.Problem.build(x, dy, lay, out=out)
+            plan = be.plan(problem)
+            row["tile"], row["routed_to"] = list(plan.config.tile), plan.path
+            row["paths"]["ours_bf16"] = time_calls(check, [lambda: be.launch(problem, plan.config, out)])
+            if plan.path != "triton":
+                row["paths"]["routed"] = time_calls(check, [lambda: gemm(x, dy, lay, out=out, backend="cuda_sm90")])
             if check.cuda:
                 offs = lay.psum_on(check.device)
                 row["paths"]["torch_grouped_mm_2d2d"] = time_calls(check, [lambda: grouped_mm(x.t(), dy, offs=offs)])

@@ -103,9 +103,14 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
         timing = row.get("paths", {}).get("ours_bf16")
         if "error" in row or not timing:
             continue
+        # ours_bf16 is our kernel launched directly; a report that records a routed plan and no tile
+        # is from no version of gpu_check.py that times it so, and is skipped rather than misread
+        if row.get("routed_to", "triton") != "triton" and "tile" not in row:
+            continue
         tokens = row["T"] // row["G"]
         if tokens * row["G"] != row["T"]:
             continue  # the set's K-grouped cases hold one K per group
+        tile = {"tile": row["tile"]} if row.get("tile") else {}
         add(
             f"{run}-{row['case']}-bf16",
             timing["median_ms"],
