@@ -220,8 +220,9 @@ class CudaBackend(Backend):
         pref = paths.lookup(self.ARCH, p)
         if pref is None:
             return "triton", (
-                "peer choice unmeasured: no committed H200/B200 measurement compares torch grouped_mm or "
-                f"DeepGEMM with this kernel for {p.op} {p.in_dtype}, {paths.describe_bucket(paths.shape_bucket(p))}"
+                "peer choice unmeasured: the path table (moe_hal_cuda/path_table.json, entries only from "
+                f"committed GPU runs) has no entry for {p.op} {p.in_dtype}, "
+                f"{paths.describe_bucket(paths.shape_bucket(p))}"
             )
         where = f"{paths.describe_bucket(pref.bucket)}, on {pref.device or 'an unnamed device'} ({pref.source})"
         blocked = peers.blocker(pref.path, p)

@@ -13,8 +13,8 @@ section; a section is skipped, with the reason, when the time budget ``--budget`
    masked and K-grouped, bf16 / fp16 / fp8 with SM90 (fp32) and SM100 (packed UE8M0) scale
    formats — the SM100-format kernels run on whatever GPU this is, which is *not* SM100 hardware
    unless the report says so (and ``tl.dot_scaled`` falls back to Triton's emulation off SM100) —
-   plus N/K edge sizes, empty groups, skewed routing, masked sentinel rows, and the SM90 refusal
-   of fp8 K-grouped calls;
+   plus N/K edge sizes, empty groups, skewed routing, masked sentinel rows, and K-grouped calls
+   with and without ``c``;
 2. **contiguous timings** on DeepSeek-V3 expert shapes (N=4096/K=7168, N=7168/K=2048) for the
    32-expert seed histogram scaled to 8k-64k rows and Zipf routings: our Triton kernel (bf16 and
    fp8) against ``torch.nn.functional.grouped_mm`` (or ``torch._grouped_mm``), a per-expert

@@ -7,7 +7,8 @@
 #      targets, <= 350 s; the exit status of this script is gpu_check.py's: non-zero when a check fails)
 #      with the calibration overlay loaded (MOE_HAL_HWDB), so the model uses this card's ceilings;
 #   plus $OUT/gpu_check.log with everything printed. The performance model's error on the timings is
-#   computed afterwards, without a GPU, from the committed JSON (bench/gpu_check_cases.py).
+#   computed afterwards, without a GPU, from the committed JSON: backends/cuda/scripts/gpu_check_cases.py
+#   turns it into bench/own_measurements/<run>.yaml, which `moe-hal model calibrate` fits.
 #
 # It installs nothing from the network. The kernel checks need nothing the nvidia-h200 image lacks;
 # the hardware DB (the tile advisor, the model figures, calibration) needs jsonschema, taken from

@@ -354,8 +354,8 @@ def test_path_table_rejects_malformed_entries():
 
 
 def test_peer_choice_is_unmeasured_without_a_committed_measurement(monkeypatch):
-    """With the packaged (empty) path table a native plan runs Triton and says the peer choice is
-    unmeasured; an entry from a measurement covers only its shape bucket, and routes the call when
+    """Where the packaged path table has no entry for the call's bucket a native plan runs Triton
+    and says the peer choice is unmeasured; an entry from a measurement covers only its shape bucket, and routes the call when
     the peer can take it."""
     monkeypatch.delenv("MOE_HAL_CUDA_INTERPRET")
     from moe_hal_cuda import backend as cuda_backend
