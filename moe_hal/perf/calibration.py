@@ -67,6 +67,9 @@ OWN_MEASUREMENTS = PUBLISHED.parents[1] / "own_measurements"
 #: ``MeasuredCase.origin`` of the two kinds of case.
 ORIGINS = ("published", "own")
 
+#: The ``source`` of the figures of an implementation only this project's own runs measured.
+OWN_SOURCE = "bench/own_measurements/ (this project's own runs)"
+
 #: Block-N values a kernel is assumed to choose from unless its implementation says otherwise.
 DEFAULT_BLOCK_N: tuple[int, ...] = (64, 96, 112, 128, 144, 160, 192, 224, 256)
 DEFAULT_BLOCK_M: tuple[int, ...] = (64, 128, 256)
@@ -499,7 +502,7 @@ def fit(
                             load,
                             mine,
                             basis,
-                            f"{source} ({how})",
+                            f"{OWN_SOURCE if impl in own_kernels else source} ({how})",
                             typical=impl not in own_kernels,
                         )
                     )
@@ -652,12 +655,16 @@ def _fit_fractions(
                 if rest > 0:
                     l2.append(cand.bytes_l2 / rest)
         arch = group[0].architecture
+
+        def src(impl: str) -> str:
+            return OWN_SOURCE if impl in own_kernels else source
+
         records = [
-            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, source, dt, f, i not in own_kernels)
+            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, src(i), dt, f, i not in own_kernels)
             for (d, i, dt, f), v in compute.items()
         ]
         records += [
-            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, source, typical=i not in own_kernels)
+            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, src(i), typical=i not in own_kernels)
             for (d, i), v in bandwidth.items()
         ]
         if len(l2) >= MIN_CASES:
