@@ -231,7 +231,15 @@ def time_calls(check: Check, calls: list[Callable[[], Any]]) -> dict[str, float]
     """Median and min milliseconds of ``calls`` run round-robin (one call per rotating input set),
     timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush: the input sets rotate)."""
     t = timing.time_calls(calls, check.device, warmup=check.warmup, reps=check.reps)
-    return {"median_ms": t.median * 1e3, "min_ms": t.min * 1e3, "reps": t.reps, "copies": t.copies}
+    out = {"median_ms": t.median * 1e3, "min_ms": t.min * 1e3, "reps": t.reps, "copies": t.copies}
+    if check.cuda:
+        # the SM clock right after the timing: the same kernel ran slower late in a run than early
+        # in it (bench/results/gpu_check_h200*.json), which falling clocks under load would explain
+        try:
+            out["sm_clock_mhz"] = torch.cuda.clock_rate(check.device)
+        except Exception as exc:  # noqa: BLE001 - NVML may be missing; the timing stands without it
+            out["sm_clock_mhz"] = f"unavailable: {type(exc).__name__}"
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
