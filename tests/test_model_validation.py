@@ -30,6 +30,18 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] < s["roofline_median"]
 
 
+def test_a_cases_file_of_own_runs_alone_is_validated_without_a_published_verdict(capsys):
+    from pathlib import Path
+
+    own = Path(__file__).parents[1] / "bench" / "own_measurements" / "gpu_check_h200.yaml"
+    data = model_validation.report(in_sample=True, cases_path=str(own))
+    assert data["cases"] == 0 and data["own"]["cases"] == len(data["per_case"]) > 0
+    assert data["target"]["median_met"] is None and data["target"]["worst_met"] is None
+    model_validation.print_report(data)
+    out = capsys.readouterr().out
+    assert "target on the published set" not in out and "target on them" in out
+
+
 def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
     # issue 14: the H200 gpu_check timings feed the fit, and the model's error on them is reported;
     # each run is predicted from the other and the published set (the second repeats the first's

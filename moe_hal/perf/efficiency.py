@@ -158,6 +158,8 @@ class Achieved:
             raise ArgumentError("Achieved.value", "a finite number >= 0", self.value)
         if self.kind in FRACTIONS and not 0 < self.value <= 1:
             raise ArgumentError("Achieved.value", "a fraction in (0, 1] of the datasheet figure", self.value)
+        if not isinstance(self.typical, bool):
+            raise ArgumentError("Achieved.typical", "a bool", repr(self.typical))
 
 
 @dataclass(frozen=True)
