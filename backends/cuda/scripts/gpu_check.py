@@ -229,9 +229,18 @@ def copies_for(check: Check, bytes_per_set: float) -> int:
 
 def time_calls(check: Check, calls: list[Callable[[], Any]]) -> dict[str, float]:
     """Median and min milliseconds of ``calls`` run round-robin (one call per rotating input set),
-    timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush: the input sets rotate)."""
+    timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush: the input sets rotate),
+    the host's median time to issue one, and on a GPU the SM clock just after."""
     t = timing.time_calls(calls, check.device, warmup=check.warmup, reps=check.reps)
-    out = {"median_ms": t.median * 1e3, "min_ms": t.min * 1e3, "reps": t.reps, "copies": t.copies}
+    # host_ms: the host's time to issue one call; near median_ms the events time the host, not the
+    # kernel (a candidate cause of Backend.run timing slower than a direct launch, cuda-backend.md)
+    out = {
+        "median_ms": t.median * 1e3,
+        "min_ms": t.min * 1e3,
+        "host_ms": t.host * 1e3,
+        "reps": t.reps,
+        "copies": t.copies,
+    }
     if check.cuda:
         # the SM clock right after the timing: the same kernel ran slower late in a run than early
         # in it (bench/results/gpu_check_h200*.json), which falling clocks under load would explain
