@@ -122,6 +122,7 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
             k_per_group=tokens,
             m=row["M"],
             n=row["N"],
+            **tile,
         )
     return cases
 

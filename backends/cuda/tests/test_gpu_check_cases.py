@@ -69,3 +69,17 @@ def test_a_cpu_smoke_report_is_refused(tmp_path):
     result = convert(path, tmp_path / "cases.yaml")
     assert result.returncode != 0 and "not a GPU run" in result.stderr
     assert not (tmp_path / "cases.yaml").exists()
+
+
+def test_a_k_grouped_row_that_records_its_tile_keeps_it(tmp_path):
+    # gpu_check.py now launches our K-grouped kernel at the plan's tile and records it (the path
+    # table may route the call itself to torch); the case must carry that tile, not the fastest
+    report = json.loads(REPORT.read_text())
+    for row in report["k_grouped"]:
+        row["tile"], row["routed_to"] = [128, 256], "torch"
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "cases.yaml"
+    assert convert(path, out).returncode == 0
+    k_grouped = [c for c in yaml.safe_load(out.read_text())["cases"] if c["layout"] == "k_grouped"]
+    assert len(k_grouped) == len(report["k_grouped"]) and all(c["tile"] == [128, 256] for c in k_grouped)
