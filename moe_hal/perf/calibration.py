@@ -55,7 +55,6 @@ from .efficiency import (
 )
 from .hardware import Hardware
 from .model import Estimate, estimate
-from .operands import operand_bytes
 
 #: The published validation set in a source checkout (not part of the wheel).
 PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases.yaml"
@@ -63,9 +62,6 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "bench" / "published" / "cases
 #: This project's own measured runs, in the published set's schema (each source names the
 #: committed result file and the script and commit that produced it); in a source checkout.
 OWN_MEASUREMENTS = PUBLISHED.parents[1] / "own_measurements"
-
-#: ``MeasuredCase.origin`` of the two kinds of case.
-ORIGINS = ("published", "own")
 
 #: The ``source`` of the figures of an implementation only this project's own runs measured.
 OWN_SOURCE = "bench/own_measurements/ (this project's own runs)"
@@ -382,8 +378,6 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
         l2_split = hw.replace(l2_bandwidth=hw.mem_bandwidth) if case.operands == "l2" else None
         staged = hw.replace(stage_latency=_UNIT_TIME)
         overheads = hw.replace(tile_overhead=_UNIT_TIME)
-        m_floor = (hw.mma_min_n if case.swap_ab else hw.mma_min_m) or 1
-        e_a, e_b = operand_bytes(case.dtype)
         for bm, bn, s in case.configs:
             est = estimate(case.counts, case.n, case.k, hw, case.dtype, bm, bn, split_k=s, **_call_options(case))
             t_staged = estimate(
@@ -407,7 +401,7 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
                     est.t_memory,
                     resident / est.bytes_kernel,
                     resident,
-                    2.0 * max(bm, m_floor) * bn / (max(bm, m_floor) * e_a + bn * e_b),
+                    est.operand_reuse,
                     hw.peak(case.dtype) / hw.num_cores,
                 )
             )
@@ -502,7 +496,7 @@ def fit(
                             load,
                             mine,
                             basis,
-                            f"{OWN_SOURCE if impl in own_kernels else source} ({how})",
+                            f"{_source_of(impl, own_kernels, source)} ({how})",
                             typical=impl not in own_kernels,
                         )
                     )
@@ -619,6 +613,11 @@ def _restrict(grid: Sequence[tuple[float, float, float]], fixed: Mapping[str, fl
     return points
 
 
+def _source_of(impl: str, own_kernels: frozenset[str], source: str) -> str:
+    """The ``source`` a fitted figure of ``impl`` records: this project's runs for its own kernels."""
+    return OWN_SOURCE if impl in own_kernels else source
+
+
 def _fit_fractions(
     group: list[_Prepared],
     overhead: float,
@@ -655,16 +654,34 @@ def _fit_fractions(
                 if rest > 0:
                     l2.append(cand.bytes_l2 / rest)
         arch = group[0].architecture
-
-        def src(impl: str) -> str:
-            return OWN_SOURCE if impl in own_kernels else source
-
         records = [
-            Achieved(d, arch, i, "compute", statistics.median(v), len(v), basis, src(i), dt, f, i not in own_kernels)
+            Achieved(
+                d,
+                arch,
+                i,
+                "compute",
+                statistics.median(v),
+                len(v),
+                basis,
+                _source_of(i, own_kernels, source),
+                dt,
+                f,
+                i not in own_kernels,
+            )
             for (d, i, dt, f), v in compute.items()
         ]
         records += [
-            Achieved(d, arch, i, "bandwidth", statistics.median(v), len(v), basis, src(i), typical=i not in own_kernels)
+            Achieved(
+                d,
+                arch,
+                i,
+                "bandwidth",
+                statistics.median(v),
+                len(v),
+                basis,
+                _source_of(i, own_kernels, source),
+                typical=i not in own_kernels,
+            )
             for (d, i), v in bandwidth.items()
         ]
         if len(l2) >= MIN_CASES:

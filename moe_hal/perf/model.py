@@ -37,7 +37,8 @@ class Estimate:
     ``split_k``: the slices each tile's K reduction was split into (1: not split); ``tiles``
     counts every slice. ``tile_load_rate``: bytes/s one core loads a tile's operands at (None: not
     modelled); a tile with too little operand reuse for the achieved compute rate runs its MMA at
-    that rate times its FLOP per operand byte (``basis["tile_load_rate"]`` says how much slower).
+    that rate times its FLOP per operand byte, ``operand_reuse`` (``basis["tile_load_rate"]`` says
+    how much slower).
 
     For K-grouped calls ``counts`` are the per-group K (tokens), ``m`` the output rows per
     group, and ``rows``/``padded_rows`` count output rows over the non-empty groups.
@@ -89,6 +90,7 @@ class Estimate:
     bytes_l2: float = 0.0
     split_k: int = 1
     tile_load_rate: float | None = None
+    operand_reuse: float = 0.0
     basis: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -474,6 +476,7 @@ class Call:
             bytes_l2=bytes_l2,
             split_k=split_k,
             tile_load_rate=rates.tile_load_rate,
+            operand_reuse=reuse,
             basis=basis,
         )
 
