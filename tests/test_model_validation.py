@@ -53,7 +53,7 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
     assert set(own["by_impl"]) == {"moe_hal_triton", "torch_grouped_mm"}
 
 
-#: The out-of-sample worst recorded in bench/results/model_validation_published.json (53.0%),
+#: The out-of-sample worst recorded in bench/results/model_validation_published.json (41.1%),
 #: rounded up: a ratchet until the worst target (TARGET_WORST, 30%) is met, then replaced by it.
 #: It was 0.41 before the cache state became a measurement condition (sources whose benchmark
 #: left the operands in the L2 are predicted so, bench/published/cases.yaml cache_state), 0.32
@@ -81,8 +81,12 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: This project's two H200 runs (bench/own_measurements/) raised it to 0.53: their torch grouped_mm
 #: calls, streaming at 0.58 of the datasheet bandwidth, joined the typical H200 streaming fraction,
 #: which DeepGEMM's v0 masked kernel (issue #20's 256 x 64 call, no figure of its own on the H200)
-#: falls back to, while it streams at 0.85: a limit of the typical-implementation fallback.
-WORST_RECORDED = 0.54
+#: falls back to, while it streams at 0.85: a limit of the typical-implementation fallback. It is
+#: 0.42 since a call informs a streaming fraction only when its memory time is 1.5x its compute
+#: time at the datasheet rates (moe_hal.perf.calibration.STREAMING_MARGIN): those torch calls are
+#: balanced (1.0-1.1x) and no longer set it; issue #20's case is then 29.9% and the worst torchao
+#: PR #2427's NVFP4 1024^3 GEMM again (41.1%).
+WORST_RECORDED = 0.42
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

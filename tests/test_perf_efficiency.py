@@ -579,3 +579,45 @@ def test_own_kernel_flag_and_load_rate_round_trip_through_an_overlay():
     back = efficiency.records_of("nvidia-h200-sxm", "hopper", doc["achieved"])
     assert {(r.kind, r.typical) for r in back} == {("tile_load_rate", False), ("compute", False)}
     assert next(r for r in back if r.kind == "tile_load_rate").value == pytest.approx(80e9)
+
+
+def test_a_call_near_the_ridge_does_not_set_the_streaming_fraction(monkeypatch):
+    # Model-made H800 timings of one kernel (0.95 of the fp8 peak, 0.7 of the bandwidth, 3 us per
+    # call, no per-tile time): small-M calls that stream their weights (memory time several times
+    # the compute time), and calls of 192 to 256 rows near the ridge, still bound by their stream
+    # but timed 35% slower than the model says (compute and memory overlapping imperfectly). Those
+    # cannot tell a slow stream from a slow MMA and must not move the streaming fraction.
+    from moe_hal.perf import calibration
+
+    def r(kind, value, **kw):
+        return Achieved("nvidia-h800-sxm", "hopper", kw.pop("impl", "*"), kind, value, 9, "fitted", "test", **kw)
+
+    truth = EfficiencyTable(
+        [r("compute", 0.95, impl="lib", dtype="fp8", family="dense"), r("bandwidth", 0.7, impl="lib")]
+        + [r("tile_overhead", 0.0), r("stage_latency", 0.0), r("launch", 3e-6)]
+    )
+    streaming = [(64, 7168, 2048), (64, 32768, 512), (64, 24576, 1536)]
+    balanced = [(256, 7168, 7168), (256, 4096, 7168), (192, 7168, 7168), (256, 7168, 2048)]
+    hw = calibration.datasheet_hardware("nvidia-h800-sxm")
+    cases = []
+    for i, (m, n, k) in enumerate(streaming + balanced):
+        case = calibration.MeasuredCase(
+            f"c{i}", f"s{i % 3}", "nvidia-h800-sxm", "lib", "contiguous", "fp8", "bf16", (m,), n, k, None, 1.0,
+            ((64, 128), (128, 128)), kernel_family="dense",
+        )  # fmt: skip
+        est = calibration.predict(case, truth)
+        ideal = perf.estimate([m], n, k, hw, "fp8", est.block_m, est.block_n)
+        assert est.bound == "memory", case.id
+        near = (m, n, k) in balanced
+        assert (ideal.t_memory < calibration.STREAMING_MARGIN * ideal.t_compute) == near, case.id
+        cases.append(
+            calibration.MeasuredCase(**{**case.__dict__, "t_measured": est.t_predicted * (1.35 if near else 1)})
+        )
+
+    def fitted_bandwidth():
+        table = calibration._fit_fractions(calibration._prepare(cases), 0.0, 0.0, 3e-6, "fitted", "test")
+        return table.bandwidth("nvidia-h800-sxm", "hopper", "lib").value
+
+    assert fitted_bandwidth() == pytest.approx(0.7)
+    monkeypatch.setattr(calibration, "STREAMING_MARGIN", 0.0)  # every memory-bound call informs it
+    assert fitted_bandwidth() < 0.6
