@@ -73,6 +73,19 @@ def test_the_family_class_is_tried_before_other_devices():
     assert table.compute("dev-a", "arch", "lib", "fp8", "k_grouped").value == 0.4
 
 
+def test_an_implementation_s_own_forward_figure_on_the_device_comes_before_another_s_family_figure():
+    # a masked call of lib on dev-a: lib's own contiguous figure there (same forward class) before
+    # another library's masked one; the other library's answers only when lib has none on dev-a
+    table = EfficiencyTable([rec(value=0.9), rec(impl="other", value=0.5, family="grouped_masked")])
+    got = table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked")
+    assert got.value == 0.9 and "lib on device dev-a, fp8 forward kernels" in got.level
+    got = table.compute("dev-a", "arch", "new", "fp8", "grouped_masked")
+    assert got.value == 0.5 and "typical implementation (other)" in got.level
+    # the device still comes before the architecture: lib's masked figure on dev-b waits
+    table = EfficiencyTable([rec(impl="other", value=0.5, family="grouped_masked"), rec(device="dev-b", value=0.9)])
+    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.5
+
+
 def test_fp16_and_bf16_answer_for_each_other_before_another_width():
     # the device knows bf16 and fp8 kernels; an fp16 call takes the bf16 figure, not the fp8 one
     # (nor the architecture's fp16 one: the device comes first)

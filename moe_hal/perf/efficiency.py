@@ -34,10 +34,14 @@ measured by calibration, ``hwdb/measured/``). :class:`EfficiencyTable` answers "
 applies to this call" with one fallback order, used both at prediction time and by the
 leave-one-source-out validation, so the validation tests exactly what predictions do:
 
-1. the same device, dtype, family (then the same forward/backward class: contiguous and masked
-   calls are forward kernels, K-grouped ones weight gradients), this implementation; after the
-   dtype, its twin of the same width where it has one (fp16 and bf16, :data:`SAME_MMA_RATE`);
-2. the same, another implementation (see below which);
+1. this implementation on the same device: the same dtype and family, then the same
+   forward/backward class (contiguous and masked calls are forward kernels, K-grouped ones weight
+   gradients); after the dtype, its twin of the same width where it has one (fp16 and bf16,
+   :data:`SAME_MMA_RATE`). One library's forward kernels share code and tuning, so its own figure
+   for another family says more of it than another library's for this one (a DeepGEMM version
+   with a known multicast bug ran the README's masked H800 calls at 0.63-0.79 of the README's
+   TFLOP/s: PR #193's base with the L2 flushed, README a6d97a1 with it warm);
+2. the same levels, another implementation (see below which);
 3. the same architecture instead of the same device (1, then 2);
 4. the architecture and dtype, kernels of the other class; then the architecture, any dtype, this
    class, then the other class. A figure of the other class is scaled by how much of the peak
@@ -60,6 +64,7 @@ carries its basis and the level it came from.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -235,7 +240,7 @@ class EfficiencyTable:
                 ("architecture", architecture, f"any dtype, {cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)
             )
             levels.append(("architecture", architecture, f"any dtype, {other} kernels", in_other, factor))
-        return self._resolve("compute", levels, impl)
+        return self._resolve("compute", levels, impl, own_first=True)
 
     def _class_ratio(self) -> tuple[float, str] | None:
         """How much of the peak weight-gradient (K-grouped) kernels reach relative to forward ones,
@@ -291,25 +296,51 @@ class EfficiencyTable:
                 self._answers[key] = self._resolve(kind, levels, impl)
         return self._answers[key]
 
-    def _resolve(self, kind: str, levels, impl: str | None, impl_only_first: bool = False) -> Resolved | None:
+    def _resolve(
+        self, kind: str, levels, impl: str | None, impl_only_first: bool = False, own_first: bool = False
+    ) -> Resolved | None:
+        """The first answer of ``levels`` (place, name, scope, filter[, scale]). ``impl_only_first``:
+        ``impl``'s own figure is looked for at the first level only. ``own_first``: within each place
+        (consecutive levels of one device or architecture) ``impl``'s figure at any level comes
+        before another implementation's at the first."""
         mine = [r for r in self.records if r.kind == kind]
-        for index, (where, name, scope, keep, *scaled) in enumerate(levels):
-            try_impl = impl is not None and not (impl_only_first and index > 0)
-            found = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl)
+        if own_first and impl is not None:
+            steps = []
+            for _, place in itertools.groupby(levels, key=lambda level: level[:2]):
+                place = list(place)
+                steps += [(level, True, False) for level in place] + [(level, False, True) for level in place]
+        else:
+            steps = [
+                (level, impl is not None and not (impl_only_first and i > 0), True) for i, level in enumerate(levels)
+            ]
+        for (where, name, scope, keep, *scaled), try_impl, others in steps:
+            found = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl, others)
             if found is not None:
                 return _scaled(found, *scaled) if scaled else found
         return None
 
     def _at_level(
-        self, kind: str, mine: list[Achieved], where: str, name: str, scope: str, keep, impl: str | None, try_impl: bool
+        self,
+        kind: str,
+        mine: list[Achieved],
+        where: str,
+        name: str,
+        scope: str,
+        keep,
+        impl: str | None,
+        try_impl: bool,
+        others: bool = True,
     ) -> Resolved | None:
-        """The answer of one level of a fallback order (module docstring), None when it has none."""
+        """The answer of one level of a fallback order (module docstring), None when it has none;
+        only ``impl``'s own figure unless ``others``."""
         by_impl: dict[str, list[Achieved]] = {}
         for r in mine:
             if getattr(r, where) == name and keep(r):
                 by_impl.setdefault(r.impl, []).append(r)
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
             return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
+        if not others:
+            return None
         # implementations with enough cases of their own (one timing makes no figure to go by);
         # this project's own kernels answer only for themselves, above
         backed = sorted(i for i, records in by_impl.items() if _enough(records) and all(r.typical for r in records))
