@@ -23,6 +23,11 @@ TARGET_WORST = 0.30
 #: Target median |error| on this project's own GPU runs (issue 14: the gpu_check timings).
 TARGET_OWN_MEDIAN = 0.10
 
+_CASES_HELP = (
+    "one cases file in the published set's schema (default: bench/published/cases.yaml and "
+    "bench/own_measurements/*.yaml of the checkout)"
+)
+
 
 def register(model_parser: argparse.ArgumentParser) -> None:
     actions = model_parser.add_subparsers(dest="model_action", metavar="ACTION")
@@ -32,11 +37,7 @@ def register(model_parser: argparse.ArgumentParser) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    v.add_argument(
-        "--cases",
-        help="one cases file in the published set's schema (default: bench/published/cases.yaml and "
-        "bench/own_measurements/*.yaml of the checkout)",
-    )
+    v.add_argument("--cases", help=_CASES_HELP)
     v.add_argument("--in-sample", action="store_true", help="fit on every case instead (optimistic; for comparison)")
     v.add_argument("--out", metavar="FILE.json", help="write the report as JSON")
     v.add_argument("--plot", metavar="FILE.png", help="predicted vs measured, model and plain roofline")
@@ -48,11 +49,7 @@ def register(model_parser: argparse.ArgumentParser) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument(
-        "--cases",
-        help="one cases file in the published set's schema (default: bench/published/cases.yaml and "
-        "bench/own_measurements/*.yaml of the checkout)",
-    )
+    c.add_argument("--cases", help=_CASES_HELP)
     c.add_argument(
         "--out-dir", default=None, help="where to write the overlays (default hwdb/measured of the checkout)"
     )
@@ -155,6 +152,11 @@ def _files_of(cases: list) -> str:
     return f"{published} and {own} of bench/own_measurements/" if own else published
 
 
+def _errors(s: dict[str, Any]) -> str:
+    """A summary's case count and the model's median and worst error, as every report line says them."""
+    return f"{s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}"
+
+
 def print_report(data: dict[str, Any]) -> None:
     own = data["own"]
     print(
@@ -174,18 +176,14 @@ def print_report(data: dict[str, Any]) -> None:
         if not s["cases"]:
             continue
         print(
-            f"{name:14} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
-            f"plain roofline median {s['roofline_median']:.1%}, worst {s['roofline_worst']:.1%}"
+            f"{name:14} {_errors(s)}; plain roofline median {s['roofline_median']:.1%}, worst {s['roofline_worst']:.1%}"
         )
     print("per source (each predicted from the others when out of sample):")
     for source, s in data["by_source"].items():
-        print(
-            f"  {source:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}; "
-            f"roofline median {s['roofline_median']:.1%}"
-        )
+        print(f"  {source:30} {_errors(s)}; roofline median {s['roofline_median']:.1%}")
     print("per architecture (published set):")
     for arch, s in data["by_architecture"].items():
-        print(f"  {arch:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}")
+        print(f"  {arch:30} {_errors(s)}")
     spread = data["same_call_spread"]
     if spread:
         print(
@@ -209,9 +207,7 @@ def print_report(data: dict[str, Any]) -> None:
             f"{s['model_median']:.1%}, worst {s['model_worst']:.1%}; plain roofline median {s['roofline_median']:.1%}"
         )
         for impl, s in own["by_impl"].items():
-            print(
-                f"  {impl:30} {s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}"
-            )
+            print(f"  {impl:30} {_errors(s)}")
         print(
             f"target on them ({data['evaluation']}): median <= {own['target']['median']:.0%}: "
             f"{'met' if own['target']['median_met'] else 'NOT met'}"
