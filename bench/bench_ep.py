@@ -39,9 +39,15 @@ Bytes per call count the payload rows each rank sends and receives in both direc
 bytes/s uses the slowest rank's median time; ``ratio`` = ep bytes/s / bare bytes/s (the same bytes,
 so bare time / ep time). **host s/call** is the time a dispatch + combine spends outside the
 transport's collectives (measured by timing the transport's methods, a non-blocking collective's
-``wait()`` included; waiting for a peer inside a collective counts as collective time).
-``--trials`` repeats the whole measurement in fresh processes and reports the median ratio. The 1-minute load average before and after each trial is
-stored: on a shared host absolute figures move with it. After the timed rounds, each rank times
+``wait()`` included; waiting for a peer inside a collective counts as collective time), median
+over the calls, slowest rank. **CPU time per call** is each process's CPU time (all its threads,
+gloo's included) in the same timed calls, added up over the ranks call by call (median): the
+ranks share the host's cores, so a call takes at least that CPU time over the cores whatever
+overlaps what, and ``ratio_ceiling_at_full_cpu`` is the ratio ep would reach with its CPU work
+unchanged and every core busy throughout (:func:`_cpu_use`).
+``--trials`` repeats the whole measurement in fresh processes and reports the median ratio. The
+1-minute load average before and after each trial is stored: on a shared host absolute figures
+move with it. After the timed rounds, each rank times
 ``--repeat`` more calls split into **phases** (:data:`PHASES`: planning, the small all-gathers,
 the payload all-to-alls, the row gathers and block copies, combine's fp32 sum, the rest), stored
 per trial and as medians. ``--profile`` prints each rank's top operators (torch.profiler) for a
@@ -69,6 +75,9 @@ import torch.distributed as dist
 from moe_hal import ep, timing, workloads
 
 MODES = ("exact", "capacity")
+
+#: The ratio to the bare exchange that dispatch + combine is to reach on gloo / CPU (docs/expert-parallel.md).
+TARGET_RATIO = 0.7
 
 
 def _rank(rank: int, world: int, cfg: dict) -> dict:
@@ -347,7 +356,24 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict,
     def nbytes(there, back, own_rows) -> int:  # rows sent + received, both directions
         return (sum(map(sum, there)) + sum(map(sum, back)) + 4 * own_rows) * row_bytes
 
-    inside = [0.0]  # time spent inside the collectives
+    inside = [0.0]  # seconds spent inside the transport's collectives so far
+    # per timed call of each function: this process's CPU seconds (every thread: gloo's transfer
+    # threads too) and the seconds inside the collectives (ep's only: the others do not use it)
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    collectives: dict[str, list[float]] = {name: [] for name in fns}
+
+    def per_call(name, fn):
+        def run():
+            start, inside_before = time.process_time(), inside[0]
+            try:
+                return fn()
+            finally:
+                cpu[name].append(time.process_time() - start)
+                collectives[name].append(inside[0] - inside_before)
+
+        return run
+
+    fns = {name: per_call(name, fn) for name, fn in fns.items()}
 
     def wrap(name, fn):
         def timed(*args):
@@ -364,17 +390,24 @@ def _measure(mode: str, g: ep.EPGroup, x: torch.Tensor, ids, weights, cfg: dict,
         for fn in fns.values():
             for _ in range(cfg["warmup"]):
                 fn()
-        inside[0] = 0.0
+        for calls in (*cpu.values(), *collectives.values()):
+            calls.clear()
         times = timing.interleaved_wall_seconds(fns, "cpu", warmup=0, repeat=cfg["repeat"])
     finally:
         restore()
     return {
         **{f"{name}_s": statistics.median(t) for name, t in times.items()},
+        # per round, for the summary to add up the ranks' CPU time call by call
+        "ep_wall_s_per_round": times["ep"],
+        **{f"{name}_cpu_s_per_round": cpu[name] for name in fns},
         "bytes_needed": nbytes(*needed),
         "bytes_moved": nbytes(*moved),
         "dropped": int(d.dropped),
-        # outside the transport's collectives: routing, planning, gathers, the fp32 combine
-        "host_s_per_call": max(0.0, (sum(times["ep"]) - inside[0]) / cfg["repeat"]),
+        # outside the transport's collectives (routing, planning, gathers, the fp32 combine): the
+        # median over the calls, as for the wall times (a mean would carry a slow call's whole time)
+        "host_s_per_call": statistics.median(
+            wall - inside_call for wall, inside_call in zip(times["ep"], collectives["ep"], strict=True)
+        ),
     }
 
 
@@ -488,6 +521,38 @@ def _peer(per_rank: list[dict], mode: str, name: str) -> tuple[float, float, flo
     return min(plain, own), plain, own
 
 
+def _cores() -> int:
+    """CPU cores this process (and the ranks it spawns) may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _cpu_use(per_rank: list[dict], mode: str, bare_s: float, peers: dict[str, str]) -> dict:
+    """What the CPU time of a call says about the ratio, whatever the scheduling.
+
+    All ranks share the host's cores, so a call's wall time is at least the CPU time it uses on all
+    ranks (every thread, gloo's transfers included) divided by the cores. Per round, the ranks'
+    CPU times of the same collective call are added up; the median over the rounds (the statistic
+    of the wall times) gives ``ratio_ceiling_at_full_cpu``, the ratio ep would reach with the CPU
+    work it does now and every core busy throughout (overlap cannot do better), and
+    ``cpu_ms_per_rank_for_target``, the CPU time per rank at which :data:`TARGET_RATIO` would just
+    be possible so. ``peers``: name in the record -> timed function (the faster variant of each
+    bare peer)."""
+    cores, world = _cores(), len(per_rank)
+
+    def per_round(key: str) -> list[float]:  # all ranks' CPU seconds, round by round
+        return [sum(calls) for calls in zip(*(r[mode][f"{key}_cpu_s_per_round"] for r in per_rank), strict=True)]
+
+    cpu = {name: per_round(key) for name, key in {"ep": "ep", **peers}.items()}
+    walls = [max(w) for w in zip(*(r[mode]["ep_wall_s_per_round"] for r in per_rank), strict=True)]
+    return {
+        "cores": cores,
+        "cpu_ms_per_call_all_ranks": {name: statistics.median(t) * 1e3 for name, t in cpu.items()},
+        "ep_cores_busy": statistics.median(c / w for c, w in zip(cpu["ep"], walls, strict=True)),
+        "ratio_ceiling_at_full_cpu": bare_s / (statistics.median(cpu["ep"]) / cores),
+        "cpu_ms_per_rank_for_target": bare_s / TARGET_RATIO * cores / world * 1e3,
+    }
+
+
 def _summary(per_rank: list[dict]) -> dict:
     """Per mode: the slowest rank's medians, the ratios, the phases (mean over ranks)."""
     modes = {}
@@ -519,6 +584,12 @@ def _summary(per_rank: list[dict]) -> dict:
         m["ratio_vs_moved"] = moved_s / ep_s
         m["handwritten_exact_s_per_call"] = max(r[mode]["handwritten_s"] for r in per_rank)
         m["ratio_vs_handwritten"] = m["handwritten_exact_s_per_call"] / ep_s
+        peers = {
+            "bare": "bare" if bare_s == bare_plain_s else "bare_own_copy",
+            "bare_moved": "bare_moved" if moved_s == moved_plain_s else "bare_moved_own_copy",
+            "handwritten_exact": "handwritten",
+        }
+        m.update(_cpu_use(per_rank, mode, bare_s, peers))
         modes[mode] = m
     return modes
 
@@ -582,6 +653,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{m['bare_gb_per_s']:.3f} GB/s: ratio {m['ratio']:.2f}{extra}; ep {m['ep_s_per_call'] * 1e3:.1f} "
                 f"ms/call, host (outside collectives) {m['host_s_per_call'] * 1e3:.1f} ms/call"
             )
+            cpu = m["cpu_ms_per_call_all_ranks"]
+            print(
+                f"trial {trial} {mode:9s} CPU ms/call, all ranks: ep {cpu['ep']:.1f}, bare {cpu['bare']:.1f}, "
+                f"bare of the bytes moved {cpu['bare_moved']:.1f}, "
+                f"hand-written exact {cpu['handwritten_exact']:.1f}; ep keeps {m['ep_cores_busy']:.2f} of "
+                f"{m['cores']} cores busy; ratio with every core busy at most {m['ratio_ceiling_at_full_cpu']:.2f} "
+                f"({TARGET_RATIO} needs <= {m['cpu_ms_per_rank_for_target']:.1f} CPU ms per rank)"
+            )
         for mode, m in modes.items():
             phases = m["phases_ms_mean_over_ranks"]
             print(f"trial {trial} {mode:9s} ms per call (mean over ranks):")
@@ -604,11 +683,18 @@ def main(argv: list[str] | None = None) -> int:
                 "bare_s_per_call",
                 "handwritten_exact_s_per_call",
                 "host_s_per_call",
+                "ep_cores_busy",
+                "ratio_ceiling_at_full_cpu",
+                "cpu_ms_per_rank_for_target",
             )
         }
         for mode in MODES
     }
     for mode in MODES:
+        medians[mode]["cpu_ms_per_call_all_ranks"] = {
+            name: statistics.median(t["modes"][mode]["cpu_ms_per_call_all_ranks"][name] for t in trials)
+            for name in trials[0]["modes"][mode]["cpu_ms_per_call_all_ranks"]
+        }
         medians[mode]["phases_ms"] = {
             phase: statistics.median(t["modes"][mode]["phases_ms_mean_over_ranks"][phase] for t in trials)
             for phase in trials[0]["modes"][mode]["phases_ms_mean_over_ranks"]
@@ -624,7 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(
             f"median of {args.trials} trial(s) {mode:9s} ratio {m['ratio']:.2f}{extra}; "
-            f"host {m['host_s_per_call'] * 1e3:.1f} ms/call"
+            f"host {m['host_s_per_call'] * 1e3:.1f} ms/call; at most {m['ratio_ceiling_at_full_cpu']:.2f} "
+            f"with every core busy"
         )
     if args.json:
         result = {
@@ -635,6 +722,8 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": "bf16",
             "config": cfg,
             "threads_per_rank": args.threads,
+            # how the ranks' OpenMP threads wait decides what extra threads cost on a shared host
+            "environment": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ},
             "cpu_count": os.cpu_count(),
             "machine": timing.machine_record(),
             "timing": "wall time per call, rounds interleaved (ep, the hand-written exact peer and each bare "
@@ -642,7 +731,11 @@ def main(argv: list[str] | None = None) -> int:
             "over the bytes needed (routed rows, both directions); ratio_vs_moved against the bare peer of the "
             "rows ep's all-to-alls move; ratio_vs_handwritten = hand-written exact-mode dispatch + combine "
             "time / ep time (capacity mode too: against the same exact-mode peer), checked equal to "
-            "moe_hal.ep's exact d.a, layout and combine output before timing",
+            "moe_hal.ep's exact d.a, layout and combine output before timing; host_s_per_call: median over "
+            "the calls of the time outside the transport's collectives, slowest rank; cpu_ms_per_call_all_ranks: "
+            "process CPU time (all threads) of the same calls added up over the ranks call by call, median; "
+            "ep_cores_busy: that over the call's wall time; ratio_ceiling_at_full_cpu = bare time / (ep CPU "
+            "time / cores): the ratio with ep's CPU work unchanged and every core busy throughout",
             "caveat": "shared development host: other jobs run during the measurement (see load_avg_1min)",
             "median_over_trials": medians,
             "handwritten_exact_phases_ms_median_over_trials": hw_phases,
