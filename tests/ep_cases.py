@@ -269,6 +269,29 @@ def cases(rank: int, world: int) -> dict:
         y2 = run_ep(p, g, alignment=128, grads=False)[1]
         assert torch.equal(y1, y2), "two identical calls differ"
 
+    def float64_sums_in_float64():
+        # float64 rows are summed in float64, as the single process does: fp32 sums (and fp32
+        # weights) would leave differences of about 1e-7, far above this tolerance.
+        p = make(22, rank, tok, E, 3, ints=False, dtype=torch.float64, skip=0.1)
+        p.w = p.w.double()
+        check(p, g, E, exact=False, atol=1e-12, rtol=1e-12)
+        check(p, g, E, exact=False, mode="capacity", capacity=_max_pair_count(p, g, tok), atol=1e-12, rtol=1e-12)
+        # gradcheck of x and topk_weights (a rank's own inputs: perturbing an expert weight moves
+        # other ranks' outputs, which one rank's gradcheck cannot see). Every rank has the same
+        # input sizes, so all make the same number of calls (each call runs collectives).
+        gen = torch.Generator().manual_seed(23 + rank)
+        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(3)])
+        x = torch.randn(3, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+        w = torch.rand(3, 2, dtype=torch.float64, generator=gen, requires_grad=True)
+        local = torch.randn(len(g.local_experts), 3, 2, dtype=torch.float64, generator=gen)
+        for mode, capacity in (("exact", None), ("capacity", 3)):
+
+            def layer(x, w, mode=mode, capacity=capacity):
+                d = ep.dispatch(x, ids, w, g, mode=mode, alignment=1, capacity=capacity)
+                return ep.combine(expert_gemm(d.a, local, d.layout), d)
+
+            assert torch.autograd.gradcheck(layer, (x, w)), mode
+
     def exact_skew_one_expert():
         p = make(3, rank, tok, E, 1, ids=torch.zeros(sum(tok), 1, dtype=torch.int64))
         d = check(p, g, E)
@@ -548,6 +571,7 @@ def run_cases(rank: int, world: int) -> dict:
 CASES = [
     "exact_int_fp32",
     "exact_float_fp32_deterministic",
+    "float64_sums_in_float64",
     "exact_skew_one_expert",
     "exact_skew_one_rank",
     "exact_empty_ranks",

@@ -39,7 +39,7 @@ Rows in flight between two collectives live in the group's scratch buffers
 (:meth:`EPGroup.scratch`); everything returned (``d.a``, combine's output, gradients) is fresh.
 
 Combine returns each token's ``sum_j w[t, j] * out(t, j)`` on its source rank, accumulated in fp32
-in the fixed order ``j = 0 .. k-1`` with separate multiply and add (no fused multiply-add whose use
+(fp64 for float64 rows: :func:`_accumulation_dtype`) in the fixed order ``j = 0 .. k-1`` with separate multiply and add (no fused multiply-add whose use
 could depend on vector alignment), so the result does not depend on the world size or placement
 beyond the GEMM's own rounding, and is bit-identical when the inputs are small integers. It gathers
 the returned rows token chunk by token chunk (on the CPU), so the fp32 terms stay in cache.
@@ -56,9 +56,9 @@ accelerator it is a device-side assertion that stops the process at its next syn
 a message naming the check but no typed error (raising one there needs the host sync these paths
 avoid). ``overflow="drop"`` never raises.
 
-Autograd: dispatch's backward is a combine (sum of the k gradient rows, fp32, fixed order) and
-combine's backward a dispatch of ``w[t, j] * grad_y[t]`` plus ``grad w[t, j] = <grad_y[t],
-out(t, j)>``, in both modes. Backward runs collectives, so every rank must backpropagate through
+Autograd: dispatch's backward is a combine (sum of the k gradient rows, same accumulation dtype,
+fixed order) and combine's backward a dispatch of ``w[t, j] * grad_y[t]`` plus ``grad w[t, j] =
+<grad_y[t], out(t, j)>``, in both modes. Backward runs collectives, so every rank must backpropagate through
 every dispatch and combine it ran, in the same order (as for any collective in a model).
 """
 
@@ -347,18 +347,26 @@ def _from_experts(
 _SUM_CHUNK_BYTES = 1 << 18
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the weighted sums (and combine's backward) run in for rows of ``dtype``: fp32, or
+    fp64 for float64 rows — fp32 would cost a float64 caller (``torch.autograd.gradcheck``, a float64
+    reference) half its digits."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def _sum_slots(
     d: EPDispatch, rows: torch.Tensor, slot_row: torch.Tensor, weights: torch.Tensor | None, dtype
 ) -> torch.Tensor:
-    """``[T, C]`` in ``dtype``: ``sum_j weights[t, j] * rows[slot_row[t, j]]`` accumulated in fp32
-    in the order j = 0 .. k-1, each product and each sum rounded separately (no fused multiply-add,
-    whose use could depend on vector alignment), so the result does not depend on T, the chunking
-    or the placement. ``rows`` ``[S + 1, C]`` (any float dtype); ``weights`` fp32 ``[T, k]`` or
-    None for a plain sum.
+    """``[T, C]`` in ``dtype``: ``sum_j weights[t, j] * rows[slot_row[t, j]]`` accumulated in
+    ``_accumulation_dtype(rows.dtype)`` (fp32, fp64 for float64 rows) in the order j = 0 .. k-1,
+    each product and each sum rounded separately (no fused multiply-add, whose use could depend on
+    vector alignment), so the result does not depend on T, the chunking or the placement. ``rows``
+    ``[S + 1, C]`` (any float dtype); ``weights`` ``[T, k]`` in the accumulation dtype, or None
+    for a plain sum.
 
     Token chunk by token chunk (on the CPU), choice by choice: the chunk's ``j``-th rows are
-    gathered straight from ``rows`` into a scratch buffer, widened to fp32 there, weighted and added
-    to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks, which stays in a
+    gathered straight from ``rows`` into a scratch buffer, widened to the accumulation dtype there,
+    weighted and added to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks, which stays in a
     core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no
     fresh allocation, whose page faults cost more than the arithmetic."""
     T, k = slot_row.shape
@@ -366,22 +374,25 @@ def _sum_slots(
     out = torch.empty(T, C, dtype=dtype, device=rows.device)
     if T == 0 or k == 0:
         return out.zero_()
-    step = min(T, max(1, _SUM_CHUNK_BYTES // (4 * C))) if rows.device.type == "cpu" else T
+    acc_dtype = _accumulation_dtype(rows.dtype)
+    width = acc_dtype.itemsize
+    step = min(T, max(1, _SUM_CHUNK_BYTES // (width * C))) if rows.device.type == "cpu" else T
     words = _words(rows.view(torch.uint8))
     group, device = d.group, rows.device
-    fp32 = torch.float32
     # Every chunk's indices [k, chunk] and weights [k, chunk, 1] split off at once: the loop below
     # runs once per (chunk, choice), so each tensor view made inside it costs (16 chunks x 4
     # choices of 128 tokens per call in bench_ep.py).
     index = slot_row.t().contiguous().split(step, 1)  # choice j's rows, token by token
     w = None if weights is None else weights.t().unsqueeze(-1).contiguous().split(step, 1)
-    term_buf = group.scratch("sum_term", step * C * 4, device).view(fp32).view(step, C)
+    term_buf = group.scratch("sum_term", step * C * width, device).view(acc_dtype).view(step, C)
     picked_buf = (  # the gathered rows, in rows.dtype
         term_buf
-        if rows.dtype == fp32
+        if rows.dtype == acc_dtype
         else group.scratch("sum_rows", step * C * rows.element_size(), device).view(rows.dtype).view(step, C)
     )
-    acc_buf = None if dtype == fp32 else group.scratch("sum_acc", step * C * 4, device).view(fp32).view(step, C)
+    acc_buf = (
+        None if dtype == acc_dtype else group.scratch("sum_acc", step * C * width, device).view(acc_dtype).view(step, C)
+    )
     n = 0
     for chunk, lo in enumerate(range(0, T, step)):
         if n != min(T, lo + step) - lo:  # the first chunk, and a shorter last one
@@ -392,7 +403,7 @@ def _sum_slots(
         for j in range(k):
             torch.index_select(words, 0, index[chunk][j], out=picked)
             dst = acc if j == 0 else term
-            dst.copy_(values)  # exact widening to fp32 (a no-op copy for fp32 rows)
+            dst.copy_(values)  # exact widening (a no-op copy for rows already in acc_dtype)
             if w is not None:
                 dst.mul_(w[chunk][j])
             if j:
@@ -452,7 +463,7 @@ class _CombineRows(torch.autograd.Function):
         keep = ctx.needs_input_grad[1]  # the weights' gradient reads the returned rows again
         flat = expert_out.reshape(-1, expert_out.shape[-1])
         rows = _from_experts(d, _byte_rows(flat), keep, peers_ok).view(expert_out.dtype)
-        w = weights.to(torch.float32)
+        w = weights.to(_accumulation_dtype(expert_out.dtype))
         if d._maps.kept_slots is not None:
             w = torch.where(d._maps.kept_slots, w, 0.0)
         ctx.save_for_backward(rows if keep else None, w)
@@ -464,11 +475,11 @@ class _CombineRows(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         rows, w = ctx.saved_tensors
         d, m = ctx.d, ctx.d._maps
-        g = grad_y.to(torch.float32)
+        g = grad_y.to(w.dtype)  # the accumulation dtype of the forward's sum
         grad_out = grad_w = grad_anchor = None
         if rows is not None:
             T, k = m.slot_row.shape
-            per_slot = rows.index_select(0, m.slot_row.reshape(-1)).view(T, k, rows.shape[1]).to(torch.float32)
+            per_slot = rows.index_select(0, m.slot_row.reshape(-1)).view(T, k, rows.shape[1]).to(w.dtype)
             grad_w = (per_slot * g[:, None, :]).sum(-1).to(ctx.w_dtype)
         if ctx.needs_input_grad[0]:
             # Row of slot s = w[s] * grad_y[token(s)], sent the way dispatch sent x.
