@@ -292,6 +292,21 @@ def cases(rank: int, world: int) -> dict:
 
             assert torch.autograd.gradcheck(layer, (x, w)), mode
 
+    def column_input_with_a_long_last_stride():
+        # x a [T, 1] column of a transposed tensor: contiguous to torch (the strides of size-1 dims
+        # are ignored) but with last stride T, which a byte view of its rows refuses.
+        gen = torch.Generator().manual_seed(24)
+        T = sum(tok)
+        x = torch.randint(-3, 4, (1, T), generator=gen).float().t()
+        ids = torch.rand(T, E, generator=gen).argsort(1)[:, :3]
+        w = torch.randint(1, 4, (T, 3), generator=gen).float()
+        experts = torch.randint(-2, 3, (E, N, 1), generator=gen).float()
+        lo = sum(tok[:rank])
+        p = Problem(x, ids, w, experts, lo, lo + tok[rank])
+        assert p.x[p.lo : p.hi].clone().stride(-1) != 1
+        check(p, g, E)
+        check(p, g, E, mode="capacity", capacity=_max_pair_count(p, g, tok))
+
     def exact_skew_one_expert():
         p = make(3, rank, tok, E, 1, ids=torch.zeros(sum(tok), 1, dtype=torch.int64))
         d = check(p, g, E)
@@ -572,6 +587,7 @@ CASES = [
     "exact_int_fp32",
     "exact_float_fp32_deterministic",
     "float64_sums_in_float64",
+    "column_input_with_a_long_last_stride",
     "exact_skew_one_expert",
     "exact_skew_one_rank",
     "exact_empty_ranks",

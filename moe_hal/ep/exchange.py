@@ -174,6 +174,10 @@ class EPDispatch:
 
 def _byte_rows(t: torch.Tensor) -> torch.Tensor:
     """``t``'s rows as a 2-D uint8 view ``[rows, row bytes]`` (a copy only if ``t`` is not contiguous)."""
+    if t.dim() and t.stride(-1) != 1:
+        # is_contiguous() ignores the strides of size-1 dims (a [T, 1] column of a transposed
+        # tensor is "contiguous"), but view(torch.uint8) needs a unit last stride.
+        t = t.clone(memory_format=torch.contiguous_format)
     return t.contiguous().view(torch.uint8).reshape(t.shape[0], math.prod(t.shape[1:]) * t.element_size())
 
 
