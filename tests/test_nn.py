@@ -153,6 +153,21 @@ def test_moe_reads_its_routing_on_the_host_once_per_step_and_fills_main_grad(gen
     assert counter.frame_count == (1 if compiled else 0)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "masked", "auto"])
+@pytest.mark.parametrize("shape", [(0, 8), (2, 0, 8)])
+def test_moe_on_an_empty_batch_returns_empty_output_and_gradients(layout, shape):
+    # An empty micro-batch (or a rank whose batch is empty): zero rows out, zero rows of gradient,
+    # and the parameters still get (zero) gradients, as a plain nn.Linear stack would give.
+    torch.manual_seed(0)
+    moe = MoE(TopKRouter(8, 5, 3), GroupedExperts(5, 8, 4), layout=layout, masked_capacity=4)
+    x = torch.zeros(shape, requires_grad=True)
+    y = moe(x)
+    assert y.shape == shape and y.dtype == x.dtype
+    y.sum().backward()
+    assert x.grad.shape == shape
+    assert moe.experts.w13.grad is None or not moe.experts.w13.grad.any()
+
+
 def test_masked_layout_refuses_more_tokens_than_its_capacity(gen):
     moe = MoE(TopKRouter(8, 4, 2), GroupedExperts(4, 8, 6), layout="masked", masked_capacity=4)
     with pytest.raises(CapacityError, match="masked_capacity"):

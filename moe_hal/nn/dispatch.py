@@ -94,11 +94,10 @@ def dispatch_masked(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, c
 
 def combine(expert_out: torch.Tensor, d: Dispatched, topk_weights: torch.Tensor) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * expert_out[row_of_slot[t*k + j]]``, summed in fp32 (fp64
-    for fp64 outputs) and
-    returned in ``expert_out``'s dtype. ``expert_out``: the experts' output rows (any leading
-    shape that flattens to the rows of ``d.a``)."""
+    for fp64 outputs) and returned in ``expert_out``'s dtype. ``expert_out``: the experts' output
+    rows (any leading shape that flattens to the rows of ``d.a``)."""
     tokens, k = topk_weights.shape
     rows = expert_out.reshape(-1, expert_out.shape[-1]).index_select(0, d.row_of_slot)
     acc = torch.promote_types(expert_out.dtype, torch.float32)
-    y = (rows.view(tokens, k, -1).to(acc) * topk_weights.to(acc).unsqueeze(-1)).sum(dim=1)
+    y = (rows.view(tokens, k, expert_out.shape[-1]).to(acc) * topk_weights.to(acc).unsqueeze(-1)).sum(dim=1)
     return y.to(expert_out.dtype)
