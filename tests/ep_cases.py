@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 
 import moe_hal
 from moe_hal import ep, routing
-from moe_hal.errors import DTypeError, EPCapacityError, LayoutError, PeerRankError, ShapeError
+from moe_hal.errors import ArgumentError, DTypeError, EPCapacityError, LayoutError, PeerRankError, ShapeError
 from moe_hal.quant import quantize_fp8
 from moe_hal.testing import CountOps
 
@@ -514,6 +514,53 @@ def cases(rank: int, world: int) -> dict:
                     raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
         check(make(26, rank, tok, E, 2), g, E)  # the group still works afterwards
 
+    def dispatch_refuses_ranks_that_disagree_on_the_x_row():
+        # Rows travel as bytes: another width would abort the process in gloo, another dtype of
+        # the same width (bf16 vs fp16 here) would be misread silently, a QuantizedTensor's bytes
+        # would be read as a plain tensor's.
+        p = make(27, rank, tok, E, 2)
+        x = p.x[p.lo : p.hi].to(torch.bfloat16)
+        changed = {
+            "width": (torch.cat([x, x], dim=-1), ShapeError),
+            "dtype": (x.to(torch.float16), DTypeError),
+            "kind": (quantize_fp8(torch.cat([x.float()] * 4, dim=-1)), ShapeError),
+        }
+        for mode, cap in (("exact", None), ("capacity", 64)):
+            for change, (other, error) in changed.items():
+                mine = other if rank == W - 1 else x  # valid on its own, but not the row the others send
+                try:
+                    ep.dispatch(mine, p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
+                except error as exc:
+                    assert exc.argument == "x" and f"rank {W - 1}: " in str(exc), (mode, change, exc)
+                else:
+                    raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
+        check(make(28, rank, tok, E, 2), g, E)  # the group still works afterwards
+
+    def dispatch_refuses_ranks_that_disagree_on_the_call():
+        # Each rank sizes and places the others' rows from these arguments: a mismatch used to
+        # abort the process in gloo (mode, capacity) or raise an IndexError on one rank (alignment).
+        p = make(29, rank, tok, E, 2)
+        usual = {"mode": "capacity", "capacity": 64, "overflow": "error"}
+        changed = {
+            "mode": {"mode": "exact", "capacity": None},
+            "capacity": {"capacity": 65},
+            "overflow": {"overflow": "drop"},
+            "alignment": {"mode": "exact", "capacity": None, "alignment": 128},
+        }
+        for argument, change in changed.items():
+            call = dict(usual, alignment=8)
+            if argument == "alignment":
+                call.update(mode="exact", capacity=None)
+            if rank == W - 1:
+                call.update(change)
+            try:
+                ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, **call)
+            except ArgumentError as exc:
+                assert exc.argument == argument and f"rank {W - 1}: " in str(exc), (argument, exc)
+            else:
+                raise AssertionError(f"{argument}: rank {rank} did not fail")
+        check(make(30, rank, tok, E, 2), g, E)  # the group still works afterwards
+
     def nn_moe_with_ep_group():
         from moe_hal.nn import GroupedExperts, MoE, TopKRouter
 
@@ -609,6 +656,8 @@ CASES = [
     "broken_rank_fails_everywhere",
     "broken_rank_in_combine_fails_everywhere",
     "combine_refuses_ranks_that_disagree_on_the_output_row",
+    "dispatch_refuses_ranks_that_disagree_on_the_x_row",
+    "dispatch_refuses_ranks_that_disagree_on_the_call",
     "nn_moe_with_ep_group",
     "select_explains",
     "ops_do_not_grow_with_the_expert_count",

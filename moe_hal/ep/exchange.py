@@ -88,7 +88,12 @@ OVERFLOW_POLICIES = ("error", "drop")
 
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
 _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
-_TOKENS = 2  # offset of W columns: this rank's tokens with at least one expert on each rank
+_CALL = 2  # offset of the 2 columns stating the call's mode, overflow and alignment or capacity
+_ROW = 4  # offset of the 3 columns describing the rank's x row (:func:`_describe_row`)
+_TOKENS = 7  # offset of W columns: this rank's tokens with at least one expert on each rank
+
+#: every dtype of torch, numbered for the status exchanges (the same torch on every rank)
+_DTYPES = tuple(dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -518,24 +523,79 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
     return flat, tokens, k
 
 
+def _describe_call(mode: str, alignment: int, capacity: int | None, overflow: str) -> tuple[int, int]:
+    """The call's arguments that every rank must pass alike, as the count exchange states them:
+    the ranks size and place each other's rows from them (exact mode has no use for ``overflow``)."""
+    if mode == "exact":
+        return 0, alignment
+    return len(OVERFLOW_POLICIES) + OVERFLOW_POLICIES.index(overflow), capacity
+
+
+def _raise_for_call(host: list[list[int]], E: int) -> None:
+    """Every rank's call must state the same mode, overflow and alignment or capacity; raised
+    identically on every rank."""
+    calls = [row[E + _CALL : E + _ROW] for row in host]
+    if all(call == calls[0] for call in calls):
+        return
+    stated = [(*divmod(code, len(OVERFLOW_POLICIES)), size) for code, size in calls]
+    modes = [("exact", "capacity")[m] for m, _, _ in stated]
+    if len(set(modes)) > 1:
+        argument, given = "mode", [repr(m) for m in modes]
+    elif len({o for _, o, _ in stated}) > 1:
+        argument, given = "overflow", [repr(OVERFLOW_POLICIES[o]) for _, o, _ in stated]
+    else:
+        argument, given = ("alignment" if modes[0] == "exact" else "capacity"), [str(n) for _, _, n in stated]
+    ranks = ", ".join(f"rank {s}: {g}" for s, g in enumerate(given))
+    raise ArgumentError(argument, "the same value on every rank of the group", ranks)
+
+
+def _describe_row(x: Hidden) -> tuple[int, int, int]:
+    """What a row of ``x`` holds, as the count exchange states it: (QuantizedTensor or not, dtype),
+    features per token, and the last dimension (a QuantizedTensor's: its scales per token). Rows
+    travel as bytes, so ranks that disagree would exchange rows of different sizes (gloo aborts
+    the process) or misread each other's values when only the dtype differs."""
+    if isinstance(x, QuantizedTensor):
+        return 256 + _DTYPES.index(x.data.dtype), math.prod(x.data.shape[1:]), math.prod(x.scale.shape[1:])
+    return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1]
+
+
+def _row_text(described: list[int]) -> str:
+    kind, features, last = described
+    quantized, dtype = divmod(kind, 256)
+    if quantized:
+        return f"QuantizedTensor, {features} features of {_DTYPES[dtype]} and {last} scales"
+    return f"{features} features of {_DTYPES[dtype]}" + ("" if features == last else f" (last dim {last})")
+
+
+def _raise_for_rows(host: list[list[int]], E: int) -> None:
+    """Every rank's x row must be the same (:func:`_describe_row`); raised identically on every rank."""
+    rows = [row[E + _ROW : E + _TOKENS] for row in host]
+    if any(row != rows[0] for row in rows):
+        given = ", ".join(f"rank {s}: {_row_text(row)}" for s, row in enumerate(rows))
+        if any(row[1:] != rows[0][1:] for row in rows):
+            raise ShapeError("x", "the same features per token on every rank", given)
+        raise DTypeError("x", "the same dtype (and kind of tensor) on every rank", given)
+
+
 def _slot_keys(
-    flat: torch.Tensor, group: EPGroup, k: int
+    flat: torch.Tensor, group: EPGroup, k: int, described: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each slot's send block (:attr:`EPGroup.send_block` of its expert; E for skipped/invalid),
     its destination rank and its token's choices per rank (:func:`_rank_hits`), and this rank's row
-    of the count matrix (per-position counts, invalid ids, status 0, tokens with an expert on each
-    rank)."""
+    of the count matrix (per-position counts, invalid ids, status 0, the call and x row
+    ``described``, tokens with an expert on each rank)."""
     E = group.num_experts
     routed = (flat >= 0) & (flat < E)
     expert = flat.clamp(0, E - 1)
     key = torch.where(routed, group.on_device("expert_position", flat.device)[expert], E)
     # scatter_add instead of bincount: bincount sizes its output from the data (a host sync).
-    row = torch.zeros(E + 3, dtype=torch.int64, device=flat.device)
+    row = torch.zeros(E + 1 + _CALL, dtype=torch.int64, device=flat.device)
     row.scatter_add_(0, key, torch.ones_like(key))
     row[E + 1 + _BAD_IDS] = ((flat < -1) | (flat >= E)).sum()
     block = torch.where(routed, group.on_device("send_block", flat.device)[expert], E)
     rank, hits = _rank_hits(block, group, k)
-    row = torch.cat([row[:E], row[E + 1 :], hits.sum(0)])  # drop the skipped-slot bin
+    # drop the skipped-slot bin
+    row = torch.cat([row[:E], row[E + 1 :], group.constant(described, flat.device), hits.sum(0)])
     return block, rank, hits, row
 
 
@@ -558,7 +618,8 @@ def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
 
 
 def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor, k: int, capacity: int | None) -> None:
-    """The error path: invalid ids (this rank's, or a peer's), then capacity (first source rank,
+    """The error path: invalid ids (this rank's, or a peer's), then call arguments and x rows that
+    differ between ranks, then capacity (first source rank,
     then lowest expert id)."""
     E = group.num_experts
     failed = _failed_ranks(host, E)
@@ -566,6 +627,8 @@ def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor,
         _raise_bad_id(flat, k, E)
     if failed:
         raise PeerRankError("moe_hal.ep.dispatch", failed, "invalid arguments or expert ids")
+    _raise_for_call(host, E)
+    _raise_for_rows(host, E)
     if capacity is None:
         return
     over = [(s, e) for s in range(group.world_size) for e in range(E) if host[s][group.expert_position[e]] > capacity]
@@ -830,9 +893,11 @@ def dispatch(
     of each (source rank, expert) in slot order and reports this rank's dropped slots in
     ``d.dropped``. ``transport``: force a transport by name (see :func:`moe_hal.ep.select`).
 
-    Every rank of the group must call it with the same ``mode``/``alignment``/``capacity`` and the
-    same ``H`` and dtype (``T`` may differ, 0 included). See the module docstring for ordering,
-    host syncs and the failure protocol.
+    Every rank of the group must call it with the same ``mode``/``alignment``/``capacity``/
+    ``overflow`` and the same ``H`` and dtype (``T`` may differ, 0 included): the count exchange
+    states them, and ranks that disagree all raise the same :class:`~moe_hal.errors.ArgumentError`
+    (or ``ShapeError`` / ``DTypeError`` for ``x``) naming every rank's value. See the module
+    docstring for ordering, host syncs and the failure protocol.
     """
     if not isinstance(group, EPGroup):  # without a group there is nobody to tell
         raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
@@ -841,7 +906,8 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        block, rank, hits, row = _slot_keys(flat, group, k)
+        described = _describe_call(mode, alignment, capacity, overflow) + _describe_row(x)
+        block, rank, hits, row = _slot_keys(flat, group, k, described)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
         device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
@@ -862,13 +928,15 @@ def dispatch(
         send_counts = torch.tensor(to_rank, device=flat.device)
         recv_counts = torch.tensor(from_rank, device=flat.device)
     else:
-        ok = (gathered[:, E : E + _TOKENS] == 0).all()
+        ok = (gathered[:, E : E + _CALL] == 0).all()
+        ok = ok & (gathered[:, E + _CALL : E + _TOKENS] == gathered[:1, E + _CALL : E + _TOKENS]).all()
         if overflow == "error":
             ok = ok & (gathered[:, :E] <= capacity).all()
         _require(
             ok,
             lambda: _raise_for_counts(gathered.tolist(), group, flat, k, capacity if overflow == "error" else None),
-            "moe_hal.ep.dispatch: a (source rank, expert) pair is over capacity, or a rank's arguments are invalid",
+            "moe_hal.ep.dispatch: a (source rank, expert) pair is over capacity, a rank's arguments are invalid, "
+            "or the ranks' arguments or x rows differ",
         )
         maps, layout = _capacity_maps(gathered[:, :E], row, block, order, group, k, capacity)
         dropped = (row[:E] - row[:E].clamp(max=capacity)).sum()
@@ -921,12 +989,6 @@ def dispatch(
     return d
 
 
-#: the dtypes combine takes, numbered for the status exchange (every floating-point dtype of torch)
-_ROW_DTYPES = tuple(
-    dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype) and t.is_floating_point)
-)
-
-
 def _check_combine(expert_out, d: EPDispatch) -> None:
     if not isinstance(expert_out, torch.Tensor) or not expert_out.dtype.is_floating_point:
         got = expert_out.dtype if isinstance(expert_out, torch.Tensor) else type(expert_out).__name__
@@ -964,7 +1026,7 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     # Besides its error flag, each rank states its output row (width, dtype): the rows travel as
     # bytes, so ranks that disagree would exchange rows of different sizes, or misread each
     # other's values when only the dtype differs.
-    row = (-1, -1) if local_error is not None else (expert_out.shape[-1], _ROW_DTYPES.index(expert_out.dtype))
+    row = (-1, -1) if local_error is not None else (expert_out.shape[-1], _DTYPES.index(expert_out.dtype))
     status = torch.tensor([int(local_error is not None), *row], dtype=torch.int64, device=d.send_counts.device)
     W = d.group.world_size
     flags = status.new_empty(W * status.numel())
@@ -982,7 +1044,7 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         raise PeerRankError("moe_hal.ep.combine", failed, "invalid arguments")
 
     def rows_disagree() -> None:
-        given = ", ".join(f"rank {s}: {n} x {_ROW_DTYPES[i]}" for s, (n, i) in enumerate(per_rank[:, 1:].tolist()))
+        given = ", ".join(f"rank {s}: {n} x {_DTYPES[i]}" for s, (n, i) in enumerate(per_rank[:, 1:].tolist()))
         raise ShapeError("expert_out", "the same last dimension and dtype on every rank", given)
 
     def peers_ok() -> None:

@@ -76,7 +76,7 @@ class EPGroup:
             self.world_size - 1 if s == self.rank else s - (s > self.rank) for s in range(self.world_size)
         )
         self.chunk_rank: tuple[int, ...] = tuple(sorted(range(self.world_size), key=self.rank_chunk.__getitem__))
-        self._tensors: dict[tuple[str, torch.device], torch.Tensor] = {}
+        self._tensors: dict[tuple, torch.Tensor] = {}  # on_device and constant, by name or values
         self._scratch: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     def _check_placement(self, placement) -> tuple[int, ...]:
@@ -119,6 +119,17 @@ class EPGroup:
         if t is None:
             t = torch.tensor(getattr(self, name), dtype=torch.int64, device=device)
             self._tensors[(name, device)] = t
+        return t
+
+    def constant(self, values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``values`` as int64 on ``device`` (cached): what a call states about itself is the same
+        from step to step, so after the first call it costs no host-to-device copy (which CUDA-graph
+        capture, after warm-up calls, would refuse)."""
+        key = ("constant", values, device)
+        t = self._tensors.get(key)
+        if t is None:
+            t = torch.tensor(values, dtype=torch.int64, device=device)
+            self._tensors[key] = t
         return t
 
     def scratch(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
