@@ -499,16 +499,20 @@ def cases(rank: int, world: int) -> dict:
         check(make(24, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def combine_refuses_ranks_that_disagree_on_the_output_row():
+        # requires_grad: the backward's exchange would run on every rank but one (hang).
+        errors = {"width": ShapeError, "dtype": ShapeError, "requires_grad": ArgumentError}
         for mode, cap in (("exact", None), ("capacity", 64)):
-            for change in ("width", "dtype"):
+            for change, error in errors.items():
                 p = make(25, rank, tok, E, 2)
-                d = ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
+                x = p.x[p.lo : p.hi].requires_grad_(change == "requires_grad")
+                d = ep.dispatch(x, p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
                 out = d.a
                 if rank == W - 1:  # valid on its own, but not the row the other ranks send
-                    out = torch.cat([out, out], dim=-1) if change == "width" else out.to(torch.float64)
+                    other = {"width": torch.cat([out, out], dim=-1), "dtype": out.to(torch.float64)}
+                    out = other.get(change, out.detach())
                 try:
                     ep.combine(out, d)
-                except ShapeError as exc:
+                except error as exc:
                     assert exc.argument == "expert_out" and f"rank {W - 1}: " in str(exc), (mode, change, exc)
                 else:
                     raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
@@ -524,6 +528,8 @@ def cases(rank: int, world: int) -> dict:
             "width": (torch.cat([x, x], dim=-1), ShapeError),
             "dtype": (x.to(torch.float16), DTypeError),
             "kind": (quantize_fp8(torch.cat([x.float()] * 4, dim=-1)), ShapeError),
+            # the backward's exchange would run on one rank only (hang)
+            "requires_grad": (x.clone().requires_grad_(), ArgumentError),
         }
         for mode, cap in (("exact", None), ("capacity", 64)):
             for change, (other, error) in changed.items():

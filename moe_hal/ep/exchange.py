@@ -89,8 +89,8 @@ OVERFLOW_POLICIES = ("error", "drop")
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
 _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
 _CALL = 2  # offset of the 2 columns stating the call's mode, overflow and alignment or capacity
-_ROW = 4  # offset of the 3 columns describing the rank's x row (:func:`_describe_row`)
-_TOKENS = 7  # offset of W columns: this rank's tokens with at least one expert on each rank
+_ROW = 4  # offset of the 4 columns describing the rank's x row (:func:`_describe_row`)
+_TOKENS = 8  # offset of W columns: this rank's tokens with at least one expert on each rank
 
 #: every dtype of torch, numbered for the status exchanges (the same torch on every rank)
 _DTYPES = tuple(dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype)))
@@ -549,18 +549,21 @@ def _raise_for_call(host: list[list[int]], E: int) -> None:
     raise ArgumentError(argument, "the same value on every rank of the group", ranks)
 
 
-def _describe_row(x: Hidden) -> tuple[int, int, int]:
+def _describe_row(x: Hidden) -> tuple[int, int, int, int]:
     """What a row of ``x`` holds, as the count exchange states it: (QuantizedTensor or not, dtype),
-    features per token, and the last dimension (a QuantizedTensor's: its scales per token). Rows
-    travel as bytes, so ranks that disagree would exchange rows of different sizes (gloo aborts
-    the process) or misread each other's values when only the dtype differs."""
+    features per token, the last dimension (a QuantizedTensor's: its scales per token), and
+    whether the dispatch is differentiable. Rows travel as bytes, so ranks that disagree would
+    exchange rows of different sizes (gloo aborts the process) or misread each other's values when
+    only the dtype differs; and the backward runs collectives, which a rank whose dispatch is not
+    differentiable would never join."""
     if isinstance(x, QuantizedTensor):
-        return 256 + _DTYPES.index(x.data.dtype), math.prod(x.data.shape[1:]), math.prod(x.scale.shape[1:])
-    return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1]
+        return 256 + _DTYPES.index(x.data.dtype), math.prod(x.data.shape[1:]), math.prod(x.scale.shape[1:]), 0
+    differentiable = int(x.requires_grad and torch.is_grad_enabled())
+    return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1], differentiable
 
 
 def _row_text(described: list[int]) -> str:
-    kind, features, last = described
+    kind, features, last, _ = described
     quantized, dtype = divmod(kind, 256)
     if quantized:
         return f"QuantizedTensor, {features} features of {_DTYPES[dtype]} and {last} scales"
@@ -570,11 +573,16 @@ def _row_text(described: list[int]) -> str:
 def _raise_for_rows(host: list[list[int]], E: int) -> None:
     """Every rank's x row must be the same (:func:`_describe_row`); raised identically on every rank."""
     rows = [row[E + _ROW : E + _TOKENS] for row in host]
-    if any(row != rows[0] for row in rows):
+    if any(row[:3] != rows[0][:3] for row in rows):
         given = ", ".join(f"rank {s}: {_row_text(row)}" for s, row in enumerate(rows))
-        if any(row[1:] != rows[0][1:] for row in rows):
+        if any(row[1:3] != rows[0][1:3] for row in rows):
             raise ShapeError("x", "the same features per token on every rank", given)
         raise DTypeError("x", "the same dtype (and kind of tensor) on every rank", given)
+    if any(row[3] != rows[0][3] for row in rows):
+        given = ", ".join(f"rank {s}: {bool(row[3])}" for s, row in enumerate(rows))
+        raise ArgumentError(
+            "x", "requires_grad (with grad mode on) alike on every rank: the backward runs collectives", given
+        )
 
 
 def _slot_keys(
@@ -894,9 +902,10 @@ def dispatch(
     ``d.dropped``. ``transport``: force a transport by name (see :func:`moe_hal.ep.select`).
 
     Every rank of the group must call it with the same ``mode``/``alignment``/``capacity``/
-    ``overflow`` and the same ``H`` and dtype (``T`` may differ, 0 included): the count exchange
-    states them, and ranks that disagree all raise the same :class:`~moe_hal.errors.ArgumentError`
-    (or ``ShapeError`` / ``DTypeError`` for ``x``) naming every rank's value. See the module
+    ``overflow``, the same ``H`` and dtype, and ``x`` differentiable alike (its backward runs
+    collectives) — ``T`` may differ, 0 included: the count exchange states them, and ranks that
+    disagree all raise the same :class:`~moe_hal.errors.ArgumentError` (or ``ShapeError`` /
+    ``DTypeError`` for the row of ``x``) naming every rank's value. See the module
     docstring for ordering, host syncs and the failure protocol.
     """
     if not isinstance(group, EPGroup):  # without a group there is nobody to tell
@@ -1013,8 +1022,9 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     are copied into the send buffer); a rank whose arguments are invalid raises its own error
     and every other rank :class:`~moe_hal.errors.PeerRankError` naming it (on an accelerator: a
     device-side assertion, see the module docstring) — nobody waits in a collective for it. With
-    its flag each rank states its ``expert_out`` row (last dimension, dtype); ranks that disagree
-    all raise :class:`~moe_hal.errors.ShapeError` naming every rank's row.
+    its flag each rank states its ``expert_out`` row (last dimension, dtype) and whether it is
+    differentiable; ranks that disagree all raise :class:`~moe_hal.errors.ShapeError` (the row)
+    or :class:`~moe_hal.errors.ArgumentError` (``requires_grad``) naming every rank's value.
     """
     if not isinstance(d, EPDispatch):  # without a dispatch there is no group to tell
         raise DTypeError("d", "a moe_hal.ep.EPDispatch (from moe_hal.ep.dispatch)", type(d).__name__)
@@ -1025,8 +1035,13 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         local_error = exc
     # Besides its error flag, each rank states its output row (width, dtype): the rows travel as
     # bytes, so ranks that disagree would exchange rows of different sizes, or misread each
-    # other's values when only the dtype differs.
-    row = (-1, -1) if local_error is not None else (expert_out.shape[-1], _DTYPES.index(expert_out.dtype))
+    # other's values when only the dtype differs; and whether it is differentiable: the backward
+    # exchanges rows, which a rank whose expert_out needs no gradient would never join.
+    if local_error is not None:
+        row = (-1, -1, -1)
+    else:
+        differentiable = int(expert_out.requires_grad and torch.is_grad_enabled())
+        row = (expert_out.shape[-1], _DTYPES.index(expert_out.dtype), differentiable)
     status = torch.tensor([int(local_error is not None), *row], dtype=torch.int64, device=d.send_counts.device)
     W = d.group.world_size
     flags = status.new_empty(W * status.numel())
@@ -1044,8 +1059,14 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         raise PeerRankError("moe_hal.ep.combine", failed, "invalid arguments")
 
     def rows_disagree() -> None:
-        given = ", ".join(f"rank {s}: {n} x {_DTYPES[i]}" for s, (n, i) in enumerate(per_rank[:, 1:].tolist()))
-        raise ShapeError("expert_out", "the same last dimension and dtype on every rank", given)
+        stated = per_rank[:, 1:].tolist()
+        if any(r[:2] != stated[0][:2] for r in stated):
+            given = ", ".join(f"rank {s}: {n} x {_DTYPES[i]}" for s, (n, i, _) in enumerate(stated))
+            raise ShapeError("expert_out", "the same last dimension and dtype on every rank", given)
+        given = ", ".join(f"rank {s}: {bool(g)}" for s, (_, _, g) in enumerate(stated))
+        raise ArgumentError(
+            "expert_out", "requires_grad (with grad mode on) alike on every rank: the backward runs collectives", given
+        )
 
     def peers_ok() -> None:
         pending.wait()
@@ -1053,7 +1074,7 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         _require(
             (per_rank[:, 1:] == per_rank[0, 1:]).all(),
             rows_disagree,
-            "moe_hal.ep.combine: the ranks' expert_out differ in last dimension or dtype",
+            "moe_hal.ep.combine: the ranks' expert_out differ in last dimension, dtype or requires_grad",
         )
 
     weights = d.topk_weights
