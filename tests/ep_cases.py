@@ -565,6 +565,15 @@ def cases(rank: int, world: int) -> dict:
                 assert exc.argument == argument and f"rank {W - 1}: " in str(exc), (argument, exc)
             else:
                 raise AssertionError(f"{argument}: rank {rank} did not fail")
+        # Groups built with different placements (same E): each rank would read the others'
+        # counts by its own placement, and the results would be silently wrong.
+        other = ep.EPGroup(None, E, placement=[W - 1 - r for r in g.placement]) if rank == W - 1 else g
+        try:
+            ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], other)
+        except ArgumentError as exc:
+            assert exc.argument == "group" and f"rank {W - 1}: " in str(exc), exc
+        else:
+            raise AssertionError(f"placement: rank {rank} did not fail")
         check(make(30, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def nn_moe_with_ep_group():

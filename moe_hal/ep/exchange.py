@@ -88,9 +88,9 @@ OVERFLOW_POLICIES = ("error", "drop")
 
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
 _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
-_CALL = 2  # offset of the 2 columns stating the call's mode, overflow and alignment or capacity
-_ROW = 4  # offset of the 4 columns describing the rank's x row (:func:`_describe_row`)
-_TOKENS = 8  # offset of W columns: this rank's tokens with at least one expert on each rank
+_CALL = 2  # offset of the 3 columns stating the call (:func:`_describe_call`)
+_ROW = 5  # offset of the 4 columns describing the rank's x row (:func:`_describe_row`)
+_TOKENS = 9  # offset of W columns: this rank's tokens with at least one expert on each rank
 
 #: every dtype of torch, numbered for the status exchanges (the same torch on every rank)
 _DTYPES = tuple(dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype)))
@@ -523,21 +523,27 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
     return flat, tokens, k
 
 
-def _describe_call(mode: str, alignment: int, capacity: int | None, overflow: str) -> tuple[int, int]:
-    """The call's arguments that every rank must pass alike, as the count exchange states them:
-    the ranks size and place each other's rows from them (exact mode has no use for ``overflow``)."""
+def _describe_call(
+    group: EPGroup, mode: str, alignment: int, capacity: int | None, overflow: str
+) -> tuple[int, int, int]:
+    """The call's arguments that every rank must pass alike, as the count exchange states them
+    (the ranks size and place each other's rows from them): mode and overflow (exact mode has no
+    use for ``overflow``), alignment or capacity, and the group's placement digest."""
     if mode == "exact":
-        return 0, alignment
-    return len(OVERFLOW_POLICIES) + OVERFLOW_POLICIES.index(overflow), capacity
+        return 0, alignment, group.placement_digest
+    return len(OVERFLOW_POLICIES) + OVERFLOW_POLICIES.index(overflow), capacity, group.placement_digest
 
 
 def _raise_for_call(host: list[list[int]], E: int) -> None:
-    """Every rank's call must state the same mode, overflow and alignment or capacity; raised
-    identically on every rank."""
+    """Every rank's call must state the same placement, mode, overflow and alignment or capacity;
+    raised identically on every rank."""
     calls = [row[E + _CALL : E + _ROW] for row in host]
     if all(call == calls[0] for call in calls):
         return
-    stated = [(*divmod(code, len(OVERFLOW_POLICIES)), size) for code, size in calls]
+    if any(call[2] != calls[0][2] for call in calls):
+        given = ", ".join(f"rank {s}: digest {call[2]:#016x}" for s, call in enumerate(calls))
+        raise ArgumentError("group", "EPGroups with the same placement on every rank", given)
+    stated = [(*divmod(code, len(OVERFLOW_POLICIES)), size) for code, size, _ in calls]
     modes = [("exact", "capacity")[m] for m, _, _ in stated]
     if len(set(modes)) > 1:
         argument, given = "mode", [repr(m) for m in modes]
@@ -915,7 +921,7 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        described = _describe_call(mode, alignment, capacity, overflow) + _describe_row(x)
+        described = _describe_call(group, mode, alignment, capacity, overflow) + _describe_row(x)
         block, rank, hits, row = _slot_keys(flat, group, k, described)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -21,7 +22,8 @@ class EPGroup:
 
     Rank ``r``'s **local experts** are the experts it holds in increasing global id; local index
     ``l`` is the position in that list, and ``w_local[l]`` is the weight of ``local_experts[l]``.
-    Everything here is host-side metadata; building an EPGroup communicates nothing. The group also
+    Everything here is host-side metadata; building an EPGroup communicates nothing (every rank
+    must build it alike: dispatch checks :attr:`placement_digest` across the ranks). The group also
     keeps the reusable buffers for rows in flight (:meth:`scratch`).
     """
 
@@ -47,6 +49,11 @@ class EPGroup:
         self.backend: str = str(dist.get_backend(self.process_group))
         self.num_experts = num_experts
         self.placement: tuple[int, ...] = self._check_placement(placement)
+        #: a 56-bit digest of the placement, the same in every process: dispatch's count exchange
+        #: states it, since ranks whose groups disagree would read each other's counts wrongly
+        self.placement_digest: int = int.from_bytes(
+            hashlib.blake2b(repr(self.placement).encode(), digest_size=7).digest(), "big"
+        )
         #: global expert ids held by each rank, increasing
         self.experts_of_rank: tuple[tuple[int, ...], ...] = tuple(
             tuple(e for e, r in enumerate(self.placement) if r == rank) for rank in range(self.world_size)
