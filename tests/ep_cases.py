@@ -574,6 +574,26 @@ def cases(rank: int, world: int) -> dict:
             assert exc.argument == "group" and f"rank {W - 1}: " in str(exc), exc
         else:
             raise AssertionError(f"placement: rank {rank} did not fail")
+        # k: exact mode's token rows carry k layout rows each, so k must agree there (gloo aborted
+        # the process); capacity mode moves slots and takes any k per rank — the same result as
+        # padding the smaller k with -1.
+        p3 = make(31, rank, tok, E, 3, ints=True)
+        ids, w = p3.ids[p3.lo : p3.hi], p3.w[p3.lo : p3.hi]
+        if rank == W - 1:
+            ids, w = ids[:, :2], w[:, :2]
+        try:
+            ep.dispatch(p3.x[p3.lo : p3.hi], ids, w, g)
+        except ShapeError as exc:
+            assert exc.argument == "topk_ids" and f"rank {W - 1}: k = 2" in str(exc), exc
+        else:
+            raise AssertionError(f"k: rank {rank} did not fail")
+        padded = torch.cat([ids, ids.new_full((ids.shape[0], 3 - ids.shape[1]), -1)], 1)
+        weights = torch.cat([w, w.new_zeros(w.shape[0], 3 - w.shape[1])], 1)
+        ys = []
+        for i, v in ((ids, w), (padded, weights)):
+            d = ep.dispatch(p3.x[p3.lo : p3.hi], i, v, g, mode="capacity", capacity=3 * max(tok))
+            ys.append(ep.combine(d.a, d))
+        assert torch.equal(ys[0], ys[1]), "capacity mode: k per rank differs from padding with -1"
         check(make(30, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def nn_moe_with_ep_group():

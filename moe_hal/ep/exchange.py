@@ -88,9 +88,9 @@ OVERFLOW_POLICIES = ("error", "drop")
 
 # Columns after the E per-expert counts in each rank's row of the all-gathered matrix.
 _BAD_IDS, _STATUS = 0, 1  # offsets: ids outside [-1, E); 1 when the rank's arguments are invalid
-_CALL = 2  # offset of the 3 columns stating the call (:func:`_describe_call`)
-_ROW = 5  # offset of the 4 columns describing the rank's x row (:func:`_describe_row`)
-_TOKENS = 9  # offset of W columns: this rank's tokens with at least one expert on each rank
+_CALL = 2  # offset of the 4 columns stating the call (:func:`_describe_call`)
+_ROW = 6  # offset of the 4 columns describing the rank's x row (:func:`_describe_row`)
+_TOKENS = 10  # offset of W columns: this rank's tokens with at least one expert on each rank
 
 #: every dtype of torch, numbered for the status exchanges (the same torch on every rank)
 _DTYPES = tuple(dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype)))
@@ -524,14 +524,15 @@ def _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, ove
 
 
 def _describe_call(
-    group: EPGroup, mode: str, alignment: int, capacity: int | None, overflow: str
-) -> tuple[int, int, int]:
+    group: EPGroup, mode: str, alignment: int, capacity: int | None, overflow: str, k: int
+) -> tuple[int, int, int, int]:
     """The call's arguments that every rank must pass alike, as the count exchange states them
     (the ranks size and place each other's rows from them): mode and overflow (exact mode has no
-    use for ``overflow``), alignment or capacity, and the group's placement digest."""
+    use for ``overflow``), alignment or capacity, the group's placement digest, and in exact mode
+    ``k`` (the token rows carry k layout rows each; capacity mode moves slots, whatever k)."""
     if mode == "exact":
-        return 0, alignment, group.placement_digest
-    return len(OVERFLOW_POLICIES) + OVERFLOW_POLICIES.index(overflow), capacity, group.placement_digest
+        return 0, alignment, group.placement_digest, k
+    return len(OVERFLOW_POLICIES) + OVERFLOW_POLICIES.index(overflow), capacity, group.placement_digest, 0
 
 
 def _raise_for_call(host: list[list[int]], E: int) -> None:
@@ -543,14 +544,17 @@ def _raise_for_call(host: list[list[int]], E: int) -> None:
     if any(call[2] != calls[0][2] for call in calls):
         given = ", ".join(f"rank {s}: digest {call[2]:#016x}" for s, call in enumerate(calls))
         raise ArgumentError("group", "EPGroups with the same placement on every rank", given)
-    stated = [(*divmod(code, len(OVERFLOW_POLICIES)), size) for code, size, _ in calls]
-    modes = [("exact", "capacity")[m] for m, _, _ in stated]
+    stated = [(*divmod(code, len(OVERFLOW_POLICIES)), size, k) for code, size, _, k in calls]
+    modes = [("exact", "capacity")[m] for m, _, _, _ in stated]
     if len(set(modes)) > 1:
         argument, given = "mode", [repr(m) for m in modes]
-    elif len({o for _, o, _ in stated}) > 1:
-        argument, given = "overflow", [repr(OVERFLOW_POLICIES[o]) for _, o, _ in stated]
+    elif len({o for _, o, _, _ in stated}) > 1:
+        argument, given = "overflow", [repr(OVERFLOW_POLICIES[o]) for _, o, _, _ in stated]
+    elif len({n for _, _, n, _ in stated}) > 1:
+        argument, given = ("alignment" if modes[0] == "exact" else "capacity"), [str(n) for _, _, n, _ in stated]
     else:
-        argument, given = ("alignment" if modes[0] == "exact" else "capacity"), [str(n) for _, _, n in stated]
+        given = ", ".join(f"rank {s}: k = {k}" for s, (_, _, _, k) in enumerate(stated))
+        raise ShapeError("topk_ids", "[T, k] with the same k on every rank in mode='exact'", given)
     ranks = ", ".join(f"rank {s}: {g}" for s, g in enumerate(given))
     raise ArgumentError(argument, "the same value on every rank of the group", ranks)
 
@@ -908,8 +912,8 @@ def dispatch(
     ``d.dropped``. ``transport``: force a transport by name (see :func:`moe_hal.ep.select`).
 
     Every rank of the group must call it with the same ``mode``/``alignment``/``capacity``/
-    ``overflow``, the same ``H`` and dtype, and ``x`` differentiable alike (its backward runs
-    collectives) — ``T`` may differ, 0 included: the count exchange states them, and ranks that
+    ``overflow``, the same ``H`` and dtype, ``x`` differentiable alike (its backward runs
+    collectives) and, in exact mode, the same ``k`` — ``T`` may differ, 0 included: the count exchange states them, and ranks that
     disagree all raise the same :class:`~moe_hal.errors.ArgumentError` (or ``ShapeError`` /
     ``DTypeError`` for the row of ``x``) naming every rank's value. See the module
     docstring for ordering, host syncs and the failure protocol.
@@ -921,7 +925,7 @@ def dispatch(
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
-        described = _describe_call(group, mode, alignment, capacity, overflow) + _describe_row(x)
+        described = _describe_call(group, mode, alignment, capacity, overflow, k) + _describe_row(x)
         block, rank, hits, row = _slot_keys(flat, group, k, described)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
