@@ -622,6 +622,27 @@ def cases(rank: int, world: int) -> dict:
             for m in (router, full, local):
                 m.zero_grad(set_to_none=True)
 
+    def nn_moe_with_ep_group_compiled():
+        # torch.compile around a layer with an EP group: dispatch and combine run eagerly between
+        # compiled graphs. A second token count recompiles with dynamic shapes, where AOTAutograd
+        # used to fail replaying their byte views ("setStorage ... out of bounds").
+        from moe_hal.nn import GroupedExperts, MoE, TopKRouter
+
+        torch.manual_seed(32)
+        router = TopKRouter(H, E, 2)
+        local = GroupedExperts(g.num_local_experts, H, 8)
+        for layout in ("masked", "contiguous"):
+            moe = MoE(router, local, layout=layout, masked_capacity=2 * max(tok) + 4, ep_group=g)
+            compiled = torch.compile(moe, backend="aot_eager")
+            for T in (tok[rank], tok[rank] + 2):
+                x = torch.randn(T, H, generator=torch.Generator().manual_seed(33 + rank))
+                xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+                ys = [moe(xs[0]), compiled(xs[1])]
+                for y in ys:  # every rank backpropagates both, in this order
+                    (y * _probe(y)).sum().backward()
+                torch.testing.assert_close(ys[1], ys[0], atol=1e-6, rtol=1e-6, msg=f"{layout} T={T}")
+                torch.testing.assert_close(xs[1].grad, xs[0].grad, atol=1e-6, rtol=1e-6, msg=f"{layout} T={T}")
+
     def exact_and_capacity_on_a_subgroup():
         # One EP group per half of the world (as with one per data-parallel replica): its ranks are
         # the subgroup's own, its problem is the subgroup's; every rank creates every group, in order.
@@ -694,6 +715,7 @@ CASES = [
     "dispatch_refuses_ranks_that_disagree_on_the_x_row",
     "dispatch_refuses_ranks_that_disagree_on_the_call",
     "nn_moe_with_ep_group",
+    "nn_moe_with_ep_group_compiled",
     "select_explains",
     "ops_do_not_grow_with_the_expert_count",
     "exact_and_capacity_on_a_subgroup",

@@ -886,6 +886,11 @@ def _require(ok: torch.Tensor, raise_typed, message: str) -> None:
 # -- public API ----------------------------------------------------------------------------------
 
 
+# Under torch.compile both run eagerly, with a graph break on each side: they read counts on the
+# host (exact mode), run collectives and keep reused buffers on the group, and AOTAutograd could
+# not replay the byte views of their inputs once a second shape made the graph dynamic (it
+# failed with "setStorage ... out of bounds").
+@torch.compiler.disable
 def dispatch(
     x: Hidden,
     topk_ids: torch.Tensor,
@@ -1019,6 +1024,7 @@ def _check_combine(expert_out, d: EPDispatch) -> None:
         raise ShapeError("expert_out", "at least one feature per row (last dimension >= 1)", tuple(expert_out.shape))
 
 
+@torch.compiler.disable
 def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     """``y[t] = sum_j topk_weights[t, j] * expert_out[row of (t, j)]`` on the token's source rank.
 
