@@ -281,6 +281,24 @@ def test_dispatch_moves_data_through_the_selected_transport(transport_plugin):
     assert torch.equal(y, 2 * x)
 
 
+@pytest.mark.parametrize(
+    "argv,option",
+    [
+        (["--ep", "0"], "--ep"),  # 0 used to run the single-process job instead
+        (["--ep-mode", "capacity"], "--ep-mode"),  # without --ep it used to be ignored
+        (["--ep-timeout", "5"], "--ep-timeout"),
+        (["--ep", "2", "--ep-timeout", "-1"], "--ep-timeout"),
+    ],
+)
+def test_cli_run_ep_refuses_options_that_would_be_ignored_or_invalid(argv, option, monkeypatch, capsys):
+    from moe_hal.cli import main
+
+    monkeypatch.setenv("MOE_HAL_PLUGINS", "")
+    assert main(["run", *argv, "--tokens", "96", "--n", "32", "--k", "128", "--repeat", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"{option}: expected" in err and "Traceback" not in err
+
+
 def test_cli_run_ep_verifies_against_one_process(tmp_path, monkeypatch, capsys):
     from moe_hal.cli import main
 

@@ -12,6 +12,7 @@ import argparse
 import statistics
 import time
 
+from ..errors import ArgumentError
 from . import job, types
 
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
@@ -68,17 +69,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ep",
         type=int,
-        default=0,
+        default=None,
         metavar="W",
         help="run it expert-parallel on W local gloo processes, verified against one process",
     )
     p.add_argument(
         "--ep-mode",
         choices=("exact", "capacity"),
-        default="exact",
-        help="expert-parallel dispatch mode (capacity: exactly full, the largest rank/expert count)",
+        default=None,
+        help="with --ep: the dispatch mode (default exact; capacity: exactly full, the largest rank/expert count)",
     )
-    p.add_argument("--ep-timeout", type=float, default=600.0, help="seconds before the W processes are stopped")
+    p.add_argument(
+        "--ep-timeout", type=float, default=None, help="with --ep: seconds before the W processes are stopped (600)"
+    )
     p.set_defaults(func=run)
 
 
@@ -121,7 +124,10 @@ def build(args):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ep:
+    for option, value in (("--ep-mode", args.ep_mode), ("--ep-timeout", args.ep_timeout)):
+        if value is not None and args.ep is None:
+            raise ArgumentError(option, "--ep W as well (it applies to the expert-parallel run)", value)
+    if args.ep is not None:
         from .run_ep import run_ep
 
         return run_ep(args)

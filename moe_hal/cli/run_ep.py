@@ -88,9 +88,12 @@ def run_ep(args) -> int:
 
     if args.ep < 1:
         raise ArgumentError("--ep", "a positive number of local processes", args.ep)
+    timeout_s = 600.0 if args.ep_timeout is None else args.ep_timeout
+    if not timeout_s > 0:
+        raise ArgumentError("--ep-timeout", "a positive number of seconds", args.ep_timeout)
     spec = {
         "world": args.ep,
-        "mode": args.ep_mode,
+        "mode": args.ep_mode or "exact",
         "experts": args.experts,
         "n": args.n,
         "k": args.k,
@@ -109,7 +112,7 @@ def run_ep(args) -> int:
             int((topk_ids[bounds[r] : bounds[r + 1]] == e).sum()) for r in range(args.ep) for e in range(args.experts)
         )
     t0 = time.perf_counter()
-    per_rank = ep.spawn_local(_rank_job, args.ep, (spec,), timeout_s=args.ep_timeout)
+    per_rank = ep.spawn_local(_rank_job, args.ep, (spec,), timeout_s=timeout_s)
     wall_s = time.perf_counter() - t0
     d = routing.dispatch(hidden, topk_ids, args.experts, alignment=args.alignment, topk_weights=topk_weights)
     want = routing.combine(moe_hal.grouped_gemm(d.a, weights, d.layout), d).float()
@@ -118,7 +121,7 @@ def run_ep(args) -> int:
     diff, ok = job.verify(got, want, in_dtype)
     result = {
         "ep": args.ep,
-        "mode": args.ep_mode,
+        "mode": args.ep_mode or "exact",
         "capacity": spec["capacity"],
         **job.described(args, in_dtype),
         "spawn_wall_s": wall_s,
