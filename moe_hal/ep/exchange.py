@@ -39,9 +39,10 @@ Rows in flight between two collectives live in the group's scratch buffers
 (:meth:`EPGroup.scratch`); everything returned (``d.a``, combine's output, gradients) is fresh.
 
 Combine returns each token's ``sum_j w[t, j] * out(t, j)`` on its source rank, accumulated in fp32
-(fp64 for float64 rows: :func:`_accumulation_dtype`) in the fixed order ``j = 0 .. k-1`` with separate multiply and add (no fused multiply-add whose use
-could depend on vector alignment), so the result does not depend on the world size or placement
-beyond the GEMM's own rounding, and is bit-identical when the inputs are small integers. It gathers
+(fp64 for float64 rows: :func:`_accumulation_dtype`) in the fixed order ``j = 0 .. k-1`` with
+separate multiply and add (no fused multiply-add whose use could depend on vector alignment), so
+the result does not depend on the world size or placement beyond the GEMM's own rounding, and is
+bit-identical when the inputs are small integers. It gathers
 the returned rows token chunk by token chunk (on the CPU), so the fp32 terms stay in cache.
 
 Failure protocol: every rank validates its arguments *before* the first collective of dispatch and
@@ -58,8 +59,9 @@ avoid). ``overflow="drop"`` never raises.
 
 Autograd: dispatch's backward is a combine (sum of the k gradient rows, same accumulation dtype,
 fixed order) and combine's backward a dispatch of ``w[t, j] * grad_y[t]`` plus ``grad w[t, j] =
-<grad_y[t], out(t, j)>``, in both modes. Backward runs collectives, so every rank must backpropagate through
-every dispatch and combine it ran, in the same order (as for any collective in a model).
+<grad_y[t], out(t, j)>``, in both modes. Backward runs collectives, so every rank must
+backpropagate through every dispatch and combine it ran, in the same order (as for any collective
+in a model).
 """
 
 from __future__ import annotations
@@ -375,8 +377,8 @@ def _sum_slots(
 
     Token chunk by token chunk (on the CPU), choice by choice: the chunk's ``j``-th rows are
     gathered straight from ``rows`` into a scratch buffer, widened to the accumulation dtype there,
-    weighted and added to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks, which stays in a
-    core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no
+    weighted and added to the chunk's accumulator — a working set of three ``[chunk, C]`` blocks,
+    which stays in a core's cache (the k rows of a chunk gathered at once do not). No ``[T, k, C]`` copy, and no
     fresh allocation, whose page faults cost more than the arithmetic."""
     T, k = slot_row.shape
     C = rows.shape[1]
@@ -637,8 +639,7 @@ def _failed_ranks(host: list[list[int]], E: int) -> list[int]:
 
 def _raise_for_counts(host: list[list[int]], group: EPGroup, flat: torch.Tensor, k: int, capacity: int | None) -> None:
     """The error path: invalid ids (this rank's, or a peer's), then call arguments and x rows that
-    differ between ranks, then capacity (first source rank,
-    then lowest expert id)."""
+    differ between ranks, then capacity (first source rank, then lowest expert id)."""
     E = group.num_experts
     failed = _failed_ranks(host, E)
     if group.rank in failed:
@@ -918,10 +919,11 @@ def dispatch(
 
     Every rank of the group must call it with the same ``mode``/``alignment``/``capacity``/
     ``overflow``, the same ``H`` and dtype, ``x`` differentiable alike (its backward runs
-    collectives) and, in exact mode, the same ``k`` — ``T`` may differ, 0 included: the count exchange states them, and ranks that
-    disagree all raise the same :class:`~moe_hal.errors.ArgumentError` (or ``ShapeError`` /
-    ``DTypeError`` for the row of ``x``) naming every rank's value. See the module
-    docstring for ordering, host syncs and the failure protocol.
+    collectives) and, in exact mode, the same ``k`` — ``T`` may differ, 0 included. The count
+    exchange states them, and ranks that disagree all raise the same
+    :class:`~moe_hal.errors.ArgumentError` (or ``ShapeError`` / ``DTypeError`` for the row of
+    ``x``, ``ShapeError`` for ``k``) naming every rank's value. See the module docstring for
+    ordering, host syncs and the failure protocol.
     """
     if not isinstance(group, EPGroup):  # without a group there is nobody to tell
         raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
