@@ -201,3 +201,22 @@ def test_the_per_architecture_split_covers_every_case(loso):
             if hwdb.get(r["device"]).architecture == arch and r["origin"] == "published"
         ]
         assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), arch
+
+
+def test_the_implementation_coverage_split_covers_every_case(loso):
+    # Recomputed from the per-case rows: a published case whose kernel implementation no other
+    # source (published or own) timed is predicted, held out, with other kernels' figures.
+    split = loso["by_implementation_coverage"]
+    assert set(split) == {model_validation.IMPL_ELSEWHERE, model_validation.IMPL_ONLY_HERE}
+    assert sum(s["cases"] for s in split.values()) == loso["summary"]["all"]["cases"]
+    sources_of: dict[str, set[str]] = {}
+    for row in loso["per_case"]:
+        sources_of.setdefault(row["impl"], set()).add(row["source"])
+    published = [r for r in loso["per_case"] if r["origin"] == "published"]
+    for name, only_here in ((model_validation.IMPL_ONLY_HERE, True), (model_validation.IMPL_ELSEWHERE, False)):
+        errors = [abs(r["error"]) for r in published if (sources_of[r["impl"]] == {r["source"]}) == only_here]
+        s = split[name]
+        assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), name
+        assert s["cases_above_worst_target"] == sum(e > model_validation.TARGET_WORST for e in errors), name
+    # torchao PR #2427's NVFP4 torch._scaled_mm: no other source timed it
+    assert sources_of["torch_scaled_mm"] == {"torchao-pr2427-b200"}

@@ -23,6 +23,11 @@ TARGET_WORST = 0.30
 #: Target median |error| on this project's own GPU runs (issue 14: the gpu_check timings).
 TARGET_OWN_MEDIAN = 0.10
 
+#: The published cases split by whether another source (published or own) timed the same kernel
+#: implementation: out of sample, only those can be predicted with that kernel's own figures.
+IMPL_ELSEWHERE = "implementation timed by another source too"
+IMPL_ONLY_HERE = "implementation timed by this source only"
+
 _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
     "bench/own_measurements/*.yaml of the checkout)"
@@ -69,6 +74,11 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
     architecture = {c.device: hwdb.get(c.device).architecture for c in cases}
     overall = summary["all"]
     own_summary = calibration.summarize(own)
+
+    def measured_elsewhere(o) -> bool:
+        # Out of sample, a kernel no other source timed can only borrow other kernels' figures.
+        return any(c.impl == o.case.impl and c.source != o.case.source for c in cases)
+
     return {
         "evaluation": "in-sample (fit on every case)" if in_sample else "leave-one-source-out",
         "cases": len(published),
@@ -98,6 +108,10 @@ def report(in_sample: bool = False, cases_path: str | None = None) -> dict[str, 
         "by_source": {
             source: calibration.summarize(o for o in outcomes if o.case.source == source)["all"]
             for source in sorted({c.source for c in cases})
+        },
+        "by_implementation_coverage": {  # of the published set, as the summary
+            IMPL_ELSEWHERE: _with_misses([o for o in published if measured_elsewhere(o)]),
+            IMPL_ONLY_HERE: _with_misses([o for o in published if not measured_elsewhere(o)]),
         },
         "by_architecture": {  # of the published set, as the summary
             arch: calibration.summarize(o for o in published if architecture[o.case.device] == arch)["all"]
@@ -152,6 +166,14 @@ def _files_of(cases: list) -> str:
     return f"{published} and {own} of bench/own_measurements/" if own else published
 
 
+def _with_misses(outcomes: list) -> dict[str, Any]:
+    """The summary of ``outcomes``, with how many miss the worst-case target."""
+    from ..perf import calibration
+
+    s = calibration.summarize(outcomes)["all"]
+    return {**s, "cases_above_worst_target": sum(abs(o.error) > TARGET_WORST for o in outcomes)}
+
+
 def _errors(s: dict[str, Any]) -> str:
     """A summary's case count and the model's median and worst error, as every report line says them."""
     return f"{s['cases']:3} cases: model median {s['model_median']:.1%}, worst {s['model_worst']:.1%}"
@@ -181,6 +203,12 @@ def print_report(data: dict[str, Any]) -> None:
     print("per source (each predicted from the others when out of sample):")
     for source, s in data["by_source"].items():
         print(f"  {source:30} {_errors(s)}; roofline median {s['roofline_median']:.1%}")
+    if data["cases"]:
+        print("per kernel implementation's coverage (published set):")
+    for group, s in data["by_implementation_coverage"].items():
+        if not s["cases"]:
+            continue
+        print(f"  {group:46} {_errors(s)}; {s['cases_above_worst_target']} above {TARGET_WORST:.0%}")
     print("per architecture (published set):")
     for arch, s in data["by_architecture"].items():
         print(f"  {arch:30} {_errors(s)}")
