@@ -239,6 +239,17 @@ class NoHostSync(TorchFunctionMode):
 # -- the cases -----------------------------------------------------------------------------------
 
 
+def refuses(error: type[Exception], argument: str, world: int, label: str, fn, *args, **kwargs) -> None:
+    """``fn(*args, **kwargs)`` raises ``error`` about ``argument``, naming the value of rank
+    ``world - 1`` (the one rank that passed something else); every rank checks this of itself."""
+    try:
+        fn(*args, **kwargs)
+    except error as exc:
+        assert exc.argument == argument and f"rank {world - 1}: " in str(exc), (label, exc)
+    else:
+        raise AssertionError(f"{label}: did not fail")
+
+
 def cases(rank: int, world: int) -> dict:
     W = world
     E = 2 * W + 1  # uneven default blocks
@@ -510,12 +521,7 @@ def cases(rank: int, world: int) -> dict:
                 if rank == W - 1:  # valid on its own, but not the row the other ranks send
                     other = {"width": torch.cat([out, out], dim=-1), "dtype": out.to(torch.float64)}
                     out = other.get(change, out.detach())
-                try:
-                    ep.combine(out, d)
-                except error as exc:
-                    assert exc.argument == "expert_out" and f"rank {W - 1}: " in str(exc), (mode, change, exc)
-                else:
-                    raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
+                refuses(error, "expert_out", W, f"{mode}/{change}", ep.combine, out, d)
         check(make(26, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def dispatch_refuses_ranks_that_disagree_on_the_x_row():
@@ -534,18 +540,15 @@ def cases(rank: int, world: int) -> dict:
         for mode, cap in (("exact", None), ("capacity", 64)):
             for change, (other, error) in changed.items():
                 mine = other if rank == W - 1 else x  # valid on its own, but not the row the others send
-                try:
-                    ep.dispatch(mine, p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, mode=mode, capacity=cap)
-                except error as exc:
-                    assert exc.argument == "x" and f"rank {W - 1}: " in str(exc), (mode, change, exc)
-                else:
-                    raise AssertionError(f"{mode}/{change}: rank {rank} did not fail")
+                slice_ = (p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g)
+                refuses(error, "x", W, f"{mode}/{change}", ep.dispatch, mine, *slice_, mode=mode, capacity=cap)
         check(make(28, rank, tok, E, 2), g, E)  # the group still works afterwards
 
     def dispatch_refuses_ranks_that_disagree_on_the_call():
         # Each rank sizes and places the others' rows from these arguments: a mismatch used to
         # abort the process in gloo (mode, capacity) or raise an IndexError on one rank (alignment).
         p = make(29, rank, tok, E, 2)
+        mine = (p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi])
         usual = {"mode": "capacity", "capacity": 64, "overflow": "error"}
         changed = {
             "mode": {"mode": "exact", "capacity": None},
@@ -559,21 +562,11 @@ def cases(rank: int, world: int) -> dict:
                 call.update(mode="exact", capacity=None)
             if rank == W - 1:
                 call.update(change)
-            try:
-                ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], g, **call)
-            except ArgumentError as exc:
-                assert exc.argument == argument and f"rank {W - 1}: " in str(exc), (argument, exc)
-            else:
-                raise AssertionError(f"{argument}: rank {rank} did not fail")
+            refuses(ArgumentError, argument, W, argument, ep.dispatch, *mine, g, **call)
         # Groups built with different placements (same E): each rank would read the others'
         # counts by its own placement, and the results would be silently wrong.
         other = ep.EPGroup(None, E, placement=[W - 1 - r for r in g.placement]) if rank == W - 1 else g
-        try:
-            ep.dispatch(p.x[p.lo : p.hi], p.ids[p.lo : p.hi], p.w[p.lo : p.hi], other)
-        except ArgumentError as exc:
-            assert exc.argument == "group" and f"rank {W - 1}: " in str(exc), exc
-        else:
-            raise AssertionError(f"placement: rank {rank} did not fail")
+        refuses(ArgumentError, "group", W, "placement", ep.dispatch, *mine, other)
         # k: exact mode's token rows carry k layout rows each, so k must agree there (gloo aborted
         # the process); capacity mode moves slots and takes any k per rank — the same result as
         # padding the smaller k with -1.
@@ -581,12 +574,7 @@ def cases(rank: int, world: int) -> dict:
         ids, w = p3.ids[p3.lo : p3.hi], p3.w[p3.lo : p3.hi]
         if rank == W - 1:
             ids, w = ids[:, :2], w[:, :2]
-        try:
-            ep.dispatch(p3.x[p3.lo : p3.hi], ids, w, g)
-        except ShapeError as exc:
-            assert exc.argument == "topk_ids" and f"rank {W - 1}: k = 2" in str(exc), exc
-        else:
-            raise AssertionError(f"k: rank {rank} did not fail")
+        refuses(ShapeError, "topk_ids", W, "k", ep.dispatch, p3.x[p3.lo : p3.hi], ids, w, g)
         padded = torch.cat([ids, ids.new_full((ids.shape[0], 3 - ids.shape[1]), -1)], 1)
         weights = torch.cat([w, w.new_zeros(w.shape[0], 3 - w.shape[1])], 1)
         ys = []
