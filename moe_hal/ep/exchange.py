@@ -561,6 +561,18 @@ def _raise_for_call(host: list[list[int]], E: int) -> None:
     raise ArgumentError(argument, "the same value on every rank of the group", ranks)
 
 
+def _differentiable(t: torch.Tensor) -> int:
+    """1 if autograd will run ``t``'s backward (and so its collectives), else 0."""
+    return int(t.requires_grad and torch.is_grad_enabled())
+
+
+def _raise_differentiable_differs(argument: str, flags: list[int]) -> None:
+    given = ", ".join(f"rank {s}: {bool(flag)}" for s, flag in enumerate(flags))
+    raise ArgumentError(
+        argument, "requires_grad (with grad mode on) alike on every rank: the backward runs collectives", given
+    )
+
+
 def _describe_row(x: Hidden) -> tuple[int, int, int, int]:
     """What a row of ``x`` holds, as the count exchange states it: (QuantizedTensor or not, dtype),
     features per token, the last dimension (a QuantizedTensor's: its scales per token), and
@@ -570,8 +582,7 @@ def _describe_row(x: Hidden) -> tuple[int, int, int, int]:
     differentiable would never join."""
     if isinstance(x, QuantizedTensor):
         return 256 + _DTYPES.index(x.data.dtype), math.prod(x.data.shape[1:]), math.prod(x.scale.shape[1:]), 0
-    differentiable = int(x.requires_grad and torch.is_grad_enabled())
-    return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1], differentiable
+    return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1], _differentiable(x)
 
 
 def _row_text(described: list[int]) -> str:
@@ -591,10 +602,7 @@ def _raise_for_rows(host: list[list[int]], E: int) -> None:
             raise ShapeError("x", "the same features per token on every rank", given)
         raise DTypeError("x", "the same dtype (and kind of tensor) on every rank", given)
     if any(row[3] != rows[0][3] for row in rows):
-        given = ", ".join(f"rank {s}: {bool(row[3])}" for s, row in enumerate(rows))
-        raise ArgumentError(
-            "x", "requires_grad (with grad mode on) alike on every rank: the backward runs collectives", given
-        )
+        _raise_differentiable_differs("x", [row[3] for row in rows])
 
 
 def _slot_keys(
@@ -1058,8 +1066,7 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
     if local_error is not None:
         row = (-1, -1, -1)
     else:
-        differentiable = int(expert_out.requires_grad and torch.is_grad_enabled())
-        row = (expert_out.shape[-1], _DTYPES.index(expert_out.dtype), differentiable)
+        row = (expert_out.shape[-1], _DTYPES.index(expert_out.dtype), _differentiable(expert_out))
     status = torch.tensor([int(local_error is not None), *row], dtype=torch.int64, device=d.send_counts.device)
     W = d.group.world_size
     flags = status.new_empty(W * status.numel())
@@ -1081,10 +1088,7 @@ def combine(expert_out: torch.Tensor, d: EPDispatch) -> torch.Tensor:
         if any(r[:2] != stated[0][:2] for r in stated):
             given = ", ".join(f"rank {s}: {n} x {_DTYPES[i]}" for s, (n, i, _) in enumerate(stated))
             raise ShapeError("expert_out", "the same last dimension and dtype on every rank", given)
-        given = ", ".join(f"rank {s}: {bool(g)}" for s, (_, _, g) in enumerate(stated))
-        raise ArgumentError(
-            "expert_out", "requires_grad (with grad mode on) alike on every rank: the backward runs collectives", given
-        )
+        _raise_differentiable_differs("expert_out", [g for _, _, g in stated])
 
     def peers_ok() -> None:
         pending.wait()

@@ -119,24 +119,19 @@ class EPGroup:
     def on_device(self, name: str, device: torch.device) -> torch.Tensor:
         """The int tuple attribute ``name`` (:attr:`expert_position`, :attr:`position_start`,
         :attr:`send_block`, :attr:`block_position`, :attr:`block_rank`, :attr:`rank_chunk`,
-        :attr:`chunk_rank`) as int64
-        on ``device``
-        (cached)."""
-        t = self._tensors.get((name, device))
-        if t is None:
-            t = torch.tensor(getattr(self, name), dtype=torch.int64, device=device)
-            self._tensors[(name, device)] = t
-        return t
+        :attr:`chunk_rank`) as int64 on ``device`` (cached)."""
+        return self._cached((name, device), getattr(self, name), device)
 
     def constant(self, values: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """``values`` as int64 on ``device`` (cached): what a call states about itself is the same
         from step to step, so after the first call it costs no host-to-device copy (which CUDA-graph
         capture, after warm-up calls, would refuse)."""
-        key = ("constant", values, device)
+        return self._cached(("constant", values, device), values, device)
+
+    def _cached(self, key: tuple, values: tuple[int, ...], device: torch.device) -> torch.Tensor:
         t = self._tensors.get(key)
         if t is None:
-            t = torch.tensor(values, dtype=torch.int64, device=device)
-            self._tensors[key] = t
+            t = self._tensors[key] = torch.tensor(values, dtype=torch.int64, device=device)
         return t
 
     def scratch(self, role: str, nbytes: int, device: torch.device) -> torch.Tensor:
