@@ -269,6 +269,26 @@ def test_plugin_transports_are_ranked_and_explained(transport_plugin):
         ep.select(g, "exact", transport="nope")
 
 
+def test_transports_are_matched_against_the_backend_serving_the_tensors_device(transport_plugin):
+    # torch names a group made with a device map by the map ("cpu:gloo"; "cpu:gloo,cuda:nccl" is
+    # what init_process_group() without a backend makes on a CUDA machine): a transport declared
+    # for "gloo" must still run on its CPU tensors
+    g = ep.EPGroup(dist.new_group([0], backend="cpu:gloo"), 4)
+    assert g.backend == "cpu:gloo" and g.backend_for("cpu") == "gloo"
+    sel = ep.select(g, "exact")
+    assert sel.name == "fake_graph" and sel.pg_backend == "gloo"
+    assert "process group backend 'gloo' for cpu tensors" in sel.explain()
+    CountingTransport.calls = 0
+    x = torch.arange(8.0).view(2, 4)
+    d = ep.dispatch(x, torch.tensor([[0], [3]]), torch.ones(2, 1), g, alignment=1)
+    assert torch.equal(ep.combine(d.a, d), x) and CountingTransport.calls > 0
+    with pytest.raises(ArgumentError, match=r"device.*cpu:gloo.*cuda"):
+        g.backend_for("cuda")  # the map serves no CUDA tensors
+    with pytest.raises(ArgumentError, match="device"):
+        ep.select(g, "exact", device="cuda")
+    assert ep.EPGroup(None, 4).backend_for("cuda") == "gloo"  # one name serves every device
+
+
 def test_dispatch_moves_data_through_the_selected_transport(transport_plugin):
     g = ep.EPGroup(None, 4)
     CountingTransport.calls = 0

@@ -935,8 +935,11 @@ def dispatch(
     """
     if not isinstance(group, EPGroup):  # without a group there is nobody to tell
         raise DTypeError("group", "a moe_hal.ep.EPGroup", type(group).__name__)
-    graph = isinstance(x, torch.Tensor) and x.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    sel = select(group, mode if mode in ("exact", "capacity") else "exact", graph=graph, transport=transport)
+    device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
+    graph = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    sel = select(
+        group, mode if mode in ("exact", "capacity") else "exact", graph=graph, transport=transport, device=device
+    )
     local_error: Exception | None = None
     try:
         flat, tokens, k = _check_args(x, topk_ids, topk_weights, group, mode, alignment, capacity, overflow)
@@ -944,7 +947,6 @@ def dispatch(
         block, rank, hits, row = _slot_keys(flat, group, k, described)
     except ArgumentError as exc:  # join the count exchange with an error flag, then raise
         local_error = exc
-        device = x.device if isinstance(x, (torch.Tensor, QuantizedTensor)) else torch.device("cpu")
         row = torch.zeros(group.num_experts + _TOKENS + group.world_size, dtype=torch.int64, device=device)
         row[group.num_experts + _STATUS] = 1
     gathered, counts = _start_gather_rows(sel, group, row)

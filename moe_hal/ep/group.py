@@ -46,6 +46,8 @@ class EPGroup:
         self.world_size: int = dist.get_world_size(self.process_group)
         if self.rank < 0:
             raise ArgumentError("process_group", "a group this process belongs to", "a group without this rank")
+        #: the backend as torch reports it: one name (``"gloo"``), or a device map such as
+        #: ``"cpu:gloo,cuda:nccl"`` (:meth:`backend_for` reads it)
         self.backend: str = str(dist.get_backend(self.process_group))
         self.num_experts = num_experts
         self.placement: tuple[int, ...] = self._check_placement(placement)
@@ -146,6 +148,20 @@ class EPGroup:
             buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
             self._scratch[(role, device)] = buf
         return buf[:nbytes]
+
+    def backend_for(self, device: torch.device | str) -> str:
+        """The ``torch.distributed`` backend that runs this group's collectives on tensors of
+        ``device``: :attr:`backend` when it is one name, else the entry of its device map for the
+        device's type (``"nccl"`` for CUDA tensors of a ``"cpu:gloo,cuda:nccl"`` group, what
+        ``init_process_group()`` without a backend makes on a CUDA machine). Raises
+        :class:`~moe_hal.errors.ArgumentError` (``device``) when the map has no entry for it."""
+        device_type = torch.device(device).type
+        if ":" not in self.backend:
+            return self.backend
+        served = dict(entry.strip().split(":", 1) for entry in self.backend.split(","))
+        if device_type not in served:
+            raise ArgumentError("device", f"a device type the process group serves ({self.backend})", device_type)
+        return served[device_type]
 
     def free_scratch(self) -> None:
         """Drop the scratch buffers (the next call allocates them again)."""

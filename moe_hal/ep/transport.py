@@ -206,10 +206,12 @@ class Candidate:
 
 @dataclass(frozen=True, eq=False)
 class TransportSelection:
-    """The transport chosen for (process-group backend, mode, graph capture) and why."""
+    """The transport chosen for (process-group backend, device type, mode, graph capture) and why.
+    ``pg_backend``: the backend that serves ``device_type`` tensors (not the group's device map)."""
 
     transport: Transport
     pg_backend: str
+    device_type: str
     mode: str
     graph: bool
     forced: str | None
@@ -263,7 +265,7 @@ def _reasons(spec: TransportSpec, reg: _Registry, pg_backend: str, mode: str, gr
 
 
 @functools.lru_cache(maxsize=256)
-def _select_cached(pg_backend: str, mode: str, graph: bool, forced: str | None) -> TransportSelection:
+def _select_cached(pg_backend: str, device_type: str, mode: str, graph: bool, forced: str | None) -> TransportSelection:
     reg = _registry()
     specs = sorted(reg.specs.values(), key=lambda s: (-s.priority, s.name))
     candidates = tuple(Candidate(s.name, tuple(_reasons(s, reg, pg_backend, mode, graph))) for s in specs)
@@ -279,22 +281,50 @@ def _select_cached(pg_backend: str, mode: str, graph: bool, forced: str | None) 
         lines += [f"  plugin failure: {f.splitlines()[0]}" for f in reg.failures]
         head = f"transport {forced!r} was named" if forced else "no transport is eligible"
         raise TransportUnavailableError(
-            f"{head} (process group backend {pg_backend!r}, mode {mode!r}, graph capture {graph}):\n" + "\n".join(lines)
+            f"{head} (process group backend {pg_backend!r} for {device_type} tensors, mode {mode!r}, "
+            f"graph capture {graph}):\n" + "\n".join(lines)
         )
     inst = _instance(reg.specs[chosen.name])
-    return TransportSelection(inst, pg_backend, mode, graph, forced, candidates, tuple(reg.failures))
+    return TransportSelection(inst, pg_backend, device_type, mode, graph, forced, candidates, tuple(reg.failures))
 
 
-def select(group, mode: str = "exact", *, graph: bool = False, transport: str | None = None) -> TransportSelection:
+def select(
+    group,
+    mode: str = "exact",
+    *,
+    graph: bool = False,
+    transport: str | None = None,
+    device: torch.device | str | None = None,
+) -> TransportSelection:
     """The transport :func:`moe_hal.ep.dispatch` uses for ``group`` (an :class:`~moe_hal.ep.EPGroup`)
-    in ``mode``; ``graph=True`` asks for one safe under CUDA-graph capture; ``transport`` forces one
-    by name. Raises :class:`~moe_hal.errors.TransportUnavailableError` when none (or not the named
-    one) is eligible. Cached per (process-group backend, mode, graph, transport)."""
+    in ``mode`` on tensors of ``device``; ``graph=True`` asks for one safe under CUDA-graph capture;
+    ``transport`` forces one by name. Transports are matched against the backend that serves
+    ``device`` (:meth:`~moe_hal.ep.EPGroup.backend_for`: ``"nccl"`` for CUDA tensors of a
+    ``"cpu:gloo,cuda:nccl"`` group); ``device`` None: the current accelerator when the group
+    serves it, else the CPU. Raises :class:`~moe_hal.errors.TransportUnavailableError` when none
+    (or not the named one) is eligible. Cached per (backend, device type, mode, graph, transport)."""
     if mode not in MODES:
         raise ArgumentError("mode", f"one of {MODES}", mode)
     if transport is not None and not isinstance(transport, str):
         raise ArgumentError("transport", "None or a transport name", transport)
-    return _select_cached(group.backend, mode, bool(graph), transport)
+    device_type = _device_type(group, device)
+    return _select_cached(group.backend_for(device_type), device_type, mode, bool(graph), transport)
+
+
+def _device_type(group, device: torch.device | str | None) -> str:
+    if device is not None:
+        try:
+            return torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ArgumentError("device", "None, a torch.device or a device string", device) from None
+    accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if accelerator is not None:
+        try:
+            group.backend_for(accelerator)
+            return accelerator.type
+        except ArgumentError:  # the group's device map leaves the accelerator out
+            pass
+    return "cpu"
 
 
 def _render(sel: TransportSelection) -> str:
@@ -302,7 +332,10 @@ def _render(sel: TransportSelection) -> str:
     how = f"forced by transport={sel.forced!r}" if sel.forced else "highest priority among the eligible"
     lines = [
         f"expert-parallel transport: {spec.name} ({how})",
-        f"  call: process group backend {sel.pg_backend!r}, mode {sel.mode!r}, graph capture {sel.graph}",
+        (
+            f"  call: process group backend {sel.pg_backend!r} for {sel.device_type} tensors, mode {sel.mode!r}, "
+            f"graph capture {sel.graph}"
+        ),
         (
             f"  promises: needs_host_sync={spec.needs_host_sync}, graph_safe={spec.graph_safe}, "
             f"modes={sorted(spec.modes)}, process group backends={list(spec.process_group_backends)}"
