@@ -89,8 +89,11 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: test the model on cases it had not seen) raised it to 0.43 on arrival (README a6d97a1's masked
 #: calls held out took PR #193's slower kernel's rate); with that kernel its own implementation and
 #: an implementation's own figures on a device tried before another's (moe_hal.perf.efficiency) it
-#: is 0.42 again.
-WORST_RECORDED = 0.42
+#: is 0.42 again. FlashInfer PRs #2464 and #2540 (B200 and GB200) and SGLang PR #9333 (H20), found
+#: to test the model on cases it had not seen, raised it to 0.56 with the model unchanged: the
+#: GB200's NVFP4 calls of few tiles and long K run twice as long as predicted, and as the typical
+#: Blackwell figures they slow the predictions of vLLM PR #19566's and torchao PR #2427's kernels.
+WORST_RECORDED = 0.56
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):
