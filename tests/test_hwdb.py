@@ -280,7 +280,7 @@ def test_quantity_paths():
     assert bw.si == pytest.approx(3.35e12)
     assert h100.quantity("measured.read_bandwidth") is None
     assert h100.quantity("peak_dense.fp4") is None
-    assert hwdb.get("nvidia-b200").quantity("on_chip.l2") is None  # value: null with a note
+    assert hwdb.get("huawei-ascend-910b3").quantity("on_chip.l2") is None  # value: null with a note
     with pytest.raises(ArgumentError):
         h100.quantity("memory")  # a section, not a quantity
     with pytest.raises(ArgumentError):
