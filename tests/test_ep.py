@@ -286,6 +286,8 @@ def test_transports_are_matched_against_the_backend_serving_the_tensors_device(t
         g.backend_for("cuda")  # the map serves no CUDA tensors
     with pytest.raises(ArgumentError, match="device"):
         ep.select(g, "exact", device="cuda")
+    with pytest.raises(ArgumentError, match="device"):
+        g.backend_for("not-a-device")
     assert ep.EPGroup(None, 4).backend_for("cuda") == "gloo"  # one name serves every device
 
 

@@ -155,7 +155,10 @@ class EPGroup:
         device's type (``"nccl"`` for CUDA tensors of a ``"cpu:gloo,cuda:nccl"`` group, what
         ``init_process_group()`` without a backend makes on a CUDA machine). Raises
         :class:`~moe_hal.errors.ArgumentError` (``device``) when the map has no entry for it."""
-        device_type = torch.device(device).type
+        try:
+            device_type = torch.device(device).type
+        except (RuntimeError, TypeError):
+            raise ArgumentError("device", "a torch.device or a device string", device) from None
         if ":" not in self.backend:
             return self.backend
         served = dict(entry.strip().split(":", 1) for entry in self.backend.split(","))

@@ -313,10 +313,8 @@ def select(
 
 def _device_type(group, device: torch.device | str | None) -> str:
     if device is not None:
-        try:
-            return torch.device(device).type
-        except (RuntimeError, TypeError):
-            raise ArgumentError("device", "None, a torch.device or a device string", device) from None
+        group.backend_for(device)  # refuses a device that is none, or that the group does not serve
+        return torch.device(device).type
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if accelerator is not None:
         try:
