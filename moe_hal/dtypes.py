@@ -84,6 +84,15 @@ def name_of(dtype: "torch.dtype") -> str:
     return names.get(dtype, str(dtype).removeprefix("torch."))
 
 
+def accumulation_dtype(dtype: "torch.dtype") -> "torch.dtype":
+    """The dtype sums and weighted sums of ``dtype`` values run in: fp32, or fp64 for float64 —
+    fp32 would cost a float64 caller (``torch.autograd.gradcheck``, a float64 reference) half its
+    digits."""
+    import torch
+
+    return torch.promote_types(dtype, torch.float32)
+
+
 def parse(name: str) -> "torch.dtype":
     """torch dtype for a canonical name or an accepted spelling (``bfloat16``, ``float32``);
     :class:`~moe_hal.errors.DTypeError` otherwise."""

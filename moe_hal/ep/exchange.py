@@ -39,7 +39,7 @@ Rows in flight between two collectives live in the group's scratch buffers
 (:meth:`EPGroup.scratch`); everything returned (``d.a``, combine's output, gradients) is fresh.
 
 Combine returns each token's ``sum_j w[t, j] * out(t, j)`` on its source rank, accumulated in fp32
-(fp64 for float64 rows: :func:`_accumulation_dtype`) in the fixed order ``j = 0 .. k-1`` with
+(fp64 for float64 rows: :func:`moe_hal.dtypes.accumulation_dtype`) in the fixed order ``j = 0 .. k-1`` with
 separate multiply and add (no fused multiply-add whose use could depend on vector alignment), so
 the result does not depend on the world size or placement beyond the GEMM's own rounding, and is
 bit-identical when the inputs are small integers. It gathers
@@ -72,6 +72,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..dtypes import accumulation_dtype
 from ..errors import (
     ArgumentError,
     DTypeError,
@@ -358,18 +359,11 @@ def _from_experts(
 _SUM_CHUNK_BYTES = 1 << 18
 
 
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype the weighted sums (and combine's backward) run in for rows of ``dtype``: fp32, or
-    fp64 for float64 rows — fp32 would cost a float64 caller (``torch.autograd.gradcheck``, a float64
-    reference) half its digits."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 def _sum_slots(
     d: EPDispatch, rows: torch.Tensor, slot_row: torch.Tensor, weights: torch.Tensor | None, dtype
 ) -> torch.Tensor:
     """``[T, C]`` in ``dtype``: ``sum_j weights[t, j] * rows[slot_row[t, j]]`` accumulated in
-    ``_accumulation_dtype(rows.dtype)`` (fp32, fp64 for float64 rows) in the order j = 0 .. k-1,
+    ``accumulation_dtype(rows.dtype)`` (fp32, fp64 for float64 rows) in the order j = 0 .. k-1,
     each product and each sum rounded separately (no fused multiply-add, whose use could depend on
     vector alignment), so the result does not depend on T, the chunking or the placement. ``rows``
     ``[S + 1, C]`` (any float dtype); ``weights`` ``[T, k]`` in the accumulation dtype, or None
@@ -385,7 +379,7 @@ def _sum_slots(
     out = torch.empty(T, C, dtype=dtype, device=rows.device)
     if T == 0 or k == 0:
         return out.zero_()
-    acc_dtype = _accumulation_dtype(rows.dtype)
+    acc_dtype = accumulation_dtype(rows.dtype)
     width = acc_dtype.itemsize
     step = min(T, max(1, _SUM_CHUNK_BYTES // (width * C))) if rows.device.type == "cpu" else T
     words = _words(rows.view(torch.uint8))
@@ -474,7 +468,7 @@ class _CombineRows(torch.autograd.Function):
         keep = ctx.needs_input_grad[1]  # the weights' gradient reads the returned rows again
         flat = expert_out.reshape(-1, expert_out.shape[-1])
         rows = _from_experts(d, _byte_rows(flat), keep, peers_ok).view(expert_out.dtype)
-        w = weights.to(_accumulation_dtype(expert_out.dtype))
+        w = weights.to(accumulation_dtype(expert_out.dtype))
         if d._maps.kept_slots is not None:
             w = torch.where(d._maps.kept_slots, w, 0.0)
         ctx.save_for_backward(rows if keep else None, w)

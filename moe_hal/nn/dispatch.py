@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..device_layout import PsumLayout
+from ..dtypes import accumulation_dtype
 from ..layouts import MaskedLayout
 
 
@@ -98,6 +99,6 @@ def combine(expert_out: torch.Tensor, d: Dispatched, topk_weights: torch.Tensor)
     rows (any leading shape that flattens to the rows of ``d.a``)."""
     tokens, k = topk_weights.shape
     rows = expert_out.reshape(-1, expert_out.shape[-1]).index_select(0, d.row_of_slot)
-    acc = torch.promote_types(expert_out.dtype, torch.float32)
+    acc = accumulation_dtype(expert_out.dtype)
     y = (rows.view(tokens, k, expert_out.shape[-1]).to(acc) * topk_weights.to(acc).unsqueeze(-1)).sum(dim=1)
     return y.to(expert_out.dtype)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..dtypes import accumulation_dtype
 from ..errors import ArgumentError
 
 SCORES = ("softmax", "sigmoid")
@@ -72,7 +73,7 @@ class TopKRouter(nn.Module):
             self.correction_bias = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        score_dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+        score_dtype = accumulation_dtype(x.dtype)
         if self.score == "softmax":
             logits = F.linear(x, self.weight.to(x.dtype)).to(score_dtype)
             probs = logits.softmax(dim=-1)
