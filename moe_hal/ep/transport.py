@@ -307,22 +307,22 @@ def select(
         raise ArgumentError("mode", f"one of {MODES}", mode)
     if transport is not None and not isinstance(transport, str):
         raise ArgumentError("transport", "None or a transport name", transport)
-    device_type = _device_type(group, device)
-    return _select_cached(group.backend_for(device_type), device_type, mode, bool(graph), transport)
+    if device is None:
+        device = _default_device(group)
+    backend = group.backend_for(device)  # refuses what is not a device, or a device the group does not serve
+    return _select_cached(backend, torch.device(device).type, mode, bool(graph), transport)
 
 
-def _device_type(group, device: torch.device | str | None) -> str:
-    if device is not None:
-        group.backend_for(device)  # refuses a device that is none, or that the group does not serve
-        return torch.device(device).type
+def _default_device(group) -> torch.device:
+    """The current accelerator when ``group`` serves it, else the CPU."""
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if accelerator is not None:
         try:
             group.backend_for(accelerator)
-            return accelerator.type
+            return accelerator
         except ArgumentError:  # the group's device map leaves the accelerator out
             pass
-    return "cpu"
+    return torch.device("cpu")
 
 
 def _render(sel: TransportSelection) -> str:
