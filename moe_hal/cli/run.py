@@ -15,6 +15,9 @@ import time
 from ..errors import ArgumentError
 from . import job, types
 
+#: Seconds ``--ep`` gives its W processes unless ``--ep-timeout`` says otherwise.
+EP_TIMEOUT_S = 600.0
+
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
 # scaled down 8x in N and K and to 32 experts so that the float64 verification runs in seconds.
 DEFAULTS = dict(experts=32, n=512, k=896, tokens=2048, topk=8, dtype="bf16", dist="seed", alignment=128)
@@ -80,7 +83,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --ep: the dispatch mode (default exact; capacity: exactly full, the largest rank/expert count)",
     )
     p.add_argument(
-        "--ep-timeout", type=float, default=None, help="with --ep: seconds before the W processes are stopped (600)"
+        "--ep-timeout",
+        type=float,
+        default=None,
+        help=f"with --ep: seconds before the W processes are stopped ({EP_TIMEOUT_S:g})",
     )
     p.set_defaults(func=run)
 

@@ -13,6 +13,7 @@ import statistics
 import time
 
 from . import job
+from .run import EP_TIMEOUT_S
 
 
 def _problem(spec: dict):
@@ -88,12 +89,13 @@ def run_ep(args) -> int:
 
     if args.ep < 1:
         raise ArgumentError("--ep", "a positive number of local processes", args.ep)
-    timeout_s = 600.0 if args.ep_timeout is None else args.ep_timeout
+    timeout_s = EP_TIMEOUT_S if args.ep_timeout is None else args.ep_timeout
+    mode = args.ep_mode or "exact"
     if not timeout_s > 0:
         raise ArgumentError("--ep-timeout", "a positive number of seconds", args.ep_timeout)
     spec = {
         "world": args.ep,
-        "mode": args.ep_mode or "exact",
+        "mode": mode,
         "experts": args.experts,
         "n": args.n,
         "k": args.k,
@@ -121,7 +123,7 @@ def run_ep(args) -> int:
     diff, ok = job.verify(got, want, in_dtype)
     result = {
         "ep": args.ep,
-        "mode": args.ep_mode or "exact",
+        "mode": mode,
         "capacity": spec["capacity"],
         **job.described(args, in_dtype),
         "spawn_wall_s": wall_s,
