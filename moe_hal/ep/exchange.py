@@ -97,6 +97,8 @@ _TOKENS = 10  # offset of W columns: this rank's tokens with at least one expert
 
 #: every dtype of torch, numbered for the status exchanges (the same torch on every rank)
 _DTYPES = tuple(dict.fromkeys(t for t in vars(torch).values() if isinstance(t, torch.dtype)))
+#: added to a row's dtype number when x is a QuantizedTensor (more than torch has dtypes)
+_QUANTIZED_KIND = 256
 
 
 @dataclass(frozen=True, eq=False)
@@ -575,13 +577,18 @@ def _describe_row(x: Hidden) -> tuple[int, int, int, int]:
     only the dtype differs; and the backward runs collectives, which a rank whose dispatch is not
     differentiable would never join."""
     if isinstance(x, QuantizedTensor):
-        return 256 + _DTYPES.index(x.data.dtype), math.prod(x.data.shape[1:]), math.prod(x.scale.shape[1:]), 0
+        return (
+            _QUANTIZED_KIND + _DTYPES.index(x.data.dtype),
+            math.prod(x.data.shape[1:]),
+            math.prod(x.scale.shape[1:]),
+            0,
+        )
     return _DTYPES.index(x.dtype), math.prod(x.shape[1:]), x.shape[-1], _differentiable(x)
 
 
 def _row_text(described: list[int]) -> str:
     kind, features, last, _ = described
-    quantized, dtype = divmod(kind, 256)
+    quantized, dtype = divmod(kind, _QUANTIZED_KIND)
     if quantized:
         return f"QuantizedTensor, {features} features of {_DTYPES[dtype]} and {last} scales"
     return f"{features} features of {_DTYPES[dtype]}" + ("" if features == last else f" (last dim {last})")
