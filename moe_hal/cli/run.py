@@ -14,9 +14,7 @@ import time
 
 from ..errors import ArgumentError
 from . import job, types
-
-#: Seconds ``--ep`` gives its W processes unless ``--ep-timeout`` says otherwise.
-EP_TIMEOUT_S = 600.0
+from .run_ep import EP_TIMEOUT_S, run_ep
 
 # Defaults: DeepSeek-V3's routed-expert up-projection (N = 2 x 2048, K = 7168, 256 experts, top-8)
 # scaled down 8x in N and K and to 32 experts so that the float64 verification runs in seconds.
@@ -134,8 +132,6 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and args.ep is None:
             raise ArgumentError(option, "--ep W as well (it applies to the expert-parallel run)", value)
     if args.ep is not None:
-        from .run_ep import run_ep
-
         return run_ep(args)
     import torch
 
