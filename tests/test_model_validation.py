@@ -93,7 +93,13 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: to test the model on cases it had not seen, raised it to 0.56 with the model unchanged: the
 #: GB200's NVFP4 calls of few tiles and long K run twice as long as predicted, and as the typical
 #: Blackwell figures they slow the predictions of vLLM PR #19566's and torchao PR #2427's kernels.
-WORST_RECORDED = 0.56
+#: FlashInfer PR #2503 and vLLM PRs #18778 and #20578 (B200), found the same way, took it to 8.17
+#: with the model unchanged: vLLM's slow NVFP4 GEMM, charged to the MMA at 0.07 of the peak, was
+#: the only FP4 kernel on the B200 once torchao's was held out, and its L2 draw set the Blackwell
+#: L2 rate. With a typical figure pooling two kernels, the compute fraction taken only from calls
+#: compute-bound at the datasheet rates, and the L2 rate per kernel (the best known for a kernel
+#: without its own), the worst is that NVFP4 kernel held out, predicted 2.5x fast (60.0%).
+WORST_RECORDED = 0.61
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -40,10 +40,42 @@ def test_without_an_implementation_the_best_known_one_answers():
 
 
 def test_an_unknown_implementation_is_looked_up_on_the_device_then_the_architecture():
-    table = EfficiencyTable([rec(value=0.5), rec(device="dev-b", impl="new", value=0.7)])
+    table = EfficiencyTable([rec(value=0.5), rec(impl="mid", value=0.5), rec(device="dev-b", impl="new", value=0.7)])
     assert table.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous").value == 0.5  # device first
     assert table.compute("dev-c", "arch", "new", "fp8", "grouped_contiguous").value == 0.7  # then architecture
     assert table.compute("dev-c", "elsewhere", "new", "fp8", "grouped_contiguous") is None
+
+
+def test_a_typical_figure_pools_two_implementations_and_one_other_kernel_is_a_last_resort():
+    slow_alone = rec(value=0.07)  # the only implementation measured on dev-a
+    elsewhere = [rec(device="dev-b", impl="x", value=0.5), rec(device="dev-b", impl="y", value=0.6)]
+    # dev-a knows one kernel, so the architecture answers: 0.07 x 3, 0.5 x 3, 0.6 x 3 -> 0.5
+    got = EfficiencyTable([slow_alone, *elsewhere]).compute("dev-a", "arch", "new", "fp8", "grouped_contiguous")
+    assert got.value == 0.5 and "typical implementation (lib, x, y) on architecture arch" in got.level
+    # a kernel's own figure on another device of the architecture comes before one other kernel's
+    own = EfficiencyTable([slow_alone, rec(device="dev-b", impl="new", value=0.8)])
+    assert own.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous").value == 0.8
+    # where no level knows two, the lone figure still answers, and says so
+    lone = EfficiencyTable([slow_alone]).compute("dev-a", "arch", "new", "fp8", "grouped_contiguous")
+    assert lone.value == 0.07 and "no level pools two implementations" in lone.level
+    # the rule is about typical figures: a kernel's own figure and the best known are unaffected
+    assert EfficiencyTable([slow_alone]).compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous").value == 0.07
+    assert EfficiencyTable([slow_alone]).compute("dev-a", "arch", None, "fp8", "grouped_contiguous").value == 0.07
+
+
+def test_a_kernel_without_an_l2_rate_of_its_own_takes_the_best_known_not_a_typical_one():
+    table = EfficiencyTable(
+        [
+            rec(impl="slow", kind="l2_bandwidth", value=1.7e12),
+            rec(impl="fast", kind="l2_bandwidth", value=8.6e12),
+            rec(device="dev-b", impl="faster", kind="l2_bandwidth", value=9.3e12),
+        ]
+    )
+    assert table.figure("l2_bandwidth", "dev-a", "arch", "slow").value == 1.7e12  # its own
+    got = table.figure("l2_bandwidth", "dev-a", "arch", "new")  # the device's best, then the architecture's
+    assert got.value == 8.6e12 and "best known implementation (fast)" in got.level
+    assert table.figure("l2_bandwidth", "dev-c", "arch", "new").value == 9.3e12
+    assert table.figure("l2_bandwidth", "dev-c", "elsewhere", "new") is None
 
 
 def test_an_implementation_never_measured_is_taken_as_typical_not_as_the_best():
@@ -79,11 +111,19 @@ def test_an_implementation_s_own_forward_figure_on_the_device_comes_before_anoth
     table = EfficiencyTable([rec(value=0.9), rec(impl="other", value=0.5, family="grouped_masked")])
     got = table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked")
     assert got.value == 0.9 and "lib on device dev-a, fp8 forward kernels" in got.level
+    # an unmeasured kernel: the masked level knows one kernel only, the forward class pools two
     got = table.compute("dev-a", "arch", "new", "fp8", "grouped_masked")
-    assert got.value == 0.5 and "typical implementation (other)" in got.level
-    # the device still comes before the architecture: lib's masked figure on dev-b waits
-    table = EfficiencyTable([rec(impl="other", value=0.5, family="grouped_masked"), rec(device="dev-b", value=0.9)])
+    assert got.value == 0.5 and "typical implementation (lib, other) on device dev-a, fp8 forward kernels" in got.level
+    # the device still comes before the architecture where it pools two other libraries: lib's
+    # masked figure on dev-b waits; beside one other library's, lib's own on dev-b answers
+    others = [
+        rec(impl="other", value=0.5, family="grouped_masked"),
+        rec(impl="third", value=0.5, family="grouped_masked"),
+    ]
+    table = EfficiencyTable([*others, rec(device="dev-b", value=0.9)])
     assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.5
+    table = EfficiencyTable([others[0], rec(device="dev-b", value=0.9)])
+    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.9
 
 
 def test_fp16_and_bf16_answer_for_each_other_before_another_width():

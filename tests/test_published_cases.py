@@ -200,3 +200,21 @@ def test_a_small_call_of_a_splitting_kernel_is_predicted_split():
     split = calibration.predict(case, table)
     unsplit = calibration.predict(dataclasses.replace(case, split_k=(1,)), table)
     assert split.split_k > 1 and split.t_predicted < unsplit.t_predicted
+
+
+def test_a_call_the_silicon_runs_memory_bound_does_not_set_a_compute_fraction():
+    # vLLM PR #20578's NVFP4 GEMM of 1 to 256 rows: memory-bound at the B200's datasheet rates,
+    # and slow (11 us for a 14 MB weight in the L2). With vLLM's FP8 GEMM's warm calls beside it
+    # (PR #19566), its time is read as its own L2 rate, not as an MMA rate of 0.07 of the FP4 peak
+    # that every FP4 kernel without a figure of its own would borrow.
+    from moe_hal.perf import calibration
+
+    sources = ("vllm-pr20578-b200", "vllm-pr19566-b200")
+    table = calibration.fit([c for c in calibration.load_published() if c.source in sources])
+    kinds = {r.kind for r in table.records if r.impl == "vllm_cutlass_scaled_fp4_mm"}
+    assert "compute" not in kinds and "l2_bandwidth" in kinds
+    fp4 = table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "vllm_cutlass_scaled_fp4_mm")
+    fp8 = table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "vllm_cutlass_scaled_mm")
+    assert fp4.value < fp8.value / 2  # each kernel its own: 1.7 against 8.5 TB/s in the full fit
+    # a kernel with no L2 rate of its own takes the faster one, not a pool of the two
+    assert table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "new").value == fp8.value

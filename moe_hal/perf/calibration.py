@@ -20,11 +20,16 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   half the measured time (:data:`BINDING_SHARE`) inform it. Attribution and fractions are iterated to
   a fixed point;
 * the cache state is a measurement condition, like the device: the bandwidth fraction is fitted
-  from cold cases only (operands streamed from device memory), and per architecture the L2 rate
-  (``l2_bandwidth``) from memory-bound warm cases only (a source whose benchmark wrote the
-  operands just before the timed call: ``operands="l2"``), and only from calls whose L2-resident
-  bytes are most of their bytes (elsewhere the L2 term is too small a part of the time to
-  measure its rate); it needs :data:`~moe_hal.perf.efficiency.MIN_CASES` such calls.
+  from cold cases only (operands streamed from device memory), and per implementation and
+  architecture the L2 rate (``l2_bandwidth``) from memory-bound warm cases only (a source whose
+  benchmark wrote the operands just before the timed call: ``operands="l2"``), and only from
+  calls whose L2-resident bytes are most of their bytes (elsewhere the L2 term is too small a part
+  of the time to measure its rate); it needs :data:`~moe_hal.perf.efficiency.MIN_CASES` such calls;
+* a case informs the compute fraction only when the call is compute-bound at the datasheet rates
+  (its MMA time at the peak at least its memory time at the datasheet bandwidth): a call the
+  silicon would run memory-bound says nothing of the MMA rate, and a slow one charged to the MMA
+  (vLLM PR #20578's NVFP4 GEMM of 1 to 256 rows: 0.07 of the FP4 peak) became the figure every
+  FP4 kernel without its own was predicted with.
 
 :func:`leave_one_source_out` is the honest figure: for each source (a README table, an issue, a
 PR) it fits on every *other* source and predicts this one's cases with :func:`predict`, which is
@@ -642,7 +647,7 @@ def _fit_fractions(
     for _ in range(ITERATIONS):
         compute: dict[tuple, list[float]] = {}
         bandwidth: dict[tuple, list[float]] = {}
-        l2: list[float] = []
+        l2: dict[str, list[float]] = {}
         for p in group:
             c = p.case
             load = (loads or {}).get(c.impl)
@@ -651,7 +656,11 @@ def _fit_fractions(
             if bound == "compute":
                 mma = left - cand.overhead_tiles * overhead - cand.stages * stage
                 # a tile its operand loads hold below the fraction it would imply says nothing of it
-                if mma > BINDING_SHARE * c.t_measured and cand.t_compute_unit / mma < cand.load_cap(load):
+                if (
+                    mma > BINDING_SHARE * c.t_measured
+                    and cand.t_compute_unit / mma < cand.load_cap(load)
+                    and cand.t_compute_unit >= cand.t_memory_unit
+                ):
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
                         min(1.0, cand.t_compute_unit / mma)
                     )
@@ -666,7 +675,7 @@ def _fit_fractions(
                 band = table.bandwidth(c.device, p.architecture, c.impl)
                 rest = left - cand.t_memory_unit * (1 - cand.share_l2) / (band.value if band else 1.0)
                 if rest > 0:
-                    l2.append(cand.bytes_l2 / rest)
+                    l2.setdefault(c.impl, []).append(cand.bytes_l2 / rest)
         arch = group[0].architecture
         records = [
             Achieved(
@@ -698,12 +707,23 @@ def _fit_fractions(
             )
             for (d, i), v in bandwidth.items()
         ]
-        if len(l2) >= MIN_CASES:
-            note = f"{source} (one value per architecture, from {len(l2)} warm-cache cases)"
-            records += [
-                Achieved(d, arch, "*", "l2_bandwidth", statistics.median(l2), len(l2), basis, note)
-                for d in sorted({p.case.device for p in group})
-            ]
+        for i, rates in l2.items():
+            if len(rates) >= MIN_CASES:
+                note = f"{source} (per implementation and architecture, from {len(rates)} warm-cache cases)"
+                records += [
+                    Achieved(
+                        d,
+                        arch,
+                        i,
+                        "l2_bandwidth",
+                        statistics.median(rates),
+                        len(rates),
+                        basis,
+                        note,
+                        typical=i not in own_kernels,
+                    )
+                    for d in sorted({p.case.device for p in group})
+                ]
         table = EfficiencyTable(records)
     return table
 

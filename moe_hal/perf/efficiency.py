@@ -22,7 +22,8 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
   stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
-  operands just before the timed call);
+  operands just before the timed call), per implementation; a kernel without its own takes the
+  best known (:data:`BEST_UNLESS_OWN`);
 * ``tile_load_rate``: bytes/s at which one SM or AI core loads a tile's operands into its
   on-chip memory. A tile's MMA cannot run faster than its operands arrive, so a tile whose
   operand bytes per K step, ``BM + BN`` elements, are large against its ``BM x BN`` MMA (little
@@ -57,7 +58,12 @@ stands on its own), and so does each implementation a level answers for (one tim
 figure to go by). Without ``impl`` every level takes the best implementation known: what the
 device can reach. With an ``impl`` a level has no figure of, the level answers for a *typical*
 implementation: the case-weighted median over every implementation it knows — a kernel never
-measured is assumed ordinary, not as good as the best one measured. This project's own
+measured is assumed ordinary, not as good as the best one measured. A typical figure pools at
+least :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations: a level that knows only one other
+kernel is passed over for the next level that knows more, and its lone figure is the answer only
+where no level does (one kernel is not what kernels typically reach: vLLM PR #20578's NVFP4 GEMM,
+whose small-M configs its next PR retuned, ran at 0.07 of the B200's FP4 peak and was the only
+FP4 dense kernel on that device once torchao's was held out). This project's own
 kernels (``typical: false``, measured by its own runs alone) answer only for themselves: one
 young kernel says neither what kernels typically reach nor what the device can. Each answer
 carries its basis and the level it came from.
@@ -68,7 +74,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -109,8 +115,20 @@ RATES = ("bandwidth_per_unit", "l2_bandwidth", "tile_load_rate")
 #: a cluster halves one operand's loads), so one kernel's says nothing of another's.
 OWN_IMPL_ONLY = ("tile_load_rate",)
 
+#: Kinds where a kernel without a figure of its own takes the best one known, not a typical one.
+#: The L2 rate of a warm call is what the L2 delivers to a kernel that keeps enough loads in
+#: flight; one that draws less is held back by something of its own (its tiles, its pipeline)
+#: that says nothing of another kernel: on the B200, vLLM PR #20578's NVFP4 GEMM drew 1.7 TB/s
+#: where vLLM's FP8 GEMM and cuBLAS drew 8.5 and 9.3, and pooled with one of them it set the
+#: rate every other kernel was predicted with.
+BEST_UNLESS_OWN = ("l2_bandwidth",)
+
 #: A fallback level is used only with at least this many measured cases behind it.
 MIN_CASES = 2
+
+#: A typical figure (for an implementation a level has no figure of) pools at least this many
+#: implementations; one other kernel's figure is a last resort (module docstring).
+MIN_TYPICAL_IMPLEMENTATIONS = 2
 
 #: The output tile an achieved ``tile_overhead`` is stated for. A tile with a smaller
 #: accumulator pays the share its area is of this one's; a larger one pays the whole
@@ -289,10 +307,13 @@ class EfficiencyTable:
             levels = [("device", device, kind, lambda r: True)]
             if architecture:
                 levels.append(("architecture", architecture, kind, lambda r: True))
+            own = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
             if kind in OWN_IMPL_ONLY:
                 # how a kernel loads its tiles is its own trait: never another kernel's figure
-                levels = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
-                self._answers[key] = None if impl is None else self._resolve(kind, levels, impl)
+                self._answers[key] = None if impl is None else self._resolve(kind, own, impl)
+            elif kind in BEST_UNLESS_OWN:
+                mine = None if impl is None else self._resolve(kind, own, impl)
+                self._answers[key] = mine or self._resolve(kind, levels, None)
             else:
                 self._answers[key] = self._resolve(kind, levels, impl)
         return self._answers[key]
@@ -314,11 +335,16 @@ class EfficiencyTable:
             steps = [
                 (level, impl is not None and not (impl_only_first and i > 0), True) for i, level in enumerate(levels)
             ]
+        lone = None  # the first typical figure of a single other implementation
         for (where, name, scope, keep, *scaled), try_impl, others in steps:
-            found = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl, others)
-            if found is not None:
-                return _scaled(found, *scaled) if scaled else found
-        return None
+            found, single = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl, others)
+            if found is None:
+                continue
+            found = _scaled(found, *scaled) if scaled else found
+            if not single:
+                return found
+            lone = lone or found
+        return lone
 
     def _at_level(
         self,
@@ -331,33 +357,40 @@ class EfficiencyTable:
         impl: str | None,
         try_impl: bool,
         others: bool = True,
-    ) -> Resolved | None:
+    ) -> tuple[Resolved | None, bool]:
         """The answer of one level of a fallback order (module docstring), None when it has none;
-        only ``impl``'s own figure unless ``others``."""
+        only ``impl``'s own figure unless ``others``; and whether it is a typical figure of fewer
+        than :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations."""
         by_impl: dict[str, list[Achieved]] = {}
         for r in mine:
             if getattr(r, where) == name and keep(r):
                 by_impl.setdefault(r.impl, []).append(r)
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
-            return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}")
+            return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}"), False
         if not others:
-            return None
+            return None, False
         # implementations with enough cases of their own (one timing makes no figure to go by);
         # this project's own kernels answer only for themselves, above
         backed = sorted(i for i, records in by_impl.items() if _enough(records) and all(r.typical for r in records))
         if not backed:
-            return None
+            return None, False
         if backed == ["*"]:
-            return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}")
+            return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}"), False
         if impl is not None:
             # A kernel never measured here is taken to be a typical one, not the best known:
             # the median over the cases of every implementation measured here.
             pooled = [r for i in backed for r in by_impl[i]]
-            return _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+            single = len(backed) < MIN_TYPICAL_IMPLEMENTATIONS
+            found = _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+            if single:
+                found = replace(found, level=f"{found.level}; no level pools two implementations")
+            return found, single
         # without an implementation, the best: the highest fraction or rate, the shortest time
         sign = -1 if kind in SECONDS else 1
         best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
-        return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}")
+        return _summary(
+            by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}"
+        ), False
 
 
 def _cases(records: list[Achieved]) -> int:
