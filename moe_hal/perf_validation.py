@@ -40,10 +40,13 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
     sources: dict[str, str] = {}
     bandwidth = cores = mma = None
     promotion: dict[str, int] = {}
+    floors: dict[str, int] = {}
     if entry is not None:
         cores, mma = entry.num_cores, entry.mma_min_m
         if entry.fp8_promotion_k:
             promotion["fp8"] = entry.fp8_promotion_k
+        if entry.fp4_mma_min_m:
+            floors["fp4"] = entry.fp4_mma_min_m
         try:
             db_hw = perf.Hardware.from_entry(entry)
         except ArgumentError as exc:  # an entry without figures (cpu-generic): measured below
@@ -63,7 +66,16 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
         cores = os.cpu_count() or 1
         sources["num_cores"] = "os.cpu_count()"
     name = getattr(entry, "id", None) or f"unrecognised {device.type}"
-    hw = perf.Hardware(name, int(cores), peaks, float(bandwidth), mma_min_m=mma, sources=sources, promotion_k=promotion)
+    hw = perf.Hardware(
+        name,
+        int(cores),
+        peaks,
+        float(bandwidth),
+        mma_min_m=mma,
+        sources=sources,
+        promotion_k=promotion,
+        mma_min_m_of=floors,
+    )
     return hw, notes
 
 
@@ -240,6 +252,7 @@ def hw_dict(hw: Any) -> dict[str, Any]:
         "peak_flops": dict(hw.peak_flops),
         "mem_bandwidth": hw.mem_bandwidth,
         "mma_min_m": hw.mma_min_m,
+        "mma_min_m_of": dict(hw.mma_min_m_of),
         "t_fixed": hw.t_fixed,
         "sources": dict(hw.sources),
     }

@@ -304,6 +304,27 @@ def test_only_the_hopper_entries_promote_fp8_partial_sums_per_k_block():
         perf.Hardware("bad", **{**H800, "peak_flops": [("fp8", 1979e12)]})
 
 
+def test_block_scaled_fp4_tiles_cost_128_rows_on_datacenter_blackwell():
+    # tcgen05's block-scaled MMA takes 128 rows per SM where a dense one takes 64 (hwdb
+    # compute.fp4_mma_min_m); elsewhere fp4 takes the device's own floor
+    for device in ("nvidia-b200", "nvidia-gb200-nvl72", "nvidia-b300"):
+        hw = perf.Hardware.from_entry(hwdb.get(device), achieved=False)
+        assert (hw.min_m("fp4"), hw.min_m("fp8"), hw.min_m("bf16")) == (128, 64, 64), device
+        assert hwdb.get(device).to_dict()["derived"]["fp4_mma_min_m"] == 128
+    rtx = perf.Hardware.from_entry(hwdb.get("nvidia-rtx-5090"), achieved=False)
+    assert rtx.min_m("fp4") == rtx.mma_min_m == 16
+    b200 = perf.Hardware.from_entry(hwdb.get("nvidia-b200"), achieved=False)
+    # 148 groups of 64 rows: one 64-row tile each costs the MMA time of a 128-row one
+    args = ([64] * 148, 256, 7168, b200)
+    fp4_64, fp4_128 = perf.estimate(*args, "fp4", 64, 256), perf.estimate(*args, "fp4", 128, 256)
+    assert fp4_64.t_compute == pytest.approx(fp4_128.t_compute)
+    bf16_64, bf16_128 = perf.estimate(*args, "bf16", 64, 256), perf.estimate(*args, "bf16", 128, 256)
+    assert bf16_64.t_compute == pytest.approx(bf16_128.t_compute / 2, rel=0.05)
+    for bad in ({"fp4": 0}, {"fp4": 128.0}, 128):
+        with pytest.raises(ArgumentError, match="mma_min_m_of"):
+            perf.Hardware("bad", **{**H800, "mma_min_m_of": bad})
+
+
 def test_a_dense_gemm_uses_the_dense_family_fraction():
     table = EfficiencyTable([rec(device="gpu", value=0.5), rec(device="gpu", value=0.8, family="dense")])
     hw = perf.Hardware("gpu", architecture="arch", efficiency=table, impl="lib", **H800)

@@ -166,7 +166,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
             "num_cores": hw.num_cores,
             "peak_flops": best.peak_flops,
             "mem_bandwidth": hw.mem_bandwidth,
-            "mma_min_m": hw.mma_min_m,
+            "mma_min_m": hw.min_m(args.dtype),
             "sources": dict(hw.sources),
             "basis": "datasheet" if args.spec else "measured where present",
         },

@@ -182,6 +182,13 @@ class HardwareEntry:
         return None if found is None else int(found.value)
 
     @property
+    def fp4_mma_min_m(self) -> int | None:
+        """Smallest M of the block-scaled fp4 MMA where it exceeds :attr:`mma_min_m` (SM100: 128
+        rows per SM); None where fp4 takes the same floor as other dtypes."""
+        found = self.quantity("compute.fp4_mma_min_m")
+        return None if found is None else int(found.value)
+
+    @property
     def fp8_promotion_k(self) -> int | None:
         """K elements per software promotion of fp8 partial sums (Hopper 128); None where the
         matrix unit accumulates in fp32 and applies block scales itself (Blackwell)."""
@@ -212,6 +219,7 @@ class HardwareEntry:
                 "num_cores": self.num_cores,
                 "mma_min_m": self.mma_min_m,
                 "fp8_promotion_k": self.fp8_promotion_k,
+                "fp4_mma_min_m": self.fp4_mma_min_m,
                 "l2_bytes": self.l2_bytes,
                 "smem_per_core_bytes": self.smem_per_core_bytes,
                 "mem_bandwidth_bytes_per_s": self.mem_bandwidth(),

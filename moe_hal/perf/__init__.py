@@ -21,8 +21,8 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     tiles    = sum_g ceil(M_g / BM) * ceil(N / BN)
     waves    = ceil(tiles / S);   wave_eff = tiles / (waves * S)
     F_useful = 2 * sum M_g * N * K;   F_padded = 2 * sum Mpad_g * ceil(N/BN)*BN * K
-    t_tile   = 2 * max(BM, mma_min_m) * BN * K / (R / S) + ceil(K / K_blk) * t_blk
-               + t_oh * min(1, max(BM, mma_min_m) * BN / 128^2)
+    t_tile   = 2 * max(BM, min_m(dtype)) * BN * K / (R / S) + ceil(K / K_blk) * t_blk
+               + t_oh * min(1, max(BM, min_m(dtype)) * BN / 128^2)
                                                        one tile on one core: MMA, the latency of
                                                        each K block, its share of the overhead
     T_comp   = waves * t_tile                          static round-robin, equal-cost tiles

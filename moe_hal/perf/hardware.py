@@ -41,7 +41,9 @@ class Hardware:
     fp8 kernels promote in software; empty where the MMA accumulates in fp32 and applies block
     scales itself, as on Blackwell; the hardware DB's ``compute.fp8_promotion_k``). ``mma_min_n``:
     smallest token count per MMA when tokens sit on the MMA's N side (swap-AB kernels; None = no
-    floor).
+    floor). ``mma_min_m_of``: per dtype, a floor that replaces ``mma_min_m`` for it (``{"fp4": 128}``
+    on datacenter Blackwell, whose block-scaled MMA takes 128 rows per SM where a dense one takes
+    64; the hardware DB's ``compute.fp4_mma_min_m``); :meth:`min_m` answers per dtype.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Hardware:
     mma_min_n: int | None = None
     stage_latency: float | None = None
     promotion_k: Mapping[str, int] = field(default_factory=dict)
+    mma_min_m_of: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or self.num_cores < 1:
@@ -109,6 +112,14 @@ class Hardware:
                 raise ArgumentError(f"Hardware.promotion_k[{key!r}]", "a positive int (K elements)", value)
             promotion[dtype_name(key)] = value
         object.__setattr__(self, "promotion_k", MappingProxyType(promotion))
+        floors: dict[str, int] = {}
+        if not isinstance(self.mma_min_m_of, Mapping):
+            raise ArgumentError("Hardware.mma_min_m_of", "a mapping of dtype to rows", self.mma_min_m_of)
+        for key, value in dict(self.mma_min_m_of).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentError(f"Hardware.mma_min_m_of[{key!r}]", "a positive int (rows)", value)
+            floors[dtype_name(key)] = value
+        object.__setattr__(self, "mma_min_m_of", MappingProxyType(floors))
         if self.mma_min_n is not None and (
             isinstance(self.mma_min_n, bool) or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1
         ):
@@ -134,6 +145,10 @@ class Hardware:
         if name not in self.peak_flops:
             raise DTypeError("dtype", f"a dtype with a known peak on {self.name}: {sorted(self.peak_flops)}", dtype)
         return self.peak_flops[name]
+
+    def min_m(self, dtype: str) -> int | None:
+        """Smallest M one MMA instruction computes for ``dtype`` (None = no floor)."""
+        return self.mma_min_m_of.get(dtype_name(dtype), self.mma_min_m)
 
     def replace(self, **changes: Any) -> "Hardware":
         """A copy with some fields changed (e.g. calibrated ``peak_flops`` or ``t_fixed``)."""
@@ -203,6 +218,7 @@ class Hardware:
             mem_bandwidth=float(bandwidth),
             mma_min_m=int(mma_min_m) if mma_min_m else None,
             promotion_k={"fp8": entry.fp8_promotion_k} if getattr(entry, "fp8_promotion_k", None) else {},
+            mma_min_m_of={"fp4": entry.fp4_mma_min_m} if getattr(entry, "fp4_mma_min_m", None) else {},
             l2_bytes=int(l2) if l2 else None,
             sources=sources,
             architecture=getattr(entry, "architecture", None),

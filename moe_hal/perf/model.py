@@ -164,7 +164,7 @@ def estimate(
     ``impl``: the kernel implementation whose achieved efficiency applies (None: the best known
     for this device and kernel family); the plain roofline stays in ``t_roofline``.
     ``swap_ab``: the kernel puts tokens on the MMA's N side, so a tile is floored at the
-    hardware's ``mma_min_n`` rows instead of ``mma_min_m``.
+    hardware's ``mma_min_n`` rows instead of its ``min_m(dtype)``.
     ``family``: the kernel family whose achieved compute fraction applies (default: the grouped
     family of ``op``); ``"dense"`` models a plain GEMM as one contiguous group run by a dense kernel.
     ``operands``: where the operands are when the call starts (:data:`OPERANDS`): ``"hbm"``
@@ -317,7 +317,7 @@ class Call:
         bw = rates.bandwidth  # what a kernel achieves (prediction)
         e_a, e_b = operand_bytes(self.dtype)
         e_c = BYTES_PER_ELEMENT[self.out_dtype]
-        m_floor = (h.mma_min_n if self.swap_ab else h.mma_min_m) or 1
+        m_floor = (h.mma_min_n if self.swap_ab else h.min_m(self.dtype)) or 1
         n_blocks = ceil_div(n, block_n)
         n_pad = n_blocks * block_n
         groups = len(self.values)
