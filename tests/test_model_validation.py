@@ -98,8 +98,11 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: the only FP4 kernel on the B200 once torchao's was held out, and its L2 draw set the Blackwell
 #: L2 rate. With a typical figure pooling two kernels, the compute fraction taken only from calls
 #: compute-bound at the datasheet rates, and the L2 rate per kernel (the best known for a kernel
-#: without its own), the worst is that NVFP4 kernel held out, predicted 2.5x fast (60.0%).
-WORST_RECORDED = 0.61
+#: without its own), the worst is that NVFP4 kernel held out, predicted 2.5x fast (60.0%). With
+#: block-scaled FP4 tiles costed at 128 rows (hwdb compute.fp4_mma_min_m) and a dtype's figure on
+#: another architecture tried before another dtype's (moe_hal.perf.efficiency, step 4), it is the
+#: same kernel at 51.4%.
+WORST_RECORDED = 0.52
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

@@ -146,6 +146,34 @@ def test_fp16_and_bf16_answer_for_each_other_before_another_width():
     assert got.value == 0.6 and "any dtype" in got.level
 
 
+def test_a_dtype_elsewhere_comes_before_another_dtype_here():
+    # the architecture knows fp4 kernels only; a bf16 call takes bf16 kernels of another
+    # architecture (its own library's first), not the fp4 share of the fp4 peak
+    table = EfficiencyTable(
+        [
+            rec(arch="new", device="dev-n", impl="fp4lib", dtype="fp4", value=0.45),
+            rec(arch="new", device="dev-n", impl="fp4lib2", dtype="fp4", value=0.55),
+            rec(arch="old", device="dev-o", impl="blas", dtype="bf16", value=0.71),
+            rec(arch="old", device="dev-o", impl="other", dtype="bf16", value=0.65, cases=4),
+        ]
+    )
+    got = table.compute("dev-n", "new", "blas", "bf16", "dense")
+    assert got.value == 0.71 and "blas on dtype bf16" in got.level
+    got = table.compute("dev-n", "new", "unknown", "bf16", "dense")
+    # the case-weighted median: 4 of the 7 cases are other's
+    assert got.value == 0.65 and "typical implementation (blas, other) on dtype bf16" in got.level
+    # fp16 takes its twin elsewhere too
+    assert table.compute("dev-n", "new", "blas", "fp16", "dense").value == 0.71
+    # an fp8 call, which no architecture knows, takes the architecture's any-dtype figure
+    assert "any dtype" in table.compute("dev-n", "new", "unknown", "fp8", "dense").level
+    # the architecture's own bf16 figure, of any implementation, comes before the dtype elsewhere
+    table = EfficiencyTable([*table, rec(arch="new", device="dev-n", impl="x", dtype="bf16", value=0.6)])
+    table = EfficiencyTable([*table, rec(arch="new", device="dev-n", impl="y", dtype="bf16", value=0.6)])
+    assert table.compute("dev-n", "new", "blas", "bf16", "dense").value == 0.6
+    # an architecture never measured borrows nothing
+    assert table.compute("dev-z", "unmeasured", "blas", "bf16", "dense") is None
+
+
 def test_one_case_is_not_enough_to_calibrate_a_level():
     table = EfficiencyTable([rec(value=0.2, cases=1), rec(device="dev-b", value=0.7, cases=4)])
     assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_contiguous").value == 0.7

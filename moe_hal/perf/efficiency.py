@@ -44,14 +44,22 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    TFLOP/s: PR #193's base with the L2 flushed, README a6d97a1 with it warm);
 2. the same levels, another implementation (see below which);
 3. the same architecture instead of the same device (1, then 2);
-4. the architecture and dtype, kernels of the other class; then the architecture, any dtype, this
-   class, then the other class. A figure of the other class is scaled by how much of the peak
+4. the architecture and dtype, kernels of the other class; then the dtype (or its twin), this
+   class, on any architecture; then the architecture, any dtype, this class, then the other
+   class. A figure of the other class is scaled by how much of the peak
    weight-gradient kernels reach relative to forward ones where one implementation was measured
    in both (:meth:`EfficiencyTable._class_ratio`; 1 where none was, and the answer says so):
    K-grouped kernels reduce each group's tokens into a tile of their own and read both operands
    along the token axis, and run at a lower share of the peak than the same library's forward
-   kernels. As on the device, this implementation's figure at any architecture level (3 and 4)
-   comes before another implementation's.
+   kernels. A dtype's share of its peak carries across architectures better than across dtypes:
+   the peak sets how fast operands and scales must arrive, and what does not scale with it
+   (epilogue, scale loads, promotion) takes a larger share of a higher peak. cuBLAS bf16 reached
+   0.68 of the B200's bf16 peak and 0.71 of the H100's, while Blackwell's FP4 kernels reached
+   0.48-0.65 of theirs; DeepGEMM's bf16 kernels reach 0.69 of the H200's bf16 peak, its fp8 ones
+   over 0.9 of the H800's fp8 peak. As on the device, this implementation's figure comes before
+   another implementation's within the architecture's dtype levels (3 and the first of 4), within
+   the dtype level, and within the architecture's any-dtype levels. The dtype level serves only
+   an architecture with figures of its own: one never measured borrows nothing from another.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
 stands on its own), and so does each implementation a level answers for (one timing makes no
@@ -255,6 +263,14 @@ class EfficiencyTable:
                     factor,
                 )
             )
+            # a dtype's share of its peak carries across architectures better than across dtypes
+            # (module docstring, 4), so this dtype's kernels elsewhere come before other dtypes
+            # here; an architecture never measured borrows nothing from another
+            measured_here = any(r.kind == "compute" and r.architecture == architecture for r in self.records)
+            for dt in twins if measured_here else ():
+                levels.append(
+                    ("dtype", dt, f"{cls} kernels of any architecture", lambda r: CLASS_OF_FAMILY[r.family] == cls)
+                )
             levels.append(
                 ("architecture", architecture, f"any dtype, {cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)
             )
