@@ -101,8 +101,10 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: without its own), the worst is that NVFP4 kernel held out, predicted 2.5x fast (60.0%). With
 #: block-scaled FP4 tiles costed at 128 rows (hwdb compute.fp4_mma_min_m) and a dtype's figure on
 #: another architecture tried before another dtype's (moe_hal.perf.efficiency, step 4), it is the
-#: same kernel at 51.4%.
-WORST_RECORDED = 0.52
+#: same kernel at 51.4%. With that kernel launching the 128 x 256 tiles its code lists (one wave,
+#: compute-bound) it is predicted within 13.1%, and the worst is vLLM PR #18778's warm cuBLAS
+#: call of 64 rows, streamed at vLLM's FP8 GEMM's L2 rate (45.9%).
+WORST_RECORDED = 0.46
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):

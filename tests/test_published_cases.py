@@ -203,18 +203,42 @@ def test_a_small_call_of_a_splitting_kernel_is_predicted_split():
 
 
 def test_a_call_the_silicon_runs_memory_bound_does_not_set_a_compute_fraction():
-    # vLLM PR #20578's NVFP4 GEMM of 1 to 256 rows: memory-bound at the B200's datasheet rates,
-    # and slow (11 us for a 14 MB weight in the L2). With vLLM's FP8 GEMM's warm calls beside it
-    # (PR #19566), its time is read as its own L2 rate, not as an MMA rate of 0.07 of the FP4 peak
-    # that every FP4 kernel without a figure of its own would borrow.
+    # vLLM PR #20578's NVFP4 GEMMs of 1 to 256 rows (11 us for a 14 MB weight in the L2), read as
+    # if the kernel launched 128 x 64 tiles: memory-bound at the B200's datasheet rates, so with
+    # vLLM's FP8 GEMM's warm calls beside them (PR #19566) their time is read as the kernel's own
+    # L2 rate, not as an MMA rate of 0.07 of the FP4 peak that every FP4 kernel without a figure of
+    # its own would borrow (as the fit did before the compute-bound rule)
     from moe_hal.perf import calibration
 
     sources = ("vllm-pr20578-b200", "vllm-pr19566-b200")
-    table = calibration.fit([c for c in calibration.load_published() if c.source in sources])
+    cases = [c for c in calibration.load_published() if c.source in sources]
+    narrow = [dataclasses.replace(c, tiles=((128, 64),)) if c.dtype == "fp4" else c for c in cases]
+    table = calibration.fit(narrow)
     kinds = {r.kind for r in table.records if r.impl == "vllm_cutlass_scaled_fp4_mm"}
     assert "compute" not in kinds and "l2_bandwidth" in kinds
     fp4 = table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "vllm_cutlass_scaled_fp4_mm")
     fp8 = table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "vllm_cutlass_scaled_mm")
-    assert fp4.value < fp8.value / 2  # each kernel its own: 1.7 against 8.5 TB/s in the full fit
+    assert fp4.value < fp8.value / 2  # each kernel its own L2 rate
     # a kernel with no L2 rate of its own takes the faster one, not a pool of the two
     assert table.figure("l2_bandwidth", "nvidia-b200", "blackwell", "new").value == fp8.value
+
+
+def test_vllm_s_nvfp4_gemm_runs_one_wave_of_its_128_by_256_tiles():
+    # Its code before PR #20646 launched 256 x 256 2-SM tiles (128 x 256 per SM) at every M
+    # (bench/published/cases.yaml, impls): 1 to 256 rows of N 6144 are 24 to 48 such tiles, one
+    # wave, each 2 * 128 * 256 * 4096 FLOP = 268 MFLOP on one SM (4.4 us at the B200's 9 PFLOP/s
+    # over 148 SMs). The flat 11.3-11.7 us is that MMA at about 0.6 of the peak plus the fixed
+    # times: compute-bound, so its time sets a compute fraction, not an L2 rate.
+    from moe_hal.perf import calibration
+
+    sources = ("vllm-pr20578-b200", "vllm-pr19566-b200")
+    cases = [c for c in calibration.load_published() if c.source in sources]
+    fp4 = [c for c in cases if c.dtype == "fp4"]
+    assert {c.tiles for c in fp4} == {((128, 256),)}
+    table = calibration.fit(cases)
+    mine = {r.kind: r.value for r in table.records if r.impl == "vllm_cutlass_scaled_fp4_mm"}
+    assert "l2_bandwidth" not in mine and 0.4 < mine["compute"] < 0.8
+    for case in fp4:
+        est = calibration.predict(case, table)
+        assert est.tiles <= 148 and est.waves == 1
+        assert est.t_predicted == pytest.approx(case.t_measured, rel=0.1)

@@ -28,8 +28,8 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
 * a case informs the compute fraction only when the call is compute-bound at the datasheet rates
   (its MMA time at the peak at least its memory time at the datasheet bandwidth): a call the
   silicon would run memory-bound says nothing of the MMA rate, and a slow one charged to the MMA
-  (vLLM PR #20578's NVFP4 GEMM of 1 to 256 rows: 0.07 of the FP4 peak) became the figure every
-  FP4 kernel without its own was predicted with.
+  (vLLM PR #20578's NVFP4 GEMM of 1 to 256 rows, read with tiles it does not launch: 0.07 of the
+  FP4 peak) became the figure every FP4 kernel without its own was predicted with.
 
 :func:`leave_one_source_out` is the honest figure: for each source (a README table, an issue, a
 PR) it fits on every *other* source and predicts this one's cases with :func:`predict`, which is

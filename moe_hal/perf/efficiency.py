@@ -70,8 +70,8 @@ measured is assumed ordinary, not as good as the best one measured. A typical fi
 least :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations: a level that knows only one other
 kernel is passed over for the next level that knows more, and its lone figure is the answer only
 where no level does (one kernel is not what kernels typically reach: vLLM PR #20578's NVFP4 GEMM,
-whose small-M configs its next PR retuned, ran at 0.07 of the B200's FP4 peak and was the only
-FP4 dense kernel on that device once torchao's was held out). This project's own
+read with tiles it does not launch, looked like a kernel at 0.07 of the B200's FP4 peak and was
+the only FP4 dense kernel on that device once torchao's was held out). This project's own
 kernels (``typical: false``, measured by its own runs alone) answer only for themselves: one
 young kernel says neither what kernels typically reach nor what the device can. Each answer
 carries its basis and the level it came from.
@@ -126,9 +126,10 @@ OWN_IMPL_ONLY = ("tile_load_rate",)
 #: Kinds where a kernel without a figure of its own takes the best one known, not a typical one.
 #: The L2 rate of a warm call is what the L2 delivers to a kernel that keeps enough loads in
 #: flight; one that draws less is held back by something of its own (its tiles, its pipeline)
-#: that says nothing of another kernel: on the B200, vLLM PR #20578's NVFP4 GEMM drew 1.7 TB/s
-#: where vLLM's FP8 GEMM and cuBLAS drew 8.5 and 9.3, and pooled with one of them it set the
-#: rate every other kernel was predicted with.
+#: that says nothing of another kernel: on the B200, vLLM PR #20578's NVFP4 GEMM, read with tiles
+#: it does not launch (one wave of 128 x 256 tiles is what holds it back), drew 1.7 TB/s where
+#: vLLM's FP8 GEMM and cuBLAS drew 8.5 and 9.3, and pooled with one of them it set the rate every
+#: other kernel was predicted with.
 BEST_UNLESS_OWN = ("l2_bandwidth",)
 
 #: A fallback level is used only with at least this many measured cases behind it.
