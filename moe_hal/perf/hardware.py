@@ -104,22 +104,8 @@ class Hardware:
             raise ArgumentError(
                 "Hardware.stage_latency", "None or a non-negative number of seconds", self.stage_latency
             )
-        promotion: dict[str, int] = {}
-        if not isinstance(self.promotion_k, Mapping):
-            raise ArgumentError("Hardware.promotion_k", "a mapping of dtype to K elements", self.promotion_k)
-        for key, value in dict(self.promotion_k).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ArgumentError(f"Hardware.promotion_k[{key!r}]", "a positive int (K elements)", value)
-            promotion[dtype_name(key)] = value
-        object.__setattr__(self, "promotion_k", MappingProxyType(promotion))
-        floors: dict[str, int] = {}
-        if not isinstance(self.mma_min_m_of, Mapping):
-            raise ArgumentError("Hardware.mma_min_m_of", "a mapping of dtype to rows", self.mma_min_m_of)
-        for key, value in dict(self.mma_min_m_of).items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ArgumentError(f"Hardware.mma_min_m_of[{key!r}]", "a positive int (rows)", value)
-            floors[dtype_name(key)] = value
-        object.__setattr__(self, "mma_min_m_of", MappingProxyType(floors))
+        object.__setattr__(self, "promotion_k", _counts_by_dtype("promotion_k", self.promotion_k, "K elements"))
+        object.__setattr__(self, "mma_min_m_of", _counts_by_dtype("mma_min_m_of", self.mma_min_m_of, "rows"))
         if self.mma_min_n is not None and (
             isinstance(self.mma_min_n, bool) or not isinstance(self.mma_min_n, int) or self.mma_min_n < 1
         ):
@@ -256,3 +242,16 @@ def ridge_m(hw: Any, dtype: str, *, impl: str | None = None, op: str = "contiguo
     name = dtype_name(dtype)
     rates = Rates.of(h, name, op)
     return rates.flops * operand_bytes(name)[1] / (2 * rates.bandwidth)
+
+
+def _counts_by_dtype(field_name: str, given: Any, unit: str) -> Mapping[str, int]:
+    """``given`` (a mapping of dtype to a positive int count of ``unit``) with canonical dtype
+    names, read-only; :class:`ArgumentError` naming ``Hardware.<field_name>`` otherwise."""
+    if not isinstance(given, Mapping):
+        raise ArgumentError(f"Hardware.{field_name}", f"a mapping of dtype to {unit}", given)
+    counts: dict[str, int] = {}
+    for key, value in dict(given).items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ArgumentError(f"Hardware.{field_name}[{key!r}]", f"a positive int ({unit})", value)
+        counts[dtype_name(key)] = value
+    return MappingProxyType(counts)
