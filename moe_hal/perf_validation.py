@@ -32,6 +32,7 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
     from . import perf
     from .devices import match_device
     from .errors import ArgumentError
+    from .perf.hardware import dtype_fields_of
 
     found = match_device(device)
     entry, seen = found.entry, found.seen
@@ -39,14 +40,10 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
     peaks: dict[str, float] = {}
     sources: dict[str, str] = {}
     bandwidth = cores = mma = None
-    promotion: dict[str, int] = {}
-    floors: dict[str, int] = {}
+    per_dtype: dict[str, dict[str, int]] = {}
     if entry is not None:
         cores, mma = entry.num_cores, entry.mma_min_m
-        if entry.fp8_promotion_k:
-            promotion["fp8"] = entry.fp8_promotion_k
-        if entry.fp4_mma_min_m:
-            floors["fp4"] = entry.fp4_mma_min_m
+        per_dtype = dtype_fields_of(entry)
         try:
             db_hw = perf.Hardware.from_entry(entry)
         except ArgumentError as exc:  # an entry without figures (cpu-generic): measured below
@@ -73,8 +70,7 @@ def hardware_here(device: Any, dtypes: set[str], timer: Timer) -> tuple[Any, dic
         float(bandwidth),
         mma_min_m=mma,
         sources=sources,
-        promotion_k=promotion,
-        mma_min_m_of=floors,
+        **per_dtype,
     )
     return hw, notes
 

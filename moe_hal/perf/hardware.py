@@ -203,8 +203,7 @@ class Hardware:
             peak_flops=peaks,
             mem_bandwidth=float(bandwidth),
             mma_min_m=int(mma_min_m) if mma_min_m else None,
-            promotion_k={"fp8": entry.fp8_promotion_k} if getattr(entry, "fp8_promotion_k", None) else {},
-            mma_min_m_of={"fp4": entry.fp4_mma_min_m} if getattr(entry, "fp4_mma_min_m", None) else {},
+            **dtype_fields_of(entry),
             l2_bytes=int(l2) if l2 else None,
             sources=sources,
             architecture=getattr(entry, "architecture", None),
@@ -242,6 +241,18 @@ def ridge_m(hw: Any, dtype: str, *, impl: str | None = None, op: str = "contiguo
     name = dtype_name(dtype)
     rates = Rates.of(h, name, op)
     return rates.flops * operand_bytes(name)[1] / (2 * rates.bandwidth)
+
+
+def dtype_fields_of(entry: Any) -> dict[str, dict[str, int]]:
+    """The :class:`Hardware` fields a hardware-DB entry gives per dtype: ``promotion_k`` (its
+    ``compute.fp8_promotion_k``) and ``mma_min_m_of`` (its ``compute.fp4_mma_min_m``), empty where
+    the entry has none."""
+    promotion = getattr(entry, "fp8_promotion_k", None)
+    fp4_floor = getattr(entry, "fp4_mma_min_m", None)
+    return {
+        "promotion_k": {"fp8": promotion} if promotion else {},
+        "mma_min_m_of": {"fp4": fp4_floor} if fp4_floor else {},
+    }
 
 
 def _counts_by_dtype(field_name: str, given: Any, unit: str) -> Mapping[str, int]:
