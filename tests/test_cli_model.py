@@ -170,3 +170,17 @@ def test_plot_labels_say_what_is_drawn(tmp_path, capsys):
     labels = json.loads(out)["plot_labels"]
     assert rc == 0 and "M=1536, N=2048" in labels["title"] and "K=None" not in labels["title"]
     assert "K_g (tokens)" in labels["panels"][0] and "M_g" not in labels["panels"][0]
+
+
+def test_fast_accumulation_drops_the_k_block_latency_from_the_seed_call(capsys):
+    argv = ["--hw", "h200", "--counts", SEED, "--n", "4096", "--k", "7168", "--dtype", "fp8", "--json"]
+    _, promoted, _ = run(argv, capsys)
+    rc, fast, _ = run([*argv, "--fast-accumulation"], capsys)
+    assert rc == 0
+    by_tile = {tuple(e["tile"]): e for e in json.loads(promoted)["ranked"]}
+    for e in json.loads(fast)["ranked"]:
+        before = by_tile[tuple(e["tile"])]
+        # the fitted Hopper figures charge each 128-deep K block; a fast-accumulating kernel is spared it
+        assert before["stage_latency"] > 0 and e["stage_latency"] == 0 and e["promotion_k"] == 0
+        assert e["t_compute"] < before["t_compute"]
+        assert "fast_accumulation" in e["basis"]["stage_latency"]

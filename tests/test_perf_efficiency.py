@@ -299,6 +299,34 @@ def test_the_k_block_latency_weighs_less_the_larger_the_tile_and_skips_unpromote
     assert fp8.t_compute == pytest.approx(2 * 64 * 56 * 2048 / (0.5 * 1979e12 / 132) + 2e-6 * 64 * 56 / 128**2)
 
 
+def test_a_fast_accumulating_kernel_pays_no_k_block_latency_on_a_device_that_promotes():
+    hw = _staged(100e-9)
+    promoted = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense")
+    fast = perf.estimate([64], 7168, 2048, hw, "fp8", 64, 56, family="dense", fast_accumulation=True)
+    assert promoted.promotion_k == 128 and fast.promotion_k == 0 and fast.stage_latency == 0.0
+    assert promoted.t_compute - fast.t_compute == pytest.approx(16 * 100e-9)
+    assert "fast_accumulation" in fast.basis["stage_latency"]
+    # a dtype the device does not promote says why it is not applied, whatever the flag
+    bf16 = perf.estimate([64], 7168, 2048, hw, "bf16", 64, 56, fast_accumulation=True)
+    assert "Hardware.promotion_k" in bf16.basis["stage_latency"]
+    # the advisor ranks the tiles of the same call, flag included
+    best = perf.advise([64], 7168, 2048, hw, "fp8", ((64, 56),), family="dense", fast_accumulation=True).best
+    assert best.t_compute == pytest.approx(fast.t_compute)
+
+
+def test_the_published_set_marks_vllm_s_sm90_fp8_gemm_fast_accumulating():
+    from moe_hal.perf import calibration
+
+    cases = [c for c in calibration.load_published() if c.impl == "vllm_cutlass_scaled_mm"]
+    hopper = [c for c in cases if c.device == "nvidia-h100-sxm"]
+    assert hopper and all(c.fast_accumulation for c in cases)
+    est = calibration.predict(hopper[0])
+    assert est.promotion_k == 0 and "fast_accumulation" in est.basis["stage_latency"]
+    # its block-scaled sibling applies its scales per K block, so it promotes
+    block = next(c for c in calibration.load_published() if c.impl == "vllm_cutlass_scaled_mm_blockwise")
+    assert not block.fast_accumulation and calibration.predict(block).promotion_k == 128
+
+
 def test_a_tile_pays_the_overhead_by_its_accumulator_area_up_to_128_by_128():
     hw = _staged(0.0)  # 2 us per 128 x 128 tile, 3 us per call
     for (bm, bn), share in (((128, 128), 1.0), ((64, 64), 0.25), ((128, 256), 1.0), ((64, 56), 64 * 56 / 128**2)):

@@ -50,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="the kernel reads every expert's weights, empty ones included",
     )
+    p.add_argument(
+        "--fast-accumulation",
+        action="store_true",
+        help="the kernel accumulates FP8 without promoting partial sums per K block (CUTLASS FP8FastAccum): "
+        "no K-block latency",
+    )
     p.add_argument("--t-fixed-us", type=float, help="launch + prologue time added to predictions (us)")
     p.add_argument("--spec", action="store_true", help="use datasheet figures, not the DB's measured ones")
     p.add_argument("--impl", help="kernel implementation whose achieved efficiency applies (default: the best known)")
@@ -149,6 +155,7 @@ def build_report(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "op": args.op,
         "out_dtype": args.out_dtype,
         "streams_all_experts": args.streams_all_experts,
+        "fast_accumulation": args.fast_accumulation,
         "impl": args.impl,
     }
     if args.t_fixed_us is not None:

@@ -137,7 +137,8 @@ class MeasuredCase:
     ``counts``: rows per group (``op`` contiguous/masked) or K per group (``op`` k_grouped, with
     ``m`` rows of output per group). ``tiles``: the ``(block_m, block_n)`` the implementation can
     launch; ``split_k``: the K splits it can run them with (``(1,)``: it does not split K).
-    ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``kernel_family``:
+    ``swap_ab``: tokens sit on the MMA's N side (no minimum M per tile). ``fast_accumulation``:
+    the kernel does not promote FP8 partial sums per K block (no K-block latency). ``kernel_family``:
     whose achieved compute fraction applies (None: the grouped family of ``op``; ``dense`` for a
     plain GEMM, modelled as one contiguous group). ``operands``: where the operands were when
     the source timed the call (``hbm``: cold or unknown; ``l2``: its benchmark had just written
@@ -159,6 +160,7 @@ class MeasuredCase:
     t_measured: float
     tiles: tuple[tuple[int, int], ...]
     swap_ab: bool = False
+    fast_accumulation: bool = False
     streams_all_experts: bool = False
     kernel_family: str | None = None
     operands: str = "hbm"
@@ -307,6 +309,7 @@ def _case(raw: Mapping[str, Any], impl: Mapping[str, Any], operands: str, origin
         t_measured=t,
         tiles=tiles,
         swap_ab=bool(impl.get("swap_ab", False)),
+        fast_accumulation=bool(impl.get("fast_accumulation", False)),
         streams_all_experts=bool(raw.get("streams_all_experts", False)),
         kernel_family=family,
         operands=operands,
@@ -345,6 +348,7 @@ def _call_options(case: MeasuredCase) -> dict[str, Any]:
         "op": case.op,
         "out_dtype": case.out_dtype,
         "swap_ab": case.swap_ab,
+        "fast_accumulation": case.fast_accumulation,
         "streams_all_experts": case.streams_all_experts,
         "family": case.kernel_family,
         "operands": case.operands,

@@ -147,6 +147,7 @@ def estimate(
     family: str | None = None,
     operands: str = "hbm",
     split_k: int = 1,
+    fast_accumulation: bool = False,
 ) -> Estimate:
     """Model one grouped GEMM with one ``block_m x block_n`` tile.
 
@@ -176,6 +177,9 @@ def estimate(
     (what cuBLAS and CUTLASS do when a call has too few tiles for the chip); each slice writes its
     fp32 partial tile to memory and a reduction reads them back. 1 (default) for kernels that do
     not split, K-grouped calls included.
+    ``fast_accumulation``: the kernel keeps its FP8 partial sums in the MMA's own accumulator
+    instead of promoting them once per K block (CUTLASS's ``FP8FastAccum`` schedules), so it pays
+    no K-block latency where the hardware's ``promotion_k`` would charge one.
     """
     call = Call.build(
         counts,
@@ -197,6 +201,7 @@ def estimate(
         swap_ab=swap_ab,
         family=family,
         operands=operands,
+        fast_accumulation=fast_accumulation,
     )
     split_k = positive_int(split_k, "split_k")
     if op == "k_grouped" and split_k != 1:
@@ -226,6 +231,7 @@ class Call:
     swap_ab: bool
     rates: Rates
     operands: str = "hbm"
+    fast_accumulation: bool = False
 
     @classmethod
     def build(
@@ -250,6 +256,7 @@ class Call:
         swap_ab: bool = False,
         family: str | None = None,
         operands: str = "hbm",
+        fast_accumulation: bool = False,
     ) -> "Call":
         if op not in OPS:
             raise ArgumentError("op", f"one of {OPS}", op)
@@ -308,6 +315,7 @@ class Call:
             bool(swap_ab),
             rates,
             operands,
+            bool(fast_accumulation),
         )
 
     def estimate(self, block_m: int, block_n: int, split_k: int = 1) -> Estimate:
@@ -323,7 +331,7 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
-        promotion_k = h.promotion_k.get(self.dtype, 0)
+        promotion_k = 0 if self.fast_accumulation else h.promotion_k.get(self.dtype, 0)
         stage_latency = rates.stage_latency if promotion_k else 0.0
         # Small tiles drain a small accumulator: a wave of 64 x 64 tiles pays a quarter of a
         # 128 x 128 one's (TileOPs PR #2148 times 8 x 128^3 GEMMs of one wave at 2.7 us in all).
@@ -342,7 +350,11 @@ class Call:
                 f"; this tile's MMA at {mma_rate / per_core:.0%} of the achieved compute rate"
                 f" ({reuse:.0f} FLOP per operand byte)"
             )
-        if not promotion_k:
+        if self.fast_accumulation and h.promotion_k.get(self.dtype, 0):
+            basis["stage_latency"] = (
+                "not applied: this kernel accumulates without promoting partial sums per K block (fast_accumulation)"
+            )
+        elif not promotion_k:
             basis["stage_latency"] = (
                 f"not applied: {self.dtype} kernels on {h.name} do not promote partial sums per K block"
                 " (Hardware.promotion_k)"
