@@ -103,8 +103,11 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: another architecture tried before another dtype's (moe_hal.perf.efficiency, step 4), it is the
 #: same kernel at 51.4%. With that kernel launching the 128 x 256 tiles its code lists (one wave,
 #: compute-bound) it is predicted within 13.1%, and the worst is vLLM PR #18778's warm cuBLAS
-#: call of 64 rows, streamed at vLLM's FP8 GEMM's L2 rate (45.9%).
-WORST_RECORDED = 0.46
+#: call of 64 rows, streamed at vLLM's FP8 GEMM's L2 rate (45.9%). vLLM PR #49363 (H100) joined
+#: with the model unchanged and stayed within it (29.2%); vLLM PR #20071 (B200) joined the same way
+#: and raised it: its cuBLAS bf16 call of one row at N = K = 4096 takes 13.3 us where its 16-row
+#: call takes 7.4 (50.2%; a kernel choice of cuBLAS's at that shape the model has no term for).
+WORST_RECORDED = 0.51
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):
