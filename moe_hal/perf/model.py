@@ -331,7 +331,8 @@ class Call:
         groups = len(self.values)
         active = groups - hist.get(0, 0)
         per_core = rates.flops / S
-        promotion_k = 0 if self.fast_accumulation else h.promotion_k.get(self.dtype, 0)
+        device_promotion_k = h.promotion_k.get(self.dtype, 0)
+        promotion_k = 0 if self.fast_accumulation else device_promotion_k
         stage_latency = rates.stage_latency if promotion_k else 0.0
         # Small tiles drain a small accumulator: a wave of 64 x 64 tiles pays a quarter of a
         # 128 x 128 one's (TileOPs PR #2148 times 8 x 128^3 GEMMs of one wave at 2.7 us in all).
@@ -350,13 +351,11 @@ class Call:
                 f"; this tile's MMA at {mma_rate / per_core:.0%} of the achieved compute rate"
                 f" ({reuse:.0f} FLOP per operand byte)"
             )
-        if self.fast_accumulation and h.promotion_k.get(self.dtype, 0):
+        if not promotion_k:
             basis["stage_latency"] = (
                 "not applied: this kernel accumulates without promoting partial sums per K block (fast_accumulation)"
-            )
-        elif not promotion_k:
-            basis["stage_latency"] = (
-                f"not applied: {self.dtype} kernels on {h.name} do not promote partial sums per K block"
+                if device_promotion_k
+                else f"not applied: {self.dtype} kernels on {h.name} do not promote partial sums per K block"
                 " (Hardware.promotion_k)"
             )
 
