@@ -1,6 +1,7 @@
 """Validate the performance model, in one command.
 
     python bench/model_validation.py                # published measurements, leave-one-source-out
+    python bench/model_validation.py --hold-out architecture   # ... each GPU architecture held out
     python bench/model_validation.py --measure      # this machine's kernels (on a GPU: full sweep + fp8)
     python bench/model_validation.py --measure --quick
 
@@ -8,7 +9,10 @@ Default: the model against ``bench/published/cases.yaml`` (timings other people 
 published, each with its source), fitted on every source but one and evaluated on that one, for
 every source (``moe-hal model validate``). Writes ``bench/results/model_validation_published.json``
 and the predicted-vs-measured plot ``docs/perf-model-validation.png`` (model and plain roofline),
-and prints per-case errors, median and worst, split compute-/memory-bound.
+and prints per-case errors, median and worst, split compute-/memory-bound. ``--hold-out
+architecture`` holds out every case of one GPU architecture at a time (how a device of an
+architecture no source measured is predicted) and writes
+``bench/results/model_validation_published_by_architecture.json`` (a plot only with ``--plot``).
 
 ``--measure``: runs ``moe-hal bench --model --calibrate`` (``--fp8`` added on CUDA) and writes
 ``bench/results/model_validation_<hardware-DB id>.json`` unless ``--out`` is given; every other
@@ -39,15 +43,22 @@ def main(argv: list[str] | None = None) -> int:
     from moe_hal.cli import model_validation
 
     parser = argparse.ArgumentParser(prog="bench/model_validation.py")
-    parser.add_argument("--in-sample", action="store_true", help="fit on every case (optimistic comparison)")
-    parser.add_argument("--out", default=str(RESULTS / "model_validation_published.json"))
-    parser.add_argument("--plot", default=str(PLOT))
+    held = parser.add_mutually_exclusive_group()
+    held.add_argument("--in-sample", action="store_true", help="fit on every case (optimistic comparison)")
+    held.add_argument("--hold-out", choices=model_validation.HOLD_OUT, default="source")
+    parser.add_argument("--out", help="the JSON report (default: by the evaluation, under bench/results/)")
+    parser.add_argument("--plot", help=f"predicted vs measured (default {PLOT.name} for leave-one-source-out)")
     args = parser.parse_args(argv)
-    data = model_validation.report(args.in_sample)
-    Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
-    model_validation.plot(data, args.plot)
+    by_architecture = args.hold_out == "architecture" and not args.in_sample
+    name = "model_validation_published_by_architecture.json" if by_architecture else "model_validation_published.json"
+    out = args.out or str(RESULTS / name)
+    plot = args.plot or (None if by_architecture else str(PLOT))
+    data = model_validation.report(args.in_sample, hold_out=args.hold_out)
+    Path(out).write_text(json.dumps(data, indent=2) + "\n")
+    if plot:
+        model_validation.plot(data, plot)
     model_validation.print_report(data)
-    print(f"wrote {args.out} and {args.plot}")
+    print(f"wrote {out}" + (f" and {plot}" if plot else ""))
     return 0
 
 

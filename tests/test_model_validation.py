@@ -13,6 +13,7 @@ import pytest
 
 from moe_hal.cli import model as model_cli
 from moe_hal.cli import model_validation
+from moe_hal.errors import ArgumentError
 from moe_hal.perf import calibration
 
 
@@ -28,6 +29,25 @@ def test_out_of_sample_median_error_meets_the_target(loso):
     assert s["model_median"] <= model_validation.TARGET_MEDIAN, s
     # the model must beat the plain roofline it refines
     assert s["model_median"] < s["roofline_median"]
+
+
+def test_each_architecture_can_be_held_out_whole_with_no_verdict_on_the_source_target(capsys, tmp_path):
+    parser = argparse.ArgumentParser(prog="moe-hal")
+    model_cli.register(parser.add_subparsers())
+    out = tmp_path / "report.json"
+    args = parser.parse_args(["model", "validate", "--hold-out", "architecture", "--out", str(out)])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "per source (leave-one-architecture-out)" in text and "target on" not in text
+    data = json.loads(out.read_text())
+    assert data["evaluation"] == "leave-one-architecture-out"
+    assert data["target"]["median_met"] is None and data["own"]["target"]["median_met"] is None
+    assert set(data["by_architecture"]) == {"hopper", "blackwell"}
+    assert len(data["per_case"]) == len(calibration.load_cases())
+    with pytest.raises(ArgumentError, match="hold_out"):
+        model_validation.report(hold_out="device")
+    with pytest.raises(SystemExit):  # a fit on every case holds nothing out
+        parser.parse_args(["model", "validate", "--in-sample", "--hold-out", "architecture"])
 
 
 def test_a_cases_file_of_own_runs_alone_is_validated_without_a_published_verdict(capsys):

@@ -748,6 +748,22 @@ def leave_one_source_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
     return outcomes
 
 
+def leave_one_architecture_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
+    """For each GPU architecture: fit on the cases of the others, predict this one's. What a device
+    of an architecture no case measured is predicted with (``moe_hal.perf.efficiency``, step 5)."""
+    from .. import hwdb
+
+    architecture = {c.device: hwdb.get(c.device).architecture for c in cases}
+    outcomes = []
+    prepared = {p.case.id: p for p in _prepare(cases)}
+    for held_out in sorted(set(architecture.values())):
+        table = fit([c for c in cases if architecture[c.device] != held_out], prepared=prepared)
+        for case in cases:
+            if architecture[case.device] == held_out:
+                outcomes.append(Outcome(case, predict(case, table), _roofline(case)))
+    return outcomes
+
+
 def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
     """Fit on every case and predict every case (the optimistic, in-sample figure)."""
     table = fit(cases)
