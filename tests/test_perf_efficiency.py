@@ -170,8 +170,76 @@ def test_a_dtype_elsewhere_comes_before_another_dtype_here():
     table = EfficiencyTable([*table, rec(arch="new", device="dev-n", impl="x", dtype="bf16", value=0.6)])
     table = EfficiencyTable([*table, rec(arch="new", device="dev-n", impl="y", dtype="bf16", value=0.6)])
     assert table.compute("dev-n", "new", "blas", "bf16", "dense").value == 0.6
-    # an architecture never measured borrows nothing
+    # an architecture never measured, on a device the hardware DB does not know, borrows nothing
     assert table.compute("dev-z", "unmeasured", "blas", "bf16", "dense") is None
+
+
+VENDORS = {"dev-h": "green", "dev-b": "green", "dev-new": "green", "dev-npu": "red"}
+
+
+def borrowing_table(records):
+    return EfficiencyTable(records, vendor_of=VENDORS.get)
+
+
+def test_an_architecture_never_measured_borrows_its_vendor_s_shares_and_times_but_not_rates():
+    table = borrowing_table(
+        [
+            rec(device="dev-h", arch="hop", impl="blas", dtype="bf16", family="dense", value=0.7),
+            rec(device="dev-b", arch="bw", impl="blas", dtype="bf16", family="dense", value=0.6),
+            rec(device="dev-h", arch="hop", impl="fp8lib", dtype="fp8", value=0.9),
+            rec(device="dev-h", arch="hop", impl="blas", kind="bandwidth", value=0.8),
+            rec(device="dev-b", arch="bw", impl="other", kind="bandwidth", value=0.6),
+            rec(device="dev-h", arch="hop", impl="*", kind="launch", value=3e-6),
+            rec(device="dev-b", arch="bw", impl="*", kind="launch", value=5e-6, cases=5),
+            rec(device="dev-h", arch="hop", impl="blas", kind="l2_bandwidth", value=9e12),
+        ]
+    )
+    got = table.compute("dev-new", "fresh", "blas", "bf16", "dense")
+    # blas's own bf16 figures on the vendor's architectures: the case-weighted median of 0.7 and 0.6
+    assert got.value == 0.6 and "blas on vendor green" in got.level and "fresh never measured" in got.level
+    # its twin answers for fp16 there too, and an fp8 call takes the fp8 kernels, not bf16 ones
+    assert table.compute("dev-new", "fresh", "blas", "fp16", "dense").value == 0.6
+    assert table.compute("dev-new", "fresh", "blas", "fp8", "grouped_contiguous").value == 0.9
+    # streaming, typical over the vendor's kernels for a kernel with no figure of its own there
+    band = table.bandwidth("dev-new", "fresh", "unknown")
+    assert band.value == 0.6 and "typical implementation (blas, other) on vendor green" in band.level
+    launch = table.figure("launch", "dev-new", "fresh", "blas")
+    assert launch.value == 5e-6 and "fresh never measured" in launch.level  # 5 of the 8 cases
+    # a rate is the device's own
+    assert table.figure("l2_bandwidth", "dev-new", "fresh", "blas") is None
+    # another vendor's device borrows nothing, and neither does one whose vendor is unknown
+    assert table.compute("dev-npu", "npu-arch", "blas", "bf16", "dense") is None
+    assert table.bandwidth("dev-npu", "npu-arch", "blas") is None
+    assert table.compute("dev-unknown", "other-arch", "blas", "bf16", "dense") is None
+
+
+def test_an_architecture_with_figures_of_a_kind_borrows_nothing_of_that_kind():
+    table = borrowing_table(
+        [
+            rec(device="dev-h", arch="hop", impl="blas", kind="bandwidth", value=0.8),
+            rec(device="dev-b", arch="bw", impl="blas", kind="bandwidth", value=0.5),
+            rec(device="dev-b", arch="bw", impl="blas", dtype="bf16", family="dense", value=0.6),
+        ]
+    )
+    # bw's own streaming figure answers; hop's is never pooled into it
+    assert table.bandwidth("dev-new", "bw", "blas").value == 0.5
+    # bw has compute figures (of bf16 only): an fp8 call on it is not answered from other architectures
+    # by step 5, and no architecture knows fp8 here, so it falls to bw's any-dtype figure
+    assert "architecture bw, any dtype" in table.compute("dev-new", "bw", "blas", "fp8", "dense").level
+
+
+def test_a_device_of_an_unmeasured_architecture_in_the_hardware_db_is_predicted_from_borrowed_shares():
+    # the L40S (Ada) has no published case: its estimate borrows NVIDIA's measured architectures'
+    # shares and says so, instead of predicting from the datasheet peak
+    est = perf.estimate([256] * 8, 4096, 7168, perf.Hardware.from_entry(hwdb.get("nvidia-l40s")), "bf16", 128, 128)
+    assert "ada never measured" in est.basis["compute"]
+    assert "ada never measured" in est.basis["bandwidth"]
+    assert est.achieved_flops < perf.Hardware.from_entry(hwdb.get("nvidia-l40s")).peak("bf16")
+    # the Ascend entries borrow nothing from NVIDIA's
+    est = perf.estimate(
+        [256] * 8, 4096, 7168, perf.Hardware.from_entry(hwdb.get("huawei-ascend-910c")), "bf16", 128, 128
+    )
+    assert "no achieved efficiency" in est.basis["compute"]
 
 
 def test_one_case_is_not_enough_to_calibrate_a_level():

@@ -59,7 +59,18 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    over 0.9 of the H800's fp8 peak. As on the device, this implementation's figure comes before
    another implementation's within the architecture's dtype levels (3 and the first of 4), within
    the dtype level, and within the architecture's any-dtype levels. The dtype level serves only
-   an architecture with figures of its own: one never measured borrows nothing from another.
+   an architecture with figures of its own;
+5. an architecture with no figure of a kind (compute, streaming, launch, tile overhead, K-block
+   latency) borrows that kind from the architectures its vendor has figures on: for compute the
+   dtype (or its twin), this class, then the dtype's other class (scaled as in 4); for a dtype
+   the vendor never measured, any dtype (this class, then the other). A share of the
+   datasheet carries across architectures better than the datasheet itself predicts: fitted on
+   Blackwell alone, the model predicts the published Hopper cases at 37.0% median error without
+   this step and at 13.9% with it; fitted on Hopper alone, the Blackwell cases at 57.3% and 18.4%
+   (``moe-hal model validate --hold-out architecture``, ``docs/perf-model.md``). Rates in
+   bytes/s (L2, per-core, tile load) are the device's own and are never borrowed, nor is anything
+   borrowed across vendors (an Ascend NPU's share of its peak is not an NVIDIA GPU's). The level
+   says which architecture was never measured and where the figure came from.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
 stands on its own), and so does each implementation a level answers for (one timing makes no
@@ -81,7 +92,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -206,11 +217,25 @@ class Resolved:
     level: str
 
 
-class EfficiencyTable:
-    """Achieved figures, answered through the fallback order of the module docstring."""
+def hwdb_vendor(device: str) -> str | None:
+    """The vendor the hardware DB gives ``device`` (None for a device it does not know)."""
+    from .. import hwdb
 
-    def __init__(self, records: Iterable[Achieved] = ()):
+    try:
+        return hwdb.get(device).vendor
+    except ArgumentError:  # a device named only by a hand-built Hardware
+        return None
+
+
+class EfficiencyTable:
+    """Achieved figures, answered through the fallback order of the module docstring.
+
+    ``vendor_of``: a device id's vendor, for the borrowing of step 5 (default: the hardware DB's;
+    a device it returns None for borrows nothing)."""
+
+    def __init__(self, records: Iterable[Achieved] = (), vendor_of: Callable[[str], str | None] = hwdb_vendor):
         self.records: tuple[Achieved, ...] = tuple(records)
+        self.vendor_of = vendor_of
         # answers by question: the records never change, and backends ask once per grouped GEMM
         self._answers: dict[tuple, Resolved | None] = {}
 
@@ -266,8 +291,8 @@ class EfficiencyTable:
             )
             # a dtype's share of its peak carries across architectures better than across dtypes
             # (module docstring, 4), so this dtype's kernels elsewhere come before other dtypes
-            # here; an architecture never measured borrows nothing from another
-            measured_here = any(r.kind == "compute" and r.architecture == architecture for r in self.records)
+            # here; an architecture never measured borrows from its vendor's instead (5)
+            measured_here = self._measured("compute", architecture)
             for dt in twins if measured_here else ():
                 levels.append(
                     ("dtype", dt, f"{cls} kernels of any architecture", lambda r: CLASS_OF_FAMILY[r.family] == cls)
@@ -276,7 +301,54 @@ class EfficiencyTable:
                 ("architecture", architecture, f"any dtype, {cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)
             )
             levels.append(("architecture", architecture, f"any dtype, {other} kernels", in_other, factor))
+            if (vendor := self._borrows("compute", device, architecture)) is not None:
+                why = f"{architecture} never measured"
+                for dt in twins:
+                    levels.append(
+                        (
+                            "vendor",
+                            vendor,
+                            f"{dt} {cls} kernels ({why})",
+                            lambda r, d=dt: r.dtype == d and CLASS_OF_FAMILY[r.family] == cls,
+                        )
+                    )
+                levels.append(
+                    (
+                        "vendor",
+                        vendor,
+                        f"{dtype} {other} kernels ({why})",
+                        lambda r: r.dtype == dtype and in_other(r),
+                        factor,
+                    )
+                )
+                # another dtype's share only for a dtype the vendor never measured: within one
+                # place an implementation's own figure at any level comes first (_resolve), and
+                # its share of another dtype's peak says less than other kernels' of this one
+                if not any(
+                    r.kind == "compute" and r.dtype in twins and self.vendor_of(r.device) == vendor
+                    for r in self.records
+                ):
+                    levels.append(
+                        (
+                            "vendor",
+                            vendor,
+                            f"any dtype, {cls} kernels ({why})",
+                            lambda r: CLASS_OF_FAMILY[r.family] == cls,
+                        )
+                    )
+                    levels.append(("vendor", vendor, f"any dtype, {other} kernels ({why})", in_other, factor))
         return self._resolve("compute", levels, impl, own_first=True)
+
+    def _measured(self, kind: str, architecture: str) -> bool:
+        return any(r.kind == kind and r.architecture == architecture for r in self.records)
+
+    def _borrows(self, kind: str, device: str, architecture: str | None) -> str | None:
+        """The vendor whose measured architectures an ``architecture`` with no figure of ``kind``
+        borrows from (module docstring, 5); None when it has figures of its own, or its vendor
+        is not known."""
+        if architecture is None or self._measured(kind, architecture):
+            return None
+        return self.vendor_of(device)
 
     def _class_ratio(self) -> tuple[float, str] | None:
         """How much of the peak weight-gradient (K-grouped) kernels reach relative to forward ones,
@@ -310,6 +382,8 @@ class EfficiencyTable:
             levels = [("device", device, "streaming", lambda r: True)]
             if architecture:
                 levels.append(("architecture", architecture, "streaming", lambda r: True))
+            if (vendor := self._borrows("bandwidth", device, architecture)) is not None:
+                levels.append(("vendor", vendor, f"streaming ({architecture} never measured)", lambda r: True))
             self._answers[key] = self._resolve("bandwidth", levels, impl, impl_only_first=True)
         return self._answers[key]
 
@@ -324,6 +398,9 @@ class EfficiencyTable:
             levels = [("device", device, kind, lambda r: True)]
             if architecture:
                 levels.append(("architecture", architecture, kind, lambda r: True))
+            # a rate in bytes/s is the device's own; a time is borrowed as a share is (5)
+            if kind in SECONDS and (vendor := self._borrows(kind, device, architecture)) is not None:
+                levels.append(("vendor", vendor, f"{kind} ({architecture} never measured)", lambda r: True))
             own = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
             if kind in OWN_IMPL_ONLY:
                 # how a kernel loads its tiles is its own trait: never another kernel's figure
@@ -380,7 +457,7 @@ class EfficiencyTable:
         than :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations."""
         by_impl: dict[str, list[Achieved]] = {}
         for r in mine:
-            if getattr(r, where) == name and keep(r):
+            if (self.vendor_of(r.device) if where == "vendor" else getattr(r, where)) == name and keep(r):
                 by_impl.setdefault(r.impl, []).append(r)
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
             return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}"), False
