@@ -4,10 +4,11 @@ published measurements of ``bench/published/cases.yaml``.
 ``validate`` fits the achieved efficiency on every source but one and predicts that one
 (leave-one-source-out), for every source, then prints each case's error, the median and worst
 error of the model and of the plain roofline, split by the bound the model predicts, and
-whether the out-of-sample target holds. With ``--hold-out architecture`` it holds out every case of
-one GPU architecture at a time instead: how a device of an architecture no source measured is
-predicted (the target is stated for sources, so no verdict is given). ``calibrate`` fits on every case and writes the fit as
-hardware-DB overlays (``hwdb/measured/<id>.published-fit.yaml``), which predictions then use.
+whether the out-of-sample target holds. With ``--hold-out architecture`` it holds out every case
+of one GPU architecture at a time instead: how a device of an architecture no source measured is
+predicted (the target is stated for sources, so no verdict is given). ``calibrate`` fits on
+every case and writes the fit as hardware-DB overlays (``hwdb/measured/<id>.published-fit.yaml``),
+which predictions then use.
 """
 
 from __future__ import annotations
