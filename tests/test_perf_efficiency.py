@@ -174,11 +174,12 @@ def test_a_dtype_elsewhere_comes_before_another_dtype_here():
     assert table.compute("dev-z", "unmeasured", "blas", "bf16", "dense") is None
 
 
-VENDORS = {"dev-h": "green", "dev-b": "green", "dev-new": "green", "dev-npu": "red"}
+VENDORS = {"dev-h": "green", "dev-b": "green", "dev-new": "green", "dev-npu": "red", "dev-nobw": "green"}
+BANDWIDTHS = {"dev-h": 3e12, "dev-b": 8e12, "dev-new": 2e12, "dev-npu": 1.6e12}
 
 
 def borrowing_table(records):
-    return EfficiencyTable(records, vendor_of=VENDORS.get)
+    return EfficiencyTable(records, vendor_of=VENDORS.get, bandwidth_of=BANDWIDTHS.get)
 
 
 def test_an_architecture_never_measured_borrows_its_vendor_s_shares_and_times_but_not_rates():
@@ -191,7 +192,9 @@ def test_an_architecture_never_measured_borrows_its_vendor_s_shares_and_times_bu
             rec(device="dev-b", arch="bw", impl="other", kind="bandwidth", value=0.6),
             rec(device="dev-h", arch="hop", impl="*", kind="launch", value=3e-6),
             rec(device="dev-b", arch="bw", impl="*", kind="launch", value=5e-6, cases=5),
-            rec(device="dev-h", arch="hop", impl="blas", kind="l2_bandwidth", value=9e12),
+            rec(device="dev-h", arch="hop", impl="blas", kind="l2_bandwidth", value=3.6e12),
+            rec(device="dev-b", arch="bw", impl="other", kind="l2_bandwidth", value=8e12),
+            rec(device="dev-h", arch="hop", impl="blas", kind="bandwidth_per_unit", value=30e9),
         ]
     )
     got = table.compute("dev-new", "fresh", "blas", "bf16", "dense")
@@ -205,11 +208,17 @@ def test_an_architecture_never_measured_borrows_its_vendor_s_shares_and_times_bu
     assert band.value == 0.6 and "typical implementation (blas, other) on vendor green" in band.level
     launch = table.figure("launch", "dev-new", "fresh", "blas")
     assert launch.value == 5e-6 and "fresh never measured" in launch.level  # 5 of the 8 cases
-    # a rate is the device's own
-    assert table.figure("l2_bandwidth", "dev-new", "fresh", "blas") is None
+    # an L2 rate is borrowed as a multiple of the datasheet bandwidth, the best one the vendor
+    # reaches (blas's 3.6 / 3 = 1.2x, not other's 1x), as for a kernel without its own L2 rate
+    l2 = table.figure("l2_bandwidth", "dev-new", "fresh", "other")
+    assert l2.value == pytest.approx(1.2 * 2e12) and "multiple of the datasheet bandwidth" in l2.level
+    assert table.figure("l2_bandwidth", "dev-nobw", "fresh", "blas") is None  # its bandwidth unknown
+    # a per-core streaming cap is the device's own
+    assert table.figure("bandwidth_per_unit", "dev-new", "fresh", "blas") is None
     # another vendor's device borrows nothing, and neither does one whose vendor is unknown
     assert table.compute("dev-npu", "npu-arch", "blas", "bf16", "dense") is None
     assert table.bandwidth("dev-npu", "npu-arch", "blas") is None
+    assert table.figure("l2_bandwidth", "dev-npu", "npu-arch", "blas") is None
     assert table.compute("dev-unknown", "other-arch", "blas", "bf16", "dense") is None
 
 

@@ -65,12 +65,17 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    dtype (or its twin), this class, then the dtype's other class (scaled as in 4); for a dtype
    the vendor never measured, any dtype (this class, then the other). A share of the
    datasheet carries across architectures better than the datasheet itself predicts: fitted on
-   Blackwell alone, the model predicts the published Hopper cases at 37.0% median error without
-   this step and at 13.9% with it; fitted on Hopper alone, the Blackwell cases at 57.3% and 18.4%
-   (``moe-hal model validate --hold-out architecture``, ``docs/perf-model.md``). Rates in
-   bytes/s (L2, per-core, tile load) are the device's own and are never borrowed, nor is anything
-   borrowed across vendors (an Ascend NPU's share of its peak is not an NVIDIA GPU's). The level
-   says which architecture was never measured and where the figure came from.
+   Blackwell alone, the model predicts the published Hopper cases at a median 37.0% (worst 94.9%)
+   without this step and 11.4% (39.1%) with it; fitted on Hopper alone, the Blackwell cases at
+   57.3% (93.8%) and 17.4% (46.1%) (``moe-hal model validate --hold-out architecture``,
+   ``docs/perf-model.md``). The L2 rate of a warm call is borrowed as a multiple of the datasheet
+   memory bandwidth (the best the vendor's architectures reach, as for a kernel without its own,
+   :data:`BEST_UNLESS_OWN`): cuBLAS draws 1.19x the B200's listed bandwidth from its L2 and 1.25x
+   the H100's; without it the held-out worst errors were 56.8% (Blackwell) and 73.5% (Hopper),
+   warm calls predicted as if they streamed from memory. A per-core streaming cap and a tile load rate are the device's and the
+   kernel's own and are never borrowed, nor is anything borrowed across vendors (an Ascend NPU's
+   share of its peak is not an NVIDIA GPU's). The level says which architecture was never measured
+   and where the figure came from.
 
 A fitted level needs at least :data:`MIN_CASES` measured cases behind it (a measured figure
 stands on its own), and so does each implementation a level answers for (one timing makes no
@@ -227,15 +232,33 @@ def hwdb_vendor(device: str) -> str | None:
         return None
 
 
+def hwdb_bandwidth(device: str) -> float | None:
+    """The datasheet memory bandwidth (bytes/s) the hardware DB gives ``device`` (None when it
+    does not know the device or its bandwidth)."""
+    from .. import hwdb
+
+    try:
+        return hwdb.get(device).mem_bandwidth(measured=False)
+    except ArgumentError:
+        return None
+
+
 class EfficiencyTable:
     """Achieved figures, answered through the fallback order of the module docstring.
 
-    ``vendor_of``: a device id's vendor, for the borrowing of step 5 (default: the hardware DB's;
-    a device it returns None for borrows nothing)."""
+    ``vendor_of``, ``bandwidth_of``: a device id's vendor and datasheet memory bandwidth, for the
+    borrowing of step 5 (default: the hardware DB's; a device whose vendor is None borrows
+    nothing, and one whose bandwidth is None no L2 rate)."""
 
-    def __init__(self, records: Iterable[Achieved] = (), vendor_of: Callable[[str], str | None] = hwdb_vendor):
+    def __init__(
+        self,
+        records: Iterable[Achieved] = (),
+        vendor_of: Callable[[str], str | None] = hwdb_vendor,
+        bandwidth_of: Callable[[str], float | None] = hwdb_bandwidth,
+    ):
         self.records: tuple[Achieved, ...] = tuple(records)
         self.vendor_of = vendor_of
+        self.bandwidth_of = bandwidth_of
         # answers by question: the records never change, and backends ask once per grouped GEMM
         self._answers: dict[tuple, Resolved | None] = {}
 
@@ -407,10 +430,32 @@ class EfficiencyTable:
                 self._answers[key] = None if impl is None else self._resolve(kind, own, impl)
             elif kind in BEST_UNLESS_OWN:
                 mine = None if impl is None else self._resolve(kind, own, impl)
-                self._answers[key] = mine or self._resolve(kind, levels, None)
+                self._answers[key] = (
+                    mine or self._resolve(kind, levels, None) or self._borrowed_rate(kind, device, architecture)
+                )
             else:
                 self._answers[key] = self._resolve(kind, levels, impl)
         return self._answers[key]
+
+    def _borrowed_rate(self, kind: str, device: str, architecture: str | None) -> Resolved | None:
+        """A rate of ``kind`` for an architecture with none of its own (module docstring, 5): the
+        best multiple of its datasheet memory bandwidth the vendor's devices reach, times this
+        device's; None when the architecture has its own, or the vendor or a bandwidth is unknown."""
+        vendor = self._borrows(kind, device, architecture)
+        here = self.bandwidth_of(device)
+        if vendor is None or not here:
+            return None
+        shares = EfficiencyTable(
+            [
+                replace(r, value=r.value / there * here)
+                for r in self.records
+                if r.kind == kind and (there := self.bandwidth_of(r.device))
+            ],
+            self.vendor_of,
+            self.bandwidth_of,
+        )
+        why = f"as a multiple of the datasheet bandwidth ({architecture} never measured)"
+        return shares._resolve(kind, [("vendor", vendor, f"{kind} {why}", lambda r: True)], None)
 
     def _resolve(
         self, kind: str, levels, impl: str | None, impl_only_first: bool = False, own_first: bool = False
