@@ -64,11 +64,11 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    latency) borrows that kind from the architectures its vendor has figures on: for compute the
    dtype (or its twin), this class, then the dtype's other class (scaled as in 4); for a dtype
    the vendor never measured, any dtype (this class, then the other). A share of the
-   datasheet carries across architectures better than the datasheet itself predicts: fitted on
-   Blackwell alone, the model predicts the published Hopper cases at a median 37.0% (worst 94.9%)
-   without this step and 11.4% (39.1%) with it; fitted on Hopper alone, the Blackwell cases at
-   57.3% (93.8%) and 17.4% (46.1%) (``moe-hal model validate --hold-out architecture``,
-   ``docs/perf-model.md``). The L2 rate of a warm call is borrowed as a multiple of the datasheet
+   datasheet carries across architectures better than the datasheet itself predicts: on the 470
+   published cases of c155159, fitted on Blackwell alone, the model predicted the Hopper cases at a
+   median 37.0% (worst 94.9%) without this step and 11.4% (39.1%) with it; fitted on Hopper alone,
+   the Blackwell cases at 57.3% (93.8%) and 17.4% (46.1%) (``moe-hal model validate --hold-out
+   architecture``; ``docs/perf-model.md`` has the figures of the current set). The L2 rate of a warm call is borrowed as a multiple of the datasheet
    memory bandwidth (the best the vendor's architectures reach, as for a kernel without its own,
    :data:`BEST_UNLESS_OWN`): cuBLAS draws 1.19x the B200's listed bandwidth from its L2 and 1.25x
    the H100's; without it the held-out worst errors were 56.8% (Blackwell) and 73.5% (Hopper),
