@@ -413,7 +413,8 @@ class EfficiencyTable:
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """A time (``tile_overhead``, ``stage_latency``, ``launch``) or a rate (``bandwidth_per_unit``,
         ``l2_bandwidth``, ``tile_load_rate``): this implementation, then another (module docstring), on this device,
-        then on the architecture."""
+        then on the architecture; an architecture never measured borrows a time, and an L2 rate as a
+        multiple of the datasheet bandwidth, from its vendor's (module docstring, 5)."""
         if kind not in SECONDS + RATES:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
         key = (kind, device, architecture, impl)
@@ -421,7 +422,7 @@ class EfficiencyTable:
             levels = [("device", device, kind, lambda r: True)]
             if architecture:
                 levels.append(("architecture", architecture, kind, lambda r: True))
-            # a rate in bytes/s is the device's own; a time is borrowed as a share is (5)
+            # a time is borrowed as a share is (5); a rate in bytes/s only as below (_borrowed_rate)
             if kind in SECONDS and (vendor := self._borrows(kind, device, architecture)) is not None:
                 levels.append(("vendor", vendor, f"{kind} ({architecture} never measured)", lambda r: True))
             own = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
