@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import datetime
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -735,33 +735,27 @@ def _fit_fractions(
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
+def _leave_one_group_out(cases: Sequence[MeasuredCase], group_of: Callable[[_Prepared], str]) -> list[Outcome]:
+    """For each group (``group_of`` a prepared case): fit on the other groups' cases, predict this
+    group's."""
+    prepared = {p.case.id: p for p in _prepare(cases)}
+    group = {c.id: group_of(prepared[c.id]) for c in cases}
+    outcomes = []
+    for held_out in sorted(set(group.values())):
+        table = fit([c for c in cases if group[c.id] != held_out], prepared=prepared)
+        outcomes += [Outcome(c, predict(c, table), _roofline(c)) for c in cases if group[c.id] == held_out]
+    return outcomes
+
+
 def leave_one_source_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
     """For each source: fit on the other sources, predict this one. Out-of-sample by source."""
-    outcomes = []
-    prepared = {p.case.id: p for p in _prepare(cases)}
-    for source in sorted({c.source for c in cases}):
-        train = [c for c in cases if c.source != source]
-        table = fit(train, prepared=prepared)
-        for case in cases:
-            if case.source == source:
-                outcomes.append(Outcome(case, predict(case, table), _roofline(case)))
-    return outcomes
+    return _leave_one_group_out(cases, lambda p: p.case.source)
 
 
 def leave_one_architecture_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
     """For each GPU architecture: fit on the cases of the others, predict this one's. What a device
     of an architecture no case measured is predicted with (``moe_hal.perf.efficiency``, step 5)."""
-    from .. import hwdb
-
-    architecture = {c.device: hwdb.get(c.device).architecture for c in cases}
-    outcomes = []
-    prepared = {p.case.id: p for p in _prepare(cases)}
-    for held_out in sorted(set(architecture.values())):
-        table = fit([c for c in cases if architecture[c.device] != held_out], prepared=prepared)
-        for case in cases:
-            if architecture[case.device] == held_out:
-                outcomes.append(Outcome(case, predict(case, table), _roofline(case)))
-    return outcomes
+    return _leave_one_group_out(cases, lambda p: p.architecture)
 
 
 def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
