@@ -608,12 +608,11 @@ def test_the_fit_recovers_a_known_k_block_latency():
         assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
 
 
-def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
-    # Model-made timings, 3 us per call and 2 us per tile on both architectures: the Hopper cases
-    # include microsecond calls (they identify the fixed time), the Blackwell ones are millisecond
-    # bf16 calls only (3 us is under 1% of each: the error is flat along the grid). The Blackwell
-    # fit must take Hopper's fixed time, say so, and set the K-block latency to 0 (nothing of it
-    # is visible, and it is a trait of SM90 kernels).
+def _two_architectures(blackwell_impls: tuple[str, ...] = ("lib", "alt")):
+    """Model-made timings of two kernels (``lib``, ``alt``: the same figures), 3 us per call and
+    2 us per tile on both architectures: microsecond and millisecond FP8 calls on an H800,
+    millisecond bf16 calls on a B200, made by ``blackwell_impls`` in turn. Returns the truth and
+    the cases."""
     from moe_hal.perf import calibration
 
     def r(device, arch, kind, value, **kw):
@@ -621,12 +620,18 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
 
     truth = EfficiencyTable(
         [
-            r("nvidia-h800-sxm", "hopper", "compute", 0.8, impl="lib", dtype="fp8", family="dense"),
-            r("nvidia-h800-sxm", "hopper", "bandwidth", 0.7, impl="lib"),
+            *(
+                r("nvidia-h800-sxm", "hopper", "compute", 0.8, impl=i, dtype="fp8", family="dense")
+                for i in ("lib", "alt")
+            ),
+            *(r("nvidia-h800-sxm", "hopper", "bandwidth", 0.7, impl=i) for i in ("lib", "alt")),
             r("nvidia-h800-sxm", "hopper", "tile_overhead", 2e-6),
             r("nvidia-h800-sxm", "hopper", "stage_latency", 80e-9),
             r("nvidia-h800-sxm", "hopper", "launch", 3e-6),
-            r("nvidia-b200", "blackwell", "compute", 0.85, impl="lib", dtype="bf16", family="dense"),
+            *(
+                r("nvidia-b200", "blackwell", "compute", 0.85, impl=i, dtype="bf16", family="dense")
+                for i in ("lib", "alt")
+            ),
             r("nvidia-b200", "blackwell", "tile_overhead", 2e-6),
             r("nvidia-b200", "blackwell", "launch", 3e-6),
         ]
@@ -639,16 +644,29 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
     }
     cases = []
     for (device, dtype), sizes in shapes.items():
+        impls = ("lib", "alt") if device == "nvidia-h800-sxm" else blackwell_impls
         for i, (m, n, k) in enumerate(sizes):
             case = calibration.MeasuredCase(
-                f"{device}-{i}", f"{device}-s{i % 2}", device, "lib", "contiguous", dtype, "bf16", (m,), n, k,
-                None, 1.0, tiles, kernel_family="dense",
+                f"{device}-{i}", f"{device}-s{i % 2}", device, impls[i % len(impls)], "contiguous", dtype, "bf16",
+                (m,), n, k, None, 1.0, tiles, kernel_family="dense",
             )  # fmt: skip
             cases.append(
                 calibration.MeasuredCase(
                     **{**case.__dict__, "t_measured": calibration.predict(case, truth).t_predicted}
                 )
             )
+    return truth, cases
+
+
+def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
+    # The Hopper cases include microsecond calls (they identify the fixed time), the Blackwell
+    # ones are millisecond bf16 calls only (3 us is under 1% of each: the error is flat along the
+    # grid). The Blackwell fit must take Hopper's fixed time, say so, and set the K-block latency
+    # to 0 (nothing of it is visible, and it is a trait of SM90 kernels).
+    from moe_hal.perf import calibration
+
+    truth, cases = _two_architectures()
+    tiles = cases[0].tiles
     fitted = calibration.fit(cases)
     for device, arch in (("nvidia-h800-sxm", "hopper"), ("nvidia-b200", "blackwell")):
         for kind, value in (("tile_overhead", 2e-6), ("launch", 3e-6)):
@@ -668,6 +686,25 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
     assert calibration.predict(small, fitted).t_predicted == pytest.approx(
         calibration.predict(small, truth).t_predicted, rel=1e-3
     )
+
+
+def test_times_every_kernel_pays_are_not_read_from_one_kernel():
+    # The same calls, but every Blackwell call made by one kernel: its millisecond calls show the
+    # tile overhead, yet one kernel's pipeline is not every kernel's (DeepGEMM's SM100 kernels
+    # hide their epilogues; the B300's only source fitted 0 us), so the architecture borrows
+    # Hopper's tile overhead and fixed time and says so.
+    from moe_hal.perf import calibration
+
+    _, cases = _two_architectures(blackwell_impls=("lib",))
+    fitted = calibration.fit(cases)
+    for kind in ("tile_overhead", "launch"):
+        figure = fitted.figure(kind, "nvidia-b200", "blackwell", "lib")
+        assert "borrowed from hopper (7 cases)" in figure.source, (kind, figure.source)
+    prepared = calibration._prepare([c for c in cases if c.device == "nvidia-b200"])
+    assert calibration._identified(prepared, calibration.GRID)["tile_overhead"] is False
+    _, both = _two_architectures()
+    shown_by_two = calibration._prepare([c for c in both if c.device == "nvidia-b200"])
+    assert calibration._identified(shown_by_two, calibration.GRID)["tile_overhead"] is True
 
 
 def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():

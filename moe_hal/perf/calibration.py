@@ -9,9 +9,10 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   time, chosen on a small grid to minimise the mean relative error over the fitted cases — each
   only where the architecture's cases *identify* it (:data:`IDENTIFIES`): a time that is a
   negligible part of every case leaves the error flat along the grid, and the value the search
-  picks would be noise. An unidentified tile overhead or launch time — costs every GPU kernel
-  pays — is borrowed from the architectures that identify it (their case-weighted median; the
-  record says so); an unidentified K-block latency is 0, since promotion in software per K block
+  picks would be noise. A tile overhead or launch time — costs every GPU kernel pays — is
+  identified only by cases of several kernels (:data:`BORROWABLE`); unidentified, it is borrowed
+  from the architectures that identify it (their case-weighted median; the record says so); an
+  unidentified K-block latency is 0, since promotion in software per K block
   is a trait of one kernel generation (SM90's), not of GPUs;
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
@@ -52,6 +53,7 @@ from .efficiency import (
     FAMILY_OF_OP,
     FRACTIONS,
     MIN_CASES,
+    MIN_TYPICAL_IMPLEMENTATIONS,
     PER_OVERHEAD_TILE,
     SECONDS,
     Achieved,
@@ -96,6 +98,11 @@ LOAD_RATES: tuple[float | None, ...] = (None, *(gbps * 1e9 for gbps in (40, 50, 
 IDENTIFIES = 0.1
 
 #: The grid's times an architecture may borrow from others when its cases do not identify them.
+#: These are costs every kernel on the architecture pays, fitted jointly over its kernels, so its
+#: cases identify one only when they come from at least :data:`MIN_TYPICAL_IMPLEMENTATIONS`
+#: implementations: one kernel's pipeline (DeepGEMM's SM100 kernels overlap each tile's epilogue
+#: with the next tile, the only kernel timed on the B300: a 0 us tile overhead) is not every
+#: kernel's.
 BORROWABLE = ("tile_overhead", "launch")
 
 #: A case informs the compute (or streaming) fraction of its kernel only when the MMA (or memory)
@@ -590,18 +597,20 @@ def _fit_loads(
 
 
 def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
-    """Which of the grid's times ``group`` identifies (:data:`IDENTIFIES`)."""
+    """Which of the grid's times ``group`` identifies (:data:`IDENTIFIES`; a time every kernel
+    pays only from several kernels' cases, :data:`BORROWABLE`)."""
     top = dict(zip(GRID_KINDS, (max(point[i] for point in grid) for i in range(len(GRID_KINDS)))))
     size = {
         "tile_overhead": lambda c: c.overhead_tiles * top["tile_overhead"],
         "stage_latency": lambda c: c.stages * top["stage_latency"],
         "launch": lambda c: top["launch"],
     }
-    return {
-        kind: sum(1 for p in group if min(size[kind](c) for c in p.candidates) >= IDENTIFIES * p.case.t_measured)
-        >= MIN_CASES
-        for kind in GRID_KINDS
-    }
+    known = {}
+    for kind in GRID_KINDS:
+        showing = [p for p in group if min(size[kind](c) for c in p.candidates) >= IDENTIFIES * p.case.t_measured]
+        kernels = len({p.case.impl for p in showing})
+        known[kind] = len(showing) >= MIN_CASES and (kind not in BORROWABLE or kernels >= MIN_TYPICAL_IMPLEMENTATIONS)
+    return known
 
 
 def _borrow(
