@@ -100,9 +100,9 @@ IDENTIFIES = 0.1
 #: The grid's times an architecture may borrow from others when its cases do not identify them.
 #: These are costs every kernel on the architecture pays, fitted jointly over its kernels, so its
 #: cases identify one only when they come from at least :data:`MIN_TYPICAL_IMPLEMENTATIONS`
-#: implementations: one kernel's pipeline (DeepGEMM's SM100 kernels overlap each tile's epilogue
-#: with the next tile, the only kernel timed on the B300: a 0 us tile overhead) is not every
-#: kernel's.
+#: implementations: one kernel's pipeline is not every kernel's (DeepGEMM's SM100 kernels drain one
+#: tile's accumulator while the next tile's MMA runs, two accumulator stages in tensor memory; the
+#: B300's only kernel, they fitted a 0 us tile overhead).
 BORROWABLE = ("tile_overhead", "launch")
 
 #: A case informs the compute (or streaming) fraction of its kernel only when the MMA (or memory)
