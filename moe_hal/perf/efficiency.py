@@ -222,25 +222,27 @@ class Resolved:
     level: str
 
 
-def hwdb_vendor(device: str) -> str | None:
-    """The vendor the hardware DB gives ``device`` (None for a device it does not know)."""
+def _hwdb_entry(device: str):
+    """The hardware-DB entry of ``device``; None for a device named only by a hand-built Hardware."""
     from .. import hwdb
 
     try:
-        return hwdb.get(device).vendor
-    except ArgumentError:  # a device named only by a hand-built Hardware
+        return hwdb.get(device)
+    except ArgumentError:
         return None
+
+
+def hwdb_vendor(device: str) -> str | None:
+    """The vendor the hardware DB gives ``device`` (None for a device it does not know)."""
+    entry = _hwdb_entry(device)
+    return None if entry is None else entry.vendor
 
 
 def hwdb_bandwidth(device: str) -> float | None:
     """The datasheet memory bandwidth (bytes/s) the hardware DB gives ``device`` (None when it
     does not know the device or its bandwidth)."""
-    from .. import hwdb
-
-    try:
-        return hwdb.get(device).mem_bandwidth(measured=False)
-    except ArgumentError:
-        return None
+    entry = _hwdb_entry(device)
+    return None if entry is None else entry.mem_bandwidth(measured=False)
 
 
 class EfficiencyTable:
