@@ -707,6 +707,59 @@ def test_times_every_kernel_pays_are_not_read_from_one_kernel():
     assert calibration._identified(shown_by_two, calibration.GRID)["tile_overhead"] is True
 
 
+def test_a_kernel_whose_calls_span_sizes_gets_its_own_fixed_time():
+    # Model-made H800 timings (_model_made_h800's figures): "lib" pays the 3 us per call every
+    # kernel pays, "slow" (its twin in every rate) 15 us, as FlashInfer's masked NVFP4 kernel and
+    # DeepGEMM's SM100 masked kernel on the B300 do (an intercept of 10-20 us under calls of 16 to
+    # 760 us). "slow"'s calls run from microseconds to milliseconds: the fit must find its 15 us
+    # and keep 3 us for every other kernel, "lib" and one never measured alike.
+    from moe_hal.perf import calibration
+
+    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
+    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+    truth, lib = _model_made_h800(shapes)
+    slow = [
+        calibration.MeasuredCase(
+            **{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow", "t_measured": c.t_measured + 12e-6}
+        )
+        for c in lib
+    ]
+    fitted = calibration.fit(lib + slow)
+    own = fitted.figure("launch", "nvidia-h800-sxm", "hopper", "slow")
+    assert own.value == pytest.approx(15e-6) and "slow's own" in own.source, own
+    for impl in ("lib", "never_measured", None):
+        figure = fitted.figure("launch", "nvidia-h800-sxm", "hopper", impl)
+        assert figure.value == pytest.approx(3e-6) and "fitted jointly" in figure.level, (impl, figure)
+    assert fitted.compute("nvidia-h800-sxm", "hopper", "slow", "fp8", "dense").value == pytest.approx(0.8)
+    for case in lib + slow:
+        assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
+
+
+def test_a_kernel_timed_at_one_size_or_past_the_grid_gets_no_fixed_time_of_its_own():
+    # Calls of one length cannot tell a fixed time from a rate: "slow" timed only at millisecond
+    # calls keeps the joint fixed time. One whose best fixed time is the top of the grid tried
+    # ran out of range: that time would be making up for something else, and is not kept.
+    from moe_hal.perf import calibration
+
+    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
+    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+    _, lib = _model_made_h800(shapes)
+    _, long_only = _model_made_h800([(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384), (4096, 7168, 4096)])
+    slow = [calibration.MeasuredCase(**{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow"}) for c in long_only]
+    slow = [calibration.MeasuredCase(**{**c.__dict__, "t_measured": c.t_measured + 12e-6}) for c in slow]
+    figure = calibration.fit(lib + slow).figure("launch", "nvidia-h800-sxm", "hopper", "slow")
+    assert "fitted jointly" in figure.level, figure
+    top = calibration.LAUNCHES[-1]
+    beyond = [
+        calibration.MeasuredCase(
+            **{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow", "t_measured": c.t_measured + top}
+        )
+        for c in lib
+    ]
+    figure = calibration.fit(lib + beyond).figure("launch", "nvidia-h800-sxm", "hopper", "slow")
+    assert "fitted jointly" in figure.level, figure
+
+
 def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
     # Model-made H800 timings of one kernel (_model_made_h800): the calls of the test above as the
     # model says, and six 1024^3 calls timed 2 us slower (another harness's fixed time). The short

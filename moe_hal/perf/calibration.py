@@ -14,6 +14,12 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   from the architectures that identify it (their case-weighted median; the record says so); an
   unidentified K-block latency is 0, since promotion in software per K block
   is a trait of one kernel generation (SM90's), not of GPUs;
+* per implementation whose calls run from a few to many times the length of its shortest ones
+  (:data:`LAUNCH_SPREAD`), its own fixed time per call, where it differs from the architecture's:
+  FlashInfer's masked NVFP4 kernel on the B200 and DeepGEMM's SM100 kernels on the B300 pay 10
+  and 20 us per call where the other kernels there pay 3, and read at 3 us their long calls
+  streamed at 0.65 and 0.75 of the datasheet bandwidth where the fit with their own times finds
+  0.74 and 0.84. A kernel without one pays the architecture's;
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
   says binds it, the fraction that case needs is computed, and the median over the cases is
@@ -91,6 +97,15 @@ GRID_KINDS = ("tile_overhead", "stage_latency", "launch")
 #: Per-core tile load rates (bytes/s) tried per implementation once the grid's times are chosen
 #: (None: no cap). Only an implementation timed at several tile shapes of one call can show it.
 LOAD_RATES: tuple[float | None, ...] = (None, *(gbps * 1e9 for gbps in (40, 50, 60, 70, 80, 100, 130)))
+
+#: Fixed times per call (seconds) tried for one implementation whose cases separate a fixed time
+#: from its rates (:func:`_fit_launches`). Only a value inside the range is kept.
+LAUNCHES: tuple[float, ...] = tuple(us * 1e-6 for us in (0, 3, 6, 10, 15, 20, 25, 30, 40))
+
+#: An implementation's cases separate a fixed time of its own from its rates only when its
+#: :data:`MIN_CASES`-th longest case runs at least this many times longer than its
+#: :data:`MIN_CASES`-th shortest: short calls then pin the intercept and long ones the rate.
+LAUNCH_SPREAD = 4.0
 
 #: A group of cases identifies one of the grid's times only if, at the largest value the grid
 #: tries, that time would be at least this share of the measured time of :data:`MIN_CASES` of its
@@ -501,6 +516,9 @@ def fit(
         loads, load_notes = _fit_loads(group, point, basis, source, own_kernels)
         if loads:
             table, point = _search(group, timed[arch], points, loads, basis, source, own_kernels)
+        launches, launch_notes = _fit_launches(group, point, loads, basis, source, own_kernels)
+        if launches:
+            table, point = _search(group, timed[arch], points, loads, basis, source, own_kernels, launches)
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
@@ -509,6 +527,22 @@ def fit(
                 if kind == "tile_overhead":
                     how = f"{PER_OVERHEAD_TILE}; {how}"
                 records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
+            for impl, own_launch in sorted(launches.items()):
+                mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
+                if mine:
+                    records.append(
+                        Achieved(
+                            device,
+                            arch,
+                            impl,
+                            "launch",
+                            own_launch,
+                            mine,
+                            basis,
+                            f"{_source_of(impl, own_kernels, source)} ({impl}'s own; {launch_notes[impl]})",
+                            typical=impl not in own_kernels,
+                        )
+                    )
             for impl, load in sorted(loads.items()):
                 mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
                 if mine:
@@ -530,12 +564,24 @@ def fit(
 
 
 def _score(
-    group: list[_Prepared], table: EfficiencyTable, point: tuple[float, ...], loads: Mapping[str, float]
+    group: list[_Prepared],
+    table: EfficiencyTable,
+    point: tuple[float, ...],
+    loads: Mapping[str, float],
+    launches: Mapping[str, float] | None = None,
 ) -> float:
     """Mean relative error of the fast prediction over ``group``."""
     return statistics.fmean(
-        abs(_fast_predict(p, table, *point, loads.get(p.case.impl))[0] / p.case.t_measured - 1) for p in group
+        abs(_fast_predict(p, table, *_at(point, launches, p), loads.get(p.case.impl))[0] / p.case.t_measured - 1)
+        for p in group
     )
+
+
+def _at(point: tuple[float, ...], launches: Mapping[str, float] | None, p: _Prepared) -> tuple[float, ...]:
+    """The grid ``point`` with ``p``'s implementation's own launch time where it has one."""
+    if launches and p.case.impl in launches:
+        return (*point[:2], launches[p.case.impl])
+    return point
 
 
 def _search(
@@ -546,13 +592,14 @@ def _search(
     basis: str,
     source: str,
     own_kernels: frozenset[str],
+    launches: Mapping[str, float] | None = None,
 ) -> tuple[EfficiencyTable, tuple[float, ...]]:
     """The fractions fitted on ``group`` and the grid point of the best of ``points`` with
-    ``loads``, judged by the error over ``scored``."""
+    ``loads`` and the implementations' own ``launches``, judged by the error over ``scored``."""
     best = None
     for point in points:
-        table = _fit_fractions(group, *point, basis, source, loads, own_kernels)
-        score = _score(scored, table, point, loads)
+        table = _fit_fractions(group, *point, basis, source, loads, own_kernels, launches)
+        score = _score(scored, table, point, loads, launches)
         if best is None or score < best[0]:
             best = (score, table, point)
     assert best is not None
@@ -596,6 +643,51 @@ def _fit_loads(
     return loads, notes
 
 
+def _fit_launches(
+    group: list[_Prepared],
+    point: tuple[float, ...],
+    loads: Mapping[str, float],
+    basis: str,
+    source: str,
+    own_kernels: frozenset[str],
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Per implementation whose cases separate a fixed time from its rates (:data:`LAUNCH_SPREAD`),
+    the fixed time of :data:`LAUNCHES` that best predicts its cases, the fractions refitted; kept
+    where it differs from the architecture's, lies inside the range tried and moves at least
+    :data:`MIN_CASES` of its predictions by :data:`IDENTIFIES` of their measured time; and in
+    words how each was chosen."""
+    launches: dict[str, float] = {}
+    notes: dict[str, str] = {}
+    for impl in sorted({p.case.impl for p in group}):
+        mine = [p for p in group if p.case.impl == impl]
+        times = sorted(p.case.t_measured for p in mine)
+        if len(times) < 2 * MIN_CASES or times[-MIN_CASES] < LAUNCH_SPREAD * times[MIN_CASES - 1]:
+            continue
+        best = None
+        for launch in LAUNCHES:
+            trial = {**launches, impl: launch}
+            table = _fit_fractions(group, *point, basis, source, loads, own_kernels, trial)
+            score = _score(mine, table, point, loads, trial)
+            if best is None or score < best[0]:
+                best = (score, launch, table)
+        _, launch, table = best
+        moved = sum(
+            1
+            for p in mine
+            if abs(
+                _fast_predict(p, table, *point[:2], launch, loads.get(impl))[0]
+                - _fast_predict(p, table, *point, loads.get(impl))[0]
+            )
+            >= IDENTIFIES * p.case.t_measured
+        )
+        # at either end of the grid the search ran out of range: the time is making up for
+        # something else (cuBLAS's warm calls on the B200 traded a 0 us fixed time for a slower L2)
+        if launch not in (point[2], LAUNCHES[0], LAUNCHES[-1]) and moved >= MIN_CASES:
+            launches[impl] = launch
+            notes[impl] = f"fitted on its {len(mine)} cases of {times[0] * 1e6:.0f} to {times[-1] * 1e6:.0f} us"
+    return launches, notes
+
+
 def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
     """Which of the grid's times ``group`` identifies (:data:`IDENTIFIES`; a time every kernel
     pays only from several kernels' cases, :data:`BORROWABLE`)."""
@@ -618,7 +710,8 @@ def _borrow(
 ) -> tuple[float, str] | None:
     """The case-weighted median of ``kind`` over the ``records`` of the architectures fitted so
     far that identify it, and the words the borrower's records say it with; None when there is none."""
-    lent = [r for r in records if r.kind == kind and identified[r.architecture][kind]]
+    # the times every kernel pays, not one kernel's own (_fit_launches)
+    lent = [r for r in records if r.kind == kind and r.impl == "*" and identified[r.architecture][kind]]
     if not lent:
         return None
     cases: dict[str, int] = {}
@@ -655,6 +748,7 @@ def _fit_fractions(
     source: str,
     loads: Mapping[str, float] | None = None,
     own_kernels: frozenset[str] = frozenset(),
+    launches: Mapping[str, float] | None = None,
 ) -> EfficiencyTable:
     table = EfficiencyTable()
     for _ in range(ITERATIONS):
@@ -664,8 +758,9 @@ def _fit_fractions(
         for p in group:
             c = p.case
             load = (loads or {}).get(c.impl)
-            _, cand, bound = _fast_predict(p, table, overhead, stage, launch, load)
-            left = c.t_measured - launch
+            mine = (launches or {}).get(c.impl, launch)
+            _, cand, bound = _fast_predict(p, table, overhead, stage, mine, load)
+            left = c.t_measured - mine
             if bound == "compute":
                 mma = left - cand.overhead_tiles * overhead - cand.stages * stage
                 # a tile its operand loads hold below the fraction it would imply says nothing of it

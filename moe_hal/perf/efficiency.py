@@ -18,7 +18,9 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
   on the CUDA cores). A tile's blocks run one after another, so this latency is paid once per
   block per tile and the memory streaming of other tiles cannot hide it: it dominates calls with
   few, narrow tiles and long K (decode-sized GEMMs) and is a small share of large tiles' MMA time;
-* ``launch``: fixed seconds per call (launch and prologue);
+* ``launch``: fixed seconds per call (launch and prologue). Fitted jointly for every kernel of an
+  architecture (``impl`` ``*``) and, for a kernel whose own calls separate it from its rates, as
+  that kernel's own, which answers for it alone: a kernel without one pays the joint time;
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
   stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
@@ -516,7 +518,8 @@ class EfficiencyTable:
         backed = sorted(i for i, records in by_impl.items() if _enough(records) and all(r.typical for r in records))
         if not backed:
             return None, False
-        if backed == ["*"]:
+        if "*" in backed:
+            # a time fitted jointly answers for every kernel without one of its own
             return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}"), False
         if impl is not None:
             # A kernel never measured here is taken to be a typical one, not the best known:
