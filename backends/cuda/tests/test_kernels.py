@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from cuda_helpers import assert_matches, magnitude, randn, reference
@@ -35,6 +36,18 @@ CONTIGUOUS_CASES = {
 
 def _poisoned(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype)
+
+
+def _numpy_sums_rows_alike(rows: int, fewer: int, k: int, n: int) -> bool:
+    """Whether numpy's fp32 matmul gives each ``fewer``-row slice of a ``rows``-row block the sums
+    it gives that slice alone. The Triton interpreter runs each tile's dot through it, and
+    OpenBLAS picks its kernel by CPU and shape: on an AVX-512 AMD EPYC rows 16-31 of a 64-row block
+    come out a rounding apart from the same 16 rows alone; with its SkylakeX kernel they do not."""
+    gen = np.random.default_rng(0)
+    a = gen.standard_normal((rows, k), dtype=np.float32)
+    b = gen.standard_normal((k, n), dtype=np.float32)
+    whole = a @ b
+    return all(np.array_equal(a[i : i + fewer] @ b, whole[i : i + fewer]) for i in range(0, rows, fewer))
 
 
 def _gap_rows(layout) -> torch.Tensor:
@@ -218,7 +231,13 @@ def test_contiguous_device_schedule_many_tiles(gen, dtype, block_m):
     assert_matches(out, reference(a, b, lay, out_dtype=torch.float32), magnitude(a, b, lay), k, BF16_THRESHOLD)
     assert bool((out[_gap_rows(lay)] == 0).all())
     out_small = launch.contiguous(a, b, _poisoned((lay.num_rows, n), torch.float32), lay, SMALL)
-    assert torch.equal(out, out_small), "the tile height changes no value (fp32 sums in one K order)"
+    if kernels.INTERPRET and not _numpy_sums_rows_alike(block_m, SMALL.block_m, 32, 16):
+        # the tiles' K order is the same, but the interpreter's dot within one K step is numpy's
+        # matmul, whose order the CPU's BLAS picks by the block's shape: a rounding apart at most
+        bound = 4 * torch.finfo(torch.float32).eps * magnitude(a, b, lay)
+        assert bool(((out - out_small).abs() <= bound).all()), "the tile height changes a value"
+    else:
+        assert torch.equal(out, out_small), "the tile height changes no value (fp32 sums in one K order)"
 
 
 def test_contiguous_many_groups_cross_scan_chunks(gen, monkeypatch):
