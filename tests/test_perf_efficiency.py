@@ -561,6 +561,11 @@ def test_the_committed_fit_carries_the_k_block_latency_with_its_basis():
         perf.Hardware("bad", stage_latency=-1e-9, **H800)
 
 
+#: (m, n, k) of streaming-bound small-M calls with 4 to 56 K blocks and compute-bound large ones.
+MIXED_SHAPES = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
+MIXED_SHAPES += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
+
+
 def _model_made_h800(shapes, extra=lambda m, n, k: 0.0):
     """Cases of one kernel ("lib", dense fp8 on the H800) timed by the model itself with known
     figures (0.8 of the fp8 peak, 0.7 of the bandwidth, 2 us per tile, 80 ns per K block, 3 us per
@@ -597,9 +602,7 @@ def test_the_fit_recovers_a_known_k_block_latency():
     # blocks and compute-bound large ones
     from moe_hal.perf import calibration
 
-    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
-    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
-    _, cases = _model_made_h800(shapes)
+    _, cases = _model_made_h800(MIXED_SHAPES)
     fitted = calibration.fit(cases)
     for kind, value in (("tile_overhead", 2e-6), ("stage_latency", 80e-9), ("launch", 3e-6)):
         assert fitted.figure(kind, "nvidia-h800-sxm", "hopper", "lib").value == pytest.approx(value), kind
@@ -715,9 +718,7 @@ def test_a_kernel_whose_calls_span_sizes_gets_its_own_fixed_time():
     # and keep 3 us for every other kernel, "lib" and one never measured alike.
     from moe_hal.perf import calibration
 
-    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
-    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
-    truth, lib = _model_made_h800(shapes)
+    truth, lib = _model_made_h800(MIXED_SHAPES)
     slow = [
         calibration.MeasuredCase(
             **{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow", "t_measured": c.t_measured + 12e-6}
@@ -741,9 +742,7 @@ def test_a_kernel_timed_at_one_size_or_past_the_grid_gets_no_fixed_time_of_its_o
     # ran out of range: that time would be making up for something else, and is not kept.
     from moe_hal.perf import calibration
 
-    shapes = [(64, 7168, 2048), (64, 2112, 7168), (128, 2112, 7168), (64, 4096, 7168), (64, 24576, 1536)]
-    shapes += [(64, 32768, 512), (4096, 7168, 2048), (4096, 4096, 7168), (4096, 2112, 7168), (2048, 7168, 16384)]
-    _, lib = _model_made_h800(shapes)
+    _, lib = _model_made_h800(MIXED_SHAPES)
     _, long_only = _model_made_h800([(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384), (4096, 7168, 4096)])
     slow = [calibration.MeasuredCase(**{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow"}) for c in long_only]
     slow = [calibration.MeasuredCase(**{**c.__dict__, "t_measured": c.t_measured + 12e-6}) for c in slow]

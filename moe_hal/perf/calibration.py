@@ -527,39 +527,24 @@ def fit(
                 if kind == "tile_overhead":
                     how = f"{PER_OVERHEAD_TILE}; {how}"
                 records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
-            for impl, own_launch in sorted(launches.items()):
-                mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
-                if mine:
-                    records.append(
-                        Achieved(
-                            device,
-                            arch,
-                            impl,
-                            "launch",
-                            own_launch,
-                            mine,
-                            basis,
-                            f"{_source_of(impl, own_kernels, source)} ({impl}'s own; {launch_notes[impl]})",
-                            typical=impl not in own_kernels,
+            # each implementation's own launch time and tile load rate, where it has one
+            for kind, own, notes in (("launch", launches, launch_notes), ("tile_load_rate", loads, load_notes)):
+                for impl, value in sorted(own.items()):
+                    mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
+                    if mine:
+                        records.append(
+                            Achieved(
+                                device,
+                                arch,
+                                impl,
+                                kind,
+                                value,
+                                mine,
+                                basis,
+                                f"{_source_of(impl, own_kernels, source)} ({impl}'s own; {notes[impl]})",
+                                typical=impl not in own_kernels,
+                            )
                         )
-                    )
-            for impl, load in sorted(loads.items()):
-                mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
-                if mine:
-                    how = f"{impl}'s own; {load_notes[impl]}"
-                    records.append(
-                        Achieved(
-                            device,
-                            arch,
-                            impl,
-                            "tile_load_rate",
-                            load,
-                            mine,
-                            basis,
-                            f"{_source_of(impl, own_kernels, source)} ({how})",
-                            typical=impl not in own_kernels,
-                        )
-                    )
     return EfficiencyTable(records)
 
 
@@ -631,12 +616,7 @@ def _fit_loads(
         _, rate, table = best
         if rate is None:
             continue
-        moved = sum(
-            1
-            for p in mine
-            if abs(_fast_predict(p, table, *point, rate)[0] - _fast_predict(p, table, *point)[0])
-            >= IDENTIFIES * p.case.t_measured
-        )
+        moved = _moved(mine, table, (*point, rate), (*point, None))
         if moved >= MIN_CASES:
             loads[impl] = rate
             notes[impl] = f"fitted on its {len(mine)} cases at fixed tiles, binds {moved} of them"
@@ -671,21 +651,25 @@ def _fit_launches(
             if best is None or score < best[0]:
                 best = (score, launch, table)
         _, launch, table = best
-        moved = sum(
-            1
-            for p in mine
-            if abs(
-                _fast_predict(p, table, *point[:2], launch, loads.get(impl))[0]
-                - _fast_predict(p, table, *point, loads.get(impl))[0]
-            )
-            >= IDENTIFIES * p.case.t_measured
-        )
+        moved = _moved(mine, table, (*point[:2], launch, loads.get(impl)), (*point, loads.get(impl)))
         # at either end of the grid the search ran out of range: the time is making up for
         # something else (cuBLAS's warm calls on the B200 traded a 0 us fixed time for a slower L2)
         if launch not in (point[2], LAUNCHES[0], LAUNCHES[-1]) and moved >= MIN_CASES:
             launches[impl] = launch
             notes[impl] = f"fitted on its {len(mine)} cases of {times[0] * 1e6:.0f} to {times[-1] * 1e6:.0f} us"
     return launches, notes
+
+
+def _moved(cases: list[_Prepared], table: EfficiencyTable, changed: tuple, base: tuple) -> int:
+    """How many of ``cases`` the fast prediction with the times and load rate ``changed`` moves
+    from the one with ``base`` (each ``(tile overhead, K-block latency, launch, load rate)``) by at
+    least :data:`IDENTIFIES` of their measured time."""
+    return sum(
+        1
+        for p in cases
+        if abs(_fast_predict(p, table, *changed)[0] - _fast_predict(p, table, *base)[0])
+        >= IDENTIFIES * p.case.t_measured
+    )
 
 
 def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
@@ -758,9 +742,9 @@ def _fit_fractions(
         for p in group:
             c = p.case
             load = (loads or {}).get(c.impl)
-            mine = (launches or {}).get(c.impl, launch)
-            _, cand, bound = _fast_predict(p, table, overhead, stage, mine, load)
-            left = c.t_measured - mine
+            fixed = (launches or {}).get(c.impl, launch)
+            _, cand, bound = _fast_predict(p, table, overhead, stage, fixed, load)
+            left = c.t_measured - fixed
             if bound == "compute":
                 mma = left - cand.overhead_tiles * overhead - cand.stages * stage
                 # a tile its operand loads hold below the fraction it would imply says nothing of it
