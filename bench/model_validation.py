@@ -48,12 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     held.add_argument("--hold-out", choices=model_validation.HOLD_OUT, default="source")
     parser.add_argument("--out", help="the JSON report (default: by the evaluation, under bench/results/)")
     parser.add_argument("--plot", help=f"predicted vs measured (default {PLOT.name} for leave-one-source-out)")
+    parser.add_argument("--jobs", type=int, default=None, help=model_validation._JOBS_HELP)
     args = parser.parse_args(argv)
     by_architecture = args.hold_out == "architecture"  # --in-sample leaves the default, "source"
     name = "model_validation_published_by_architecture.json" if by_architecture else "model_validation_published.json"
     out = args.out or str(RESULTS / name)
     plot = args.plot or (None if by_architecture else str(PLOT))
-    data = model_validation.report(args.in_sample, hold_out=args.hold_out)
+    data = model_validation.report(args.in_sample, hold_out=args.hold_out, jobs=args.jobs)
     Path(out).write_text(json.dumps(data, indent=2) + "\n")
     if plot:
         model_validation.plot(data, plot)

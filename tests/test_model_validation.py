@@ -168,6 +168,20 @@ def test_no_source_is_predicted_from_its_own_cases(monkeypatch):
         assert held_out not in train_sources and len(train_sources) == 2
 
 
+def test_the_folds_give_the_same_outcomes_in_several_processes():
+    from moe_hal.errors import ArgumentError
+
+    cases = calibration.load_published()
+    small = [c for c in cases if c.source in ("deepgemm-readme-a6d97a1", "deepgemm-pr74", "vllm-pr18778-b200")]
+    here = calibration.leave_one_source_out(small)
+    spread = calibration.leave_one_source_out(small, jobs=2)
+    assert [o.case.id for o in spread] == [o.case.id for o in here]
+    assert [o.estimate.t_predicted for o in spread] == [o.estimate.t_predicted for o in here]
+    assert [o.estimate.basis for o in spread] == [o.estimate.basis for o in here]
+    with pytest.raises(ArgumentError, match="jobs"):
+        calibration.leave_one_source_out(small, jobs=0)
+
+
 def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path):
     parser = argparse.ArgumentParser(prog="moe-hal")
     model_cli.register(parser.add_subparsers())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
     "bench/own_measurements/*.yaml of the checkout)"
 )
+_JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
 
 
 def register(model_parser: argparse.ArgumentParser) -> None:
@@ -60,6 +62,7 @@ def register(model_parser: argparse.ArgumentParser) -> None:
     v.add_argument("--out", metavar="FILE.json", help="write the report as JSON")
     v.add_argument("--plot", metavar="FILE.png", help="predicted vs measured, model and plain roofline")
     v.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    v.add_argument("--jobs", type=int, default=None, help=_JOBS_HELP)
     v.set_defaults(func=validate)
     c = actions.add_parser(
         "calibrate",
@@ -74,9 +77,12 @@ def register(model_parser: argparse.ArgumentParser) -> None:
     c.set_defaults(func=calibrate)
 
 
-def report(in_sample: bool = False, cases_path: str | None = None, hold_out: str = "source") -> dict[str, Any]:
+def report(
+    in_sample: bool = False, cases_path: str | None = None, hold_out: str = "source", jobs: int | None = None
+) -> dict[str, Any]:
     """The validation report: per case, summary, target verdict (``hold_out``: one of
-    :data:`HOLD_OUT`; ignored with ``in_sample``)."""
+    :data:`HOLD_OUT`; ignored with ``in_sample``). ``jobs``: processes the held-out fits run in
+    (default: every CPU this process may use; the report is the same for any number)."""
     from .. import hwdb
     from ..errors import ArgumentError
     from ..perf import calibration
@@ -87,9 +93,9 @@ def report(in_sample: bool = False, cases_path: str | None = None, hold_out: str
     if in_sample:
         outcomes, evaluation = calibration.in_sample(cases), "in-sample (fit on every case)"
     elif hold_out == "architecture":
-        outcomes, evaluation = calibration.leave_one_architecture_out(cases), "leave-one-architecture-out"
+        outcomes, evaluation = calibration.leave_one_architecture_out(cases, _jobs(jobs)), "leave-one-architecture-out"
     else:
-        outcomes, evaluation = calibration.leave_one_source_out(cases), "leave-one-source-out"
+        outcomes, evaluation = calibration.leave_one_source_out(cases, _jobs(jobs)), "leave-one-source-out"
     # the targets are stated for the published set with each source held out (or in sample)
     judged = hold_out == "source" or in_sample
     published = [o for o in outcomes if o.case.origin == "published"]
@@ -148,8 +154,12 @@ def report(in_sample: bool = False, cases_path: str | None = None, hold_out: str
     }
 
 
+def _jobs(jobs: int | None) -> int:
+    return len(os.sched_getaffinity(0)) if jobs is None else jobs
+
+
 def validate(args: argparse.Namespace) -> int:
-    data = report(args.in_sample, args.cases, args.hold_out)
+    data = report(args.in_sample, args.cases, args.hold_out, args.jobs)
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
     if args.plot:

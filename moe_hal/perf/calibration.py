@@ -48,12 +48,15 @@ heuristic is assumed to find the fastest). :func:`write_overlays` stores a fit a
 from __future__ import annotations
 
 import datetime
+import multiprocessing
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checks import positive_int
 from ..errors import ArgumentError
 from .efficiency import (
     FAMILY_OF_OP,
@@ -823,27 +826,56 @@ def _fit_fractions(
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
-def _leave_one_group_out(cases: Sequence[MeasuredCase], group_of: Callable[[_Prepared], str]) -> list[Outcome]:
+def _leave_one_group_out(
+    cases: Sequence[MeasuredCase], group_of: Callable[[_Prepared], str], jobs: int = 1
+) -> list[Outcome]:
     """For each group (``group_of`` a prepared case): fit on the other groups' cases, predict this
-    group's."""
+    group's. ``jobs``: processes the folds run in (they are independent, and the outcomes are the
+    same in any number of them); 1 runs them here."""
     prepared = {p.case.id: p for p in _prepare(cases)}
     group = {c.id: group_of(prepared[c.id]) for c in cases}
-    outcomes = []
-    for held_out in sorted(set(group.values())):
-        table = fit([c for c in cases if group[c.id] != held_out], prepared=prepared)
-        outcomes += [Outcome(c, predict(c, table), _roofline(c)) for c in cases if group[c.id] == held_out]
-    return outcomes
+    folds = sorted(set(group.values()))
+    jobs = min(positive_int(jobs, "jobs"), len(folds))
+    if jobs == 1:
+        return [o for held_out in folds for o in _fold(held_out, cases, prepared, group)]
+    # spawn, not fork: the caller may hold threads (torch's) that a forked child would inherit stuck
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, context, _hold_folds, (cases, prepared, group)) as pool:
+        return [o for outcomes in pool.map(_held_fold, folds) for o in outcomes]
 
 
-def leave_one_source_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
-    """For each source: fit on the other sources, predict this one. Out-of-sample by source."""
-    return _leave_one_group_out(cases, lambda p: p.case.source)
+def _fold(
+    held_out: str, cases: Sequence[MeasuredCase], prepared: Mapping[str, _Prepared], group: Mapping[str, str]
+) -> list[Outcome]:
+    """Fit on the cases outside ``held_out`` and predict the cases in it."""
+    table = fit([c for c in cases if group[c.id] != held_out], prepared=prepared)
+    return [Outcome(c, predict(c, table), _roofline(c)) for c in cases if group[c.id] == held_out]
 
 
-def leave_one_architecture_out(cases: Sequence[MeasuredCase]) -> list[Outcome]:
+#: A worker process's cases, their unit terms and their groups (:func:`_hold_folds`).
+_FOLD_INPUTS: tuple = ()
+
+
+def _hold_folds(*inputs: Any) -> None:
+    global _FOLD_INPUTS
+    _FOLD_INPUTS = inputs
+
+
+def _held_fold(held_out: str) -> list[Outcome]:
+    return _fold(held_out, *_FOLD_INPUTS)
+
+
+def leave_one_source_out(cases: Sequence[MeasuredCase], jobs: int = 1) -> list[Outcome]:
+    """For each source: fit on the other sources, predict this one. Out-of-sample by source.
+    ``jobs``: processes to run the folds in."""
+    return _leave_one_group_out(cases, lambda p: p.case.source, jobs)
+
+
+def leave_one_architecture_out(cases: Sequence[MeasuredCase], jobs: int = 1) -> list[Outcome]:
     """For each GPU architecture: fit on the cases of the others, predict this one's. What a device
-    of an architecture no case measured is predicted with (``moe_hal.perf.efficiency``, step 5)."""
-    return _leave_one_group_out(cases, lambda p: p.architecture)
+    of an architecture no case measured is predicted with (``moe_hal.perf.efficiency``, step 5).
+    ``jobs``: processes to run the folds in."""
+    return _leave_one_group_out(cases, lambda p: p.architecture, jobs)
 
 
 def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
