@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     held.add_argument("--hold-out", choices=model_validation.HOLD_OUT, default="source")
     parser.add_argument("--out", help="the JSON report (default: by the evaluation, under bench/results/)")
     parser.add_argument("--plot", help=f"predicted vs measured (default {PLOT.name} for leave-one-source-out)")
-    parser.add_argument("--jobs", type=int, default=None, help=model_validation._JOBS_HELP)
+    parser.add_argument("--jobs", type=int, default=None, help=model_validation.JOBS_HELP)
     args = parser.parse_args(argv)
     by_architecture = args.hold_out == "architecture"  # --in-sample leaves the default, "source"
     name = "model_validation_published_by_architecture.json" if by_architecture else "model_validation_published.json"

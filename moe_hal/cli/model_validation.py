@@ -39,7 +39,7 @@ _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
     "bench/own_measurements/*.yaml of the checkout)"
 )
-_JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
+JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
 
 
 def register(model_parser: argparse.ArgumentParser) -> None:
@@ -62,7 +62,7 @@ def register(model_parser: argparse.ArgumentParser) -> None:
     v.add_argument("--out", metavar="FILE.json", help="write the report as JSON")
     v.add_argument("--plot", metavar="FILE.png", help="predicted vs measured, model and plain roofline")
     v.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    v.add_argument("--jobs", type=int, default=None, help=_JOBS_HELP)
+    v.add_argument("--jobs", type=int, default=None, help=JOBS_HELP)
     v.set_defaults(func=validate)
     c = actions.add_parser(
         "calibrate",
