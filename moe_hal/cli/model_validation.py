@@ -82,7 +82,7 @@ def report(
 ) -> dict[str, Any]:
     """The validation report: per case, summary, target verdict (``hold_out``: one of
     :data:`HOLD_OUT`; ignored with ``in_sample``). ``jobs``: processes the held-out fits run in
-    (default: every CPU this process may use; the report is the same for any number)."""
+    (default: every CPU, as ``os.cpu_count()`` counts them; the report is the same for any number)."""
     from .. import hwdb
     from ..errors import ArgumentError
     from ..perf import calibration
@@ -155,7 +155,7 @@ def report(
 
 
 def _jobs(jobs: int | None) -> int:
-    return len(os.sched_getaffinity(0)) if jobs is None else jobs
+    return (os.cpu_count() or 1) if jobs is None else jobs
 
 
 def validate(args: argparse.Namespace) -> int:
