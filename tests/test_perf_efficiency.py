@@ -4,6 +4,8 @@ fallback order, the basis every estimate reports, and the round trip of a fit th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -716,6 +718,11 @@ def test_times_every_kernel_pays_are_not_read_from_one_kernel():
     assert calibration._identified(shown_by_two, calibration.GRID)["tile_overhead"] is True
 
 
+def _slow_twin(cases, extra: float):
+    """``cases`` as kernel "slow" timed them: the same calls, ``extra`` seconds longer each."""
+    return [replace(c, id=f"slow-{c.id}", impl="slow", t_measured=c.t_measured + extra) for c in cases]
+
+
 def test_a_kernel_whose_calls_span_sizes_gets_its_own_fixed_time():
     # Model-made H800 timings (_model_made_h800's figures): "lib" pays the 3 us per call every
     # kernel pays, "slow" (its twin in every rate) 15 us, as FlashInfer's masked NVFP4 kernel and
@@ -724,13 +731,8 @@ def test_a_kernel_whose_calls_span_sizes_gets_its_own_fixed_time():
     # and keep 3 us for every other kernel, "lib" and one never measured alike.
     from moe_hal.perf import calibration
 
-    truth, lib = _model_made_h800(MIXED_SHAPES)
-    slow = [
-        calibration.MeasuredCase(
-            **{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow", "t_measured": c.t_measured + 12e-6}
-        )
-        for c in lib
-    ]
+    _, lib = _model_made_h800(MIXED_SHAPES)
+    slow = _slow_twin(lib, 12e-6)
     fitted = calibration.fit(lib + slow)
     own = fitted.figure("launch", "nvidia-h800-sxm", "hopper", "slow")
     assert own.value == pytest.approx(15e-6) and "slow's own" in own.source, own
@@ -750,17 +752,10 @@ def test_a_kernel_timed_at_one_size_or_past_the_grid_gets_no_fixed_time_of_its_o
 
     _, lib = _model_made_h800(MIXED_SHAPES)
     _, long_only = _model_made_h800([(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384), (4096, 7168, 4096)])
-    slow = [calibration.MeasuredCase(**{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow"}) for c in long_only]
-    slow = [calibration.MeasuredCase(**{**c.__dict__, "t_measured": c.t_measured + 12e-6}) for c in slow]
+    slow = _slow_twin(long_only, 12e-6)
     figure = calibration.fit(lib + slow).figure("launch", "nvidia-h800-sxm", "hopper", "slow")
     assert "fitted jointly" in figure.level, figure
-    top = calibration.LAUNCHES[-1]
-    beyond = [
-        calibration.MeasuredCase(
-            **{**c.__dict__, "id": f"slow-{c.id}", "impl": "slow", "t_measured": c.t_measured + top}
-        )
-        for c in lib
-    ]
+    beyond = _slow_twin(lib, calibration.LAUNCHES[-1])
     figure = calibration.fit(lib + beyond).figure("launch", "nvidia-h800-sxm", "hopper", "slow")
     assert "fitted jointly" in figure.level, figure
 
