@@ -98,6 +98,25 @@ def test_an_implementation_never_measured_is_taken_as_typical_not_as_the_best():
     assert times.figure("launch", "dev-a", "arch", "other").value == 5e-6
 
 
+def test_a_kernel_s_own_fixed_time_on_another_device_of_the_architecture_comes_before_the_joint_one():
+    # "slow" paid 6 us per call on dev-b; every kernel pays 3 us on dev-a and dev-b (fitted
+    # jointly). On dev-a "slow" is predicted with its own 6 us, every other kernel with the
+    # joint 3 us; another architecture's own time is not the kernel's code on this one.
+    table = EfficiencyTable(
+        [
+            rec(impl="*", kind="launch", value=3e-6),
+            rec(device="dev-b", impl="*", kind="launch", value=3e-6),
+            rec(device="dev-b", impl="slow", kind="launch", value=6e-6),
+            rec(device="dev-c", arch="other-arch", impl="*", kind="launch", value=3e-6),
+        ]
+    )
+    own = table.figure("launch", "dev-a", "arch", "slow")
+    assert own.value == 6e-6 and own.level.startswith("slow on architecture arch"), own
+    for impl in ("lib", None):
+        assert table.figure("launch", "dev-a", "arch", impl).value == 3e-6
+    assert table.figure("launch", "dev-c", "other-arch", "slow").value == 3e-6
+
+
 def test_the_family_class_is_tried_before_other_devices():
     # a masked call on dev-a: dev-a's contiguous (same forward class) before dev-b's masked
     table = EfficiencyTable(
@@ -690,12 +709,13 @@ def test_times_an_architecture_cannot_see_are_borrowed_not_guessed():
     assert stage.value == 0 and "not identified" in stage.source
     assert fitted.compute("nvidia-b200", "blackwell", "lib", "bf16", "dense").value == pytest.approx(0.85, rel=1e-3)
     # a microsecond call on the Blackwell device is then predicted with the borrowed fixed time
+    # (3 of its 3.6 us; the fitted fraction is 0.85 to 1e-3, hence the 1% tolerance)
     small = calibration.MeasuredCase(
         "small", "s", "nvidia-b200", "lib", "contiguous", "bf16", "bf16", (256,), 1024, 1024, None, 1.0, tiles,
         kernel_family="dense",
     )  # fmt: skip
     assert calibration.predict(small, fitted).t_predicted == pytest.approx(
-        calibration.predict(small, truth).t_predicted, rel=1e-3
+        calibration.predict(small, truth).t_predicted, rel=1e-2
     )
 
 
@@ -774,6 +794,26 @@ def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
     assert short.bound == "compute" and short.t_compute - 2e-6 - 80e-9 * 8 < 0.5 * cases[-1].t_measured
     # the fractions at the true times (the grid's search for the times is tested above)
     fitted = calibration._fit_fractions(calibration._prepare(cases), 2e-6, 80e-9, 3e-6, "fitted", "test")
+    assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
+
+
+def test_a_long_call_pins_the_compute_fraction_more_than_short_ones():
+    # Model-made H800 timings of one kernel (_model_made_h800): three long calls as the model says
+    # (0.8 of the peak), four 2048^3 calls timed 2 us slower. Those still run mostly MMA, so they
+    # inform the fraction, and alone they imply a lower one; counted alike they would outnumber
+    # the long calls. Weighted by the MMA seconds each explains, the long calls set it.
+    from moe_hal.perf import calibration
+
+    long_calls = [(4096, 7168, 2048), (4096, 4096, 7168), (2048, 7168, 16384)]
+    truth, cases = _model_made_h800(
+        long_calls + [(2048, 2048, 2048)] * 4, extra=lambda m, n, k: 2e-6 * (m == 2048 == n)
+    )
+    short = cases[-1]
+    assert calibration.predict(short, truth).t_compute > 0.5 * short.t_measured
+    times = (2e-6, 80e-9, 3e-6, "fitted", "test")  # the true times (their search is tested above)
+    alone = calibration._fit_fractions(calibration._prepare(cases[3:]), *times)
+    assert alone.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value < 0.75
+    fitted = calibration._fit_fractions(calibration._prepare(cases), *times)
     assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
 
 

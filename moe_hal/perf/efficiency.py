@@ -20,7 +20,8 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
   few, narrow tiles and long K (decode-sized GEMMs) and is a small share of large tiles' MMA time;
 * ``launch``: fixed seconds per call (launch and prologue). Fitted jointly for every kernel of an
   architecture (``impl`` ``*``) and, for a kernel whose own calls separate it from its rates, as
-  that kernel's own, which answers for it alone: a kernel without one pays the joint time;
+  that kernel's own, which answers for it alone, on every device of the architecture: a kernel
+  without one pays the joint time;
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
   stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
@@ -140,6 +141,14 @@ RATES = ("bandwidth_per_unit", "l2_bandwidth", "tile_load_rate")
 #: one, ``*``): a tile load rate depends on how a kernel loads its operands (TMA multicast across
 #: a cluster halves one operand's loads), so one kernel's says nothing of another's.
 OWN_IMPL_ONLY = ("tile_load_rate",)
+
+#: Kinds where a kernel's own figure on another device of the architecture comes before the one
+#: every kernel pays on this device: a fixed time per call is the kernel's code (its prologue, the
+#: host work its call makes inside a CUDA graph), not the board's. ``torch._scaled_mm``'s
+#: rowwise-scaled FP8 GEMM paid 6 us per call on the B200 where the Blackwell joint time is 3 us;
+#: held out, Helion PR #3209's GB200 calls of it were predicted with the joint 3 us at 26.7% /
+#: 47.4% and with its B200 6 us at 12.5% / 20.2%.
+OWN_ON_ARCHITECTURE_FIRST = ("launch",)
 
 #: Kinds where a kernel without a figure of its own takes the best one known, not a typical one.
 #: The L2 rate of a warm call is what the L2 delivers to a kernel that keeps enough loads in
@@ -417,8 +426,10 @@ class EfficiencyTable:
     def figure(self, kind: str, device: str, architecture: str | None, impl: str | None) -> Resolved | None:
         """A time (``tile_overhead``, ``stage_latency``, ``launch``) or a rate (``bandwidth_per_unit``,
         ``l2_bandwidth``, ``tile_load_rate``): this implementation, then another (module docstring), on this device,
-        then on the architecture; an architecture never measured borrows a time, and an L2 rate as a
-        multiple of the datasheet bandwidth, from its vendor's (module docstring, 5)."""
+        then on the architecture (a fixed time per call: this implementation on the architecture
+        before another on this device, :data:`OWN_ON_ARCHITECTURE_FIRST`); an architecture never
+        measured borrows a time, and an L2 rate as a multiple of the datasheet bandwidth, from its
+        vendor's (module docstring, 5)."""
         if kind not in SECONDS + RATES:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
         key = (kind, device, architecture, impl)
@@ -433,6 +444,9 @@ class EfficiencyTable:
             if kind in OWN_IMPL_ONLY:
                 # how a kernel loads its tiles is its own trait: never another kernel's figure
                 self._answers[key] = None if impl is None else self._resolve(kind, own, impl)
+            elif kind in OWN_ON_ARCHITECTURE_FIRST and impl is not None:
+                alone = [(*level[:3], lambda r, impl=impl: r.impl == impl) for level in levels if level[0] != "vendor"]
+                self._answers[key] = self._resolve(kind, alone, impl) or self._resolve(kind, levels, impl)
             elif kind in BEST_UNLESS_OWN:
                 mine = None if impl is None else self._resolve(kind, own, impl)
                 self._answers[key] = (
@@ -553,7 +567,7 @@ def _weighted_median(records: list[Achieved]) -> float:
     return _median_by_weight([(r.value, r.cases) for r in records])
 
 
-def _median_by_weight(weighted: list[tuple[float, int]]) -> float:
+def _median_by_weight(weighted: list[tuple[float, float]]) -> float:
     """The lower median of ``(value, weight)`` pairs, each value counted ``weight`` times."""
     ordered = sorted(weighted)
     half = sum(w for _, w in ordered) / 2
