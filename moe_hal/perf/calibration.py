@@ -22,10 +22,15 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   0.74 and 0.84. A kernel without one pays the architecture's;
 * given those, per (device, implementation, dtype, family) the compute fraction, and per
   (device, implementation) the bandwidth fraction: each case is attributed to the term the model
-  says binds it, the fraction that case needs is computed, and the median over the cases is
-  kept (capped at 1: no kernel beats the datasheet) — only cases where that term is at least
-  half the measured time (:data:`BINDING_SHARE`) inform it. Attribution and fractions are iterated to
-  a fixed point;
+  says binds it, the fraction that case needs is computed, and the median over the cases, each
+  weighted by the seconds of MMA (or streaming) its fraction explains, is kept (capped at 1: no
+  kernel beats the datasheet) — only cases where that term is at least half the measured time
+  (:data:`BINDING_SHARE`) inform it. An error in the fixed times moves the fraction a case implies
+  by that error over the time the fraction explains, so a long call pins it and a call of a few
+  microseconds barely does (counted alike, vLLM's short FP8 calls on the B200 of Helion PR #2987
+  and vLLM PR #18778 set its compute fraction to 0.49 of the peak, and held out, vLLM PR #19566's
+  long calls were predicted up to 37% slow: ``docs/perf-model.md``, "An eleventh round").
+  Attribution and fractions are iterated to a fixed point;
 * the cache state is a measurement condition, like the device: the bandwidth fraction is fitted
   from cold cases only (operands streamed from device memory), and per implementation and
   architecture the L2 rate (``l2_bandwidth``) from memory-bound warm cases only (a source whose
@@ -67,6 +72,7 @@ from .efficiency import (
     SECONDS,
     Achieved,
     EfficiencyTable,
+    _median_by_weight,
     _weighted_median,
 )
 from .hardware import Hardware
@@ -739,8 +745,9 @@ def _fit_fractions(
 ) -> EfficiencyTable:
     table = EfficiencyTable()
     for _ in range(ITERATIONS):
-        compute: dict[tuple, list[float]] = {}
-        bandwidth: dict[tuple, list[float]] = {}
+        # (fraction a case implies, the seconds that fraction explains in it): weights (below)
+        compute: dict[tuple, list[tuple[float, float]]] = {}
+        bandwidth: dict[tuple, list[tuple[float, float]]] = {}
         l2: dict[str, list[float]] = {}
         for p in group:
             c = p.case
@@ -757,14 +764,14 @@ def _fit_fractions(
                     and cand.t_compute_unit >= cand.t_memory_unit
                 ):
                     compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
-                        min(1.0, cand.t_compute_unit / mma)
+                        (min(1.0, cand.t_compute_unit / mma), mma)
                     )
             elif (
                 left > BINDING_SHARE * c.t_measured
                 and c.operands == "hbm"
                 and cand.t_memory_unit >= STREAMING_MARGIN * cand.t_compute_unit
             ):
-                bandwidth.setdefault((c.device, c.impl), []).append(min(1.0, cand.t_memory_unit / left))
+                bandwidth.setdefault((c.device, c.impl), []).append((min(1.0, cand.t_memory_unit / left), left))
             elif left > 0 and cand.share_l2 > L2_SHARE:
                 # the time left once the bytes outside the L2 have streamed at the cold rate
                 band = table.bandwidth(c.device, p.architecture, c.impl)
@@ -778,7 +785,7 @@ def _fit_fractions(
                 arch,
                 i,
                 "compute",
-                statistics.median(v),
+                _median_by_weight(v),
                 len(v),
                 basis,
                 _source_of(i, own_kernels, source),
@@ -794,7 +801,7 @@ def _fit_fractions(
                 arch,
                 i,
                 "bandwidth",
-                statistics.median(v),
+                _median_by_weight(v),
                 len(v),
                 basis,
                 _source_of(i, own_kernels, source),
