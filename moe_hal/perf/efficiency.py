@@ -145,9 +145,9 @@ OWN_IMPL_ONLY = ("tile_load_rate",)
 #: Kinds where a kernel's own figure on another device of the architecture comes before the one
 #: every kernel pays on this device: a fixed time per call is the kernel's code (its prologue, the
 #: host work its call makes inside a CUDA graph), not the board's. ``torch._scaled_mm``'s
-#: rowwise-scaled FP8 GEMM paid 6 us per call on the B200 where the Blackwell joint time is 3 us;
-#: held out, Helion PR #3209's GB200 calls of it were predicted with the joint 3 us at 26.7% /
-#: 47.4% and with its B200 6 us at 12.5% / 20.2%.
+#: rowwise-scaled FP8 GEMM pays 6 us per call on the B200 where the Blackwell joint time is 3 us,
+#: and held out, Helion PR #3209's GB200 calls of it took the joint 3 us (docs/perf-model.md, "An
+#: eleventh round").
 OWN_ON_ARCHITECTURE_FIRST = ("launch",)
 
 #: Kinds where a kernel without a figure of its own takes the best one known, not a typical one.
