@@ -531,7 +531,7 @@ def test_the_fast_fit_arithmetic_is_the_model_itself():
         launch = table.figure("launch", case.device, prepared.architecture, case.impl)
         load = table.figure("tile_load_rate", case.device, prepared.architecture, case.impl)
         times = (overhead.value, stage.value, launch.value, load and load.value)
-        fast = calibration._fast_predict(prepared, table, *times)[0]
+        fast = calibration._fast_predict(calibration._Batch([prepared]), table, *times)[0][0]
         assert calibration.predict(case, table).t_predicted == pytest.approx(fast, rel=1e-9)
         checked_loads += load is not None
     # a kernel with a tile load rate of its own is among the cases checked (DeepGEMM's, in the committed fit)
@@ -794,7 +794,9 @@ def test_a_call_made_of_fixed_time_does_not_set_the_compute_fraction():
     short = calibration.predict(cases[-1], truth)
     assert short.bound == "compute" and short.t_compute - 2e-6 - 80e-9 * 8 < 0.5 * cases[-1].t_measured
     # the fractions at the true times (the grid's search for the times is tested above)
-    fitted = calibration._fit_fractions(calibration._prepare(cases), 2e-6, 80e-9, 3e-6, "fitted", "test")
+    fitted = calibration._fit_fractions(
+        calibration._Batch(calibration._prepare(cases)), 2e-6, 80e-9, 3e-6, "fitted", "test"
+    )
     assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
 
 
@@ -812,9 +814,9 @@ def test_a_long_call_pins_the_compute_fraction_more_than_short_ones():
     short = cases[-1]
     assert calibration.predict(short, truth).t_compute > 0.5 * short.t_measured
     times = (2e-6, 80e-9, 3e-6, "fitted", "test")  # the true times (their search is tested above)
-    alone = calibration._fit_fractions(calibration._prepare(cases[3:]), *times)
+    alone = calibration._fit_fractions(calibration._Batch(calibration._prepare(cases[3:])), *times)
     assert alone.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value < 0.75
-    fitted = calibration._fit_fractions(calibration._prepare(cases), *times)
+    fitted = calibration._fit_fractions(calibration._Batch(calibration._prepare(cases)), *times)
     assert fitted.compute("nvidia-h800-sxm", "hopper", "lib", "fp8", "dense").value == pytest.approx(0.8)
 
 
@@ -953,7 +955,9 @@ def test_a_call_near_the_ridge_does_not_set_the_streaming_fraction(monkeypatch):
         )
 
     def fitted_bandwidth():
-        table = calibration._fit_fractions(calibration._prepare(cases), 0.0, 0.0, 3e-6, "fitted", "test")
+        table = calibration._fit_fractions(
+            calibration._Batch(calibration._prepare(cases)), 0.0, 0.0, 3e-6, "fitted", "test"
+        )
         return table.bandwidth("nvidia-h800-sxm", "hopper", "lib").value
 
     assert fitted_bandwidth() == pytest.approx(0.7)

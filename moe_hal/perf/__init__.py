@@ -11,7 +11,8 @@ Modules: :mod:`.operands` (dtype sizes), :mod:`.efficiency` (achieved efficiency
 kernel implementation), :mod:`.hardware` (the device), :mod:`.model` (one call, one tile),
 :mod:`.advisor` (ranking tiles), :mod:`.calibration` (fitting achieved efficiency to measured
 timings and validating it out of sample); routing histograms come from :mod:`moe_hal.workloads`.
-Everything here is pure Python (no torch) and never loads plugins. Times are seconds, rates FLOP/s and bytes/s.
+Everything here is pure Python (no torch; the fit in :mod:`.calibration` uses numpy) and never
+loads plugins. Times are seconds, rates FLOP/s and bytes/s.
 
 Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cores)::
 

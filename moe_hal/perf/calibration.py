@@ -55,11 +55,13 @@ from __future__ import annotations
 import datetime
 import multiprocessing
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..checks import positive_int
 from ..errors import ArgumentError
@@ -417,6 +419,52 @@ class _Prepared:
     candidates: list[_Candidate] = field(default_factory=list)
 
 
+class _Batch:
+    """Prepared cases with every candidate of each as one row of flat arrays: a fit predicts each
+    case hundreds of times (grid points x iterations), so :func:`_fast_predict` runs on all of them
+    at once. Iterates over the cases."""
+
+    def __init__(self, cases: Iterable[_Prepared]):
+        self.cases = list(cases)
+        self.candidates = [cand for p in self.cases for cand in p.candidates]
+        #: the case (index into ``cases``) each candidate row belongs to, and each case's first row
+        self.owner = np.repeat(np.arange(len(self.cases)), [len(p.candidates) for p in self.cases])
+        self.starts = np.searchsorted(self.owner, np.arange(len(self.cases)))
+        columns = np.array(
+            [
+                (
+                    c.t_compute_unit,
+                    c.overhead_tiles,
+                    c.stages,
+                    c.t_memory_unit,
+                    c.share_l2,
+                    c.bytes_l2,
+                    c.reuse,
+                    c.core_peak,
+                )
+                for c in self.candidates
+            ],
+            dtype=float,
+        ).reshape(len(self.candidates), 8)
+        (
+            self.t_unit,
+            self.tiles,
+            self.stages,
+            self.t_memory,
+            self.share_l2,
+            self.bytes_l2,
+            self.reuse,
+            self.core_peak,
+        ) = columns.T
+        self.t_measured = np.array([p.case.t_measured for p in self.cases], dtype=float)
+
+    def __iter__(self) -> Iterator[_Prepared]:
+        return iter(self.cases)
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+
 def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
     from .. import hwdb
 
@@ -460,28 +508,53 @@ def _prepare(cases: Sequence[MeasuredCase]) -> list[_Prepared]:
 
 
 def _fast_predict(
-    p: _Prepared, table: EfficiencyTable, overhead: float, stage: float, launch: float, load: float | None = None
-) -> tuple[float, _Candidate, str]:
-    """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms
-    (``load``: the per-core tile load rate, None for no cap)."""
-    c = p.case
-    comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
-    band = table.bandwidth(c.device, p.architecture, c.impl)
-    eta_c = comp.value if comp else 1.0
-    eta_b = band.value if band else 1.0
-    l2 = table.figure("l2_bandwidth", c.device, p.architecture, c.impl) if c.operands == "l2" else None
-    best = None
-    for cand in p.candidates:
-        t_comp = cand.t_compute_unit / min(eta_c, cand.load_cap(load)) + cand.overhead_tiles * overhead
-        t_comp += cand.stages * stage
-        t_mem = cand.t_memory_unit / eta_b
-        if l2 is not None:
-            t_mem = cand.t_memory_unit * (1 - cand.share_l2) / eta_b + cand.bytes_l2 / l2.value
-        t = max(t_comp, t_mem) + launch
-        if best is None or t < best[0]:
-            best = (t, cand, "compute" if t_comp >= t_mem else "memory")
-    assert best is not None
-    return best
+    batch: _Batch,
+    table: EfficiencyTable,
+    overhead: float,
+    stage: float,
+    launch: float | Sequence[float],
+    load: float | None | Sequence[float | None] = None,
+) -> tuple[np.ndarray, list[_Candidate], np.ndarray]:
+    """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms, for every
+    case of ``batch``: per case the predicted time, the candidate (tile and split) that gives it and
+    whether it is compute-bound. ``launch`` and ``load`` (the per-core tile load rate, None for no
+    cap) are one value for every case or one per case."""
+    n = len(batch)
+    eta_c, eta_b, l2 = np.empty(n), np.empty(n), np.full(n, np.nan)
+    for i, p in enumerate(batch):
+        c = p.case
+        comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
+        band = table.bandwidth(c.device, p.architecture, c.impl)
+        eta_c[i] = comp.value if comp else 1.0
+        eta_b[i] = band.value if band else 1.0
+        # a warm call with no L2 rate known streams at the cold rate
+        if c.operands == "l2" and (rate := table.figure("l2_bandwidth", c.device, p.architecture, c.impl)):
+            l2[i] = rate.value
+    row = batch.owner
+    loads, launches = _per_case(load, n)[row], _per_case(launch, n)[row]
+    # min(eta_c, _Candidate.load_cap(load)) and estimate's terms, operation for operation
+    capped = ~np.isnan(loads)
+    rate = np.where(capped, np.minimum(eta_c[row], loads * batch.reuse / batch.core_peak), eta_c[row])
+    t_comp = batch.t_unit / rate + batch.tiles * overhead
+    t_comp = t_comp + batch.stages * stage
+    warm = ~np.isnan(l2[row])
+    t_mem = np.where(
+        warm,
+        batch.t_memory * (1 - batch.share_l2) / eta_b[row] + batch.bytes_l2 / np.where(warm, l2[row], 1.0),
+        batch.t_memory / eta_b[row],
+    )
+    t = np.maximum(t_comp, t_mem) + launches
+    best = np.minimum.reduceat(t, batch.starts)
+    # each case's first candidate at its minimum (ties go to the earlier candidate)
+    at_min = np.flatnonzero(t == best[row])
+    chosen = at_min[np.unique(row[at_min], return_index=True)[1]]
+    return best, [batch.candidates[i] for i in chosen], t_comp[chosen] >= t_mem[chosen]
+
+
+def _per_case(value: float | None | Sequence[float | None], n: int) -> np.ndarray:
+    """``value`` (one for every case, or one per case; None: none) as ``n`` floats, NaN for none."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * n
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
 def fit(
@@ -511,7 +584,7 @@ def fit(
     lenders = {arch for arch, known in identified.items() if all(known[kind] for kind in BORROWABLE)}
     records: list[Achieved] = []
     for arch in sorted(by_arch, key=lambda a: a not in lenders):
-        group, known = by_arch[arch], identified[arch]
+        group, scored, known = _Batch(by_arch[arch]), _Batch(timed[arch]), identified[arch]
         fixed: dict[str, tuple[float, str]] = {}
         if not known["stage_latency"]:
             fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(timed[arch])} cases: 0")
@@ -521,13 +594,13 @@ def fit(
         points = _restrict(grid, {kind: value for kind, (value, _) in fixed.items()})
         # the grid without load caps, then each implementation's load rate at the chosen times,
         # then the grid again with those rates (they trade off little: one round settles them)
-        table, point = _search(group, timed[arch], points, {}, basis, source, own_kernels)
+        table, point = _search(group, scored, points, {}, basis, source, own_kernels)
         loads, load_notes = _fit_loads(group, point, basis, source, own_kernels)
         if loads:
-            table, point = _search(group, timed[arch], points, loads, basis, source, own_kernels)
+            table, point = _search(group, scored, points, loads, basis, source, own_kernels)
         launches, launch_notes = _fit_launches(group, point, loads, basis, source, own_kernels)
         if launches:
-            table, point = _search(group, timed[arch], points, loads, basis, source, own_kernels, launches)
+            table, point = _search(group, scored, points, loads, basis, source, own_kernels, launches)
         records.extend(table)
         for device in sorted({p.case.device for p in group}):
             n = sum(1 for p in group if p.case.device == device)
@@ -558,17 +631,22 @@ def fit(
 
 
 def _score(
-    group: list[_Prepared],
+    group: _Batch,
     table: EfficiencyTable,
     point: tuple[float, ...],
     loads: Mapping[str, float],
     launches: Mapping[str, float] | None = None,
 ) -> float:
     """Mean relative error of the fast prediction over ``group``."""
-    return statistics.fmean(
-        abs(_fast_predict(p, table, *_at(point, launches, p), loads.get(p.case.impl))[0] / p.case.t_measured - 1)
-        for p in group
+    times, _, _ = _fast_predict(
+        group,
+        table,
+        point[0],
+        point[1],
+        [_at(point, launches, p)[2] for p in group],
+        [loads.get(p.case.impl) for p in group],
     )
+    return statistics.fmean(abs(float(t) / p.case.t_measured - 1) for t, p in zip(times, group))
 
 
 def _at(point: tuple[float, ...], launches: Mapping[str, float] | None, p: _Prepared) -> tuple[float, ...]:
@@ -579,8 +657,8 @@ def _at(point: tuple[float, ...], launches: Mapping[str, float] | None, p: _Prep
 
 
 def _search(
-    group: list[_Prepared],
-    scored: list[_Prepared],
+    group: _Batch,
+    scored: _Batch,
     points: Sequence[tuple[float, ...]],
     loads: Mapping[str, float],
     basis: str,
@@ -601,7 +679,7 @@ def _search(
 
 
 def _fit_loads(
-    group: list[_Prepared], point: tuple[float, ...], basis: str, source: str, own_kernels: frozenset[str]
+    group: _Batch, point: tuple[float, ...], basis: str, source: str, own_kernels: frozenset[str]
 ) -> tuple[dict[str, float], dict[str, str]]:
     """Per implementation timed at tiles of several FLOP per operand byte (a tile sweep), the
     load rate of :data:`LOAD_RATES` that best predicts its cases, kept only where it moves at
@@ -614,7 +692,7 @@ def _fit_loads(
     loads: dict[str, float] = {}
     notes: dict[str, str] = {}
     for impl in sorted(i for i, values in reuse.items() if len(values) > 1):
-        mine = [p for p in group if p.case.impl == impl]
+        mine = _Batch(p for p in group if p.case.impl == impl)
         best = None
         for rate in LOAD_RATES:
             trial = {**loads, impl: rate} if rate is not None else dict(loads)
@@ -633,7 +711,7 @@ def _fit_loads(
 
 
 def _fit_launches(
-    group: list[_Prepared],
+    group: _Batch,
     point: tuple[float, ...],
     loads: Mapping[str, float],
     basis: str,
@@ -648,7 +726,7 @@ def _fit_launches(
     launches: dict[str, float] = {}
     notes: dict[str, str] = {}
     for impl in sorted({p.case.impl for p in group}):
-        mine = [p for p in group if p.case.impl == impl]
+        mine = _Batch(p for p in group if p.case.impl == impl)
         times = sorted(p.case.t_measured for p in mine)
         if len(times) < 2 * MIN_CASES or times[-MIN_CASES] < LAUNCH_SPREAD * times[MIN_CASES - 1]:
             continue
@@ -669,16 +747,12 @@ def _fit_launches(
     return launches, notes
 
 
-def _moved(cases: list[_Prepared], table: EfficiencyTable, changed: tuple, base: tuple) -> int:
+def _moved(cases: _Batch, table: EfficiencyTable, changed: tuple, base: tuple) -> int:
     """How many of ``cases`` the fast prediction with the times and load rate ``changed`` moves
     from the one with ``base`` (each ``(tile overhead, K-block latency, launch, load rate)``) by at
     least :data:`IDENTIFIES` of their measured time."""
-    return sum(
-        1
-        for p in cases
-        if abs(_fast_predict(p, table, *changed)[0] - _fast_predict(p, table, *base)[0])
-        >= IDENTIFIES * p.case.t_measured
-    )
+    moved = np.abs(_fast_predict(cases, table, *changed)[0] - _fast_predict(cases, table, *base)[0])
+    return int(np.count_nonzero(moved >= IDENTIFIES * cases.t_measured))
 
 
 def _identified(group: list[_Prepared], grid: Sequence[tuple[float, float, float]]) -> dict[str, bool]:
@@ -733,7 +807,7 @@ def _source_of(impl: str, own_kernels: frozenset[str], source: str) -> str:
 
 
 def _fit_fractions(
-    group: list[_Prepared],
+    group: _Batch,
     overhead: float,
     stage: float,
     launch: float,
@@ -749,13 +823,13 @@ def _fit_fractions(
         compute: dict[tuple, list[tuple[float, float]]] = {}
         bandwidth: dict[tuple, list[tuple[float, float]]] = {}
         l2: dict[str, list[float]] = {}
-        for p in group:
+        load_of = [(loads or {}).get(p.case.impl) for p in group]
+        launch_of = [(launches or {}).get(p.case.impl, launch) for p in group]
+        _, chosen, compute_bound = _fast_predict(group, table, overhead, stage, launch_of, load_of)
+        for p, cand, is_compute, fixed, load in zip(group, chosen, compute_bound, launch_of, load_of):
             c = p.case
-            load = (loads or {}).get(c.impl)
-            fixed = (launches or {}).get(c.impl, launch)
-            _, cand, bound = _fast_predict(p, table, overhead, stage, fixed, load)
             left = c.t_measured - fixed
-            if bound == "compute":
+            if is_compute:
                 mma = left - cand.overhead_tiles * overhead - cand.stages * stage
                 # a tile its operand loads hold below the fraction it would imply says nothing of it
                 if (
@@ -778,7 +852,7 @@ def _fit_fractions(
                 rest = left - cand.t_memory_unit * (1 - cand.share_l2) / (band.value if band else 1.0)
                 if rest > 0:
                     l2.setdefault(c.impl, []).append(cand.bytes_l2 / rest)
-        arch = group[0].architecture
+        arch = group.cases[0].architecture
         records = [
             Achieved(
                 d,
