@@ -538,6 +538,23 @@ def test_the_fast_fit_arithmetic_is_the_model_itself():
     assert checked_loads
 
 
+def test_predicting_cases_together_is_predicting_each_alone():
+    # the fit predicts a group's cases at once (calibration._Batch): cases with different numbers
+    # of candidate tiles, warm and cold, each case's own launch and load rate
+    from moe_hal.perf import calibration
+
+    cases = calibration.load_published()
+    table = calibration.fit(cases[::5])
+    prepared = calibration._prepare(cases[::11])
+    assert len({len(p.candidates) for p in prepared}) > 1 and {p.case.operands for p in prepared} == {"hbm", "l2"}
+    launches = [1e-6 * (i % 4) for i in range(len(prepared))]
+    loads = [None if i % 3 else 80e9 for i in range(len(prepared))]
+    together = calibration._fast_predict(calibration._Batch(prepared), table, 2e-6, 40e-9, launches, loads)
+    for i, p in enumerate(prepared):
+        alone = calibration._fast_predict(calibration._Batch([p]), table, 2e-6, 40e-9, launches[i], loads[i])
+        assert together[0][i] == alone[0][0] and together[1][i] is alone[1][0] and together[2][i] == alone[2][0]
+
+
 def test_a_per_core_cap_and_l2_bandwidth_in_an_overlay_are_loaded(tmp_path):
     # the fields issue 14 found missing: a measured per-SM streaming cap and L2 bandwidth
     overlay = {
