@@ -14,9 +14,10 @@ from .hardware import Hardware, resolve_hardware
 from .operands import BYTES_PER_ELEMENT, default_out_dtype, dtype_name, operand_bytes
 
 #: Where a call's operands are when it starts: ``hbm`` (cold: every byte streams from device
-#: memory, as for MoE weights in a real model) or ``l2`` (just written and not flushed: the
-#: operand bytes that fit in the L2 stream at the L2 rate, as in a benchmark that rebuilds its
-#: operands before each timed call).
+#: memory, as for MoE weights in a real model) or ``l2`` (just written, or read by the call before,
+#: and not flushed: operands that fit in the L2 stream at the L2 rate, as in a benchmark that
+#: rebuilds its operands before each timed call or replays back-to-back calls; operands larger
+#: than the L2 stream from memory, each line evicted before it is read again).
 OPERANDS = ("hbm", "l2")
 
 
@@ -170,9 +171,11 @@ def estimate(
     family of ``op``); ``"dense"`` models a plain GEMM as one contiguous group run by a dense kernel.
     ``operands``: where the operands are when the call starts (:data:`OPERANDS`): ``"hbm"``
     (default: MoE weights are not L2-resident in a model) or ``"l2"`` (a benchmark that wrote them
-    just before the call): then ``min(operand bytes, L2 size)`` stream at the implementation's
-    ``l2_bandwidth`` and the rest at its streaming bandwidth; without an L2 size or L2 rate the
-    call is predicted cold and ``basis["operands"]`` says so.
+    just before the call): then the operand bytes read stream at the implementation's
+    ``l2_bandwidth`` if they fit in the L2 (the output at its streaming bandwidth), and every byte
+    at the streaming bandwidth if they do not (a stream larger than the cache, read again in the
+    same order, evicts each line before its reuse); without an L2 size or L2 rate the call is
+    predicted cold; ``basis["operands"]`` says which.
     ``split_k``: split each tile's K reduction into this many slices, run on different cores
     (what cuBLAS and CUTLASS do when a call has too few tiles for the chip); each slice writes its
     fp32 partial tile to memory and a reduction reads them back. 1 (default) for kernels that do
@@ -424,12 +427,20 @@ class Call:
             bw_eff = min(bw, min(tiles, S) * rates.bw_per_core)
         bytes_l2 = 0.0
         if self.operands == "l2":
-            if h.l2_bytes and rates.l2_bandwidth:
-                # the operands read (not the output written) that fit in the L2 come from it
-                bytes_l2 = float(min(bytes_kernel - written, h.l2_bytes))
+            reads = bytes_kernel - written  # the operands read, not the output written
+            if h.l2_bytes and rates.l2_bandwidth and reads <= h.l2_bytes:
+                bytes_l2 = float(reads)
                 basis["operands"] = (
                     f"l2: {bytes_l2 / 1e6:.1f} MB of operands stream from the L2 at "
                     f"{rates.l2_bandwidth / 1e12:.2f} TB/s, the rest from memory"
+                )
+            elif h.l2_bytes and rates.l2_bandwidth:
+                # Operands read in the same order call after call, more of them than the L2
+                # holds: each line is evicted before it is read again (a cyclic stream larger
+                # than an LRU-like cache never hits), so the call streams from memory.
+                basis["operands"] = (
+                    f"l2 asked, but the {reads / 1e6:.1f} MB of operands exceed the "
+                    f"{h.l2_bytes / 1e6:.1f} MB L2: every byte streams from device memory"
                 )
             else:
                 basis["operands"] = "l2 asked, but the L2 size or L2 bandwidth is not known: predicted cold"
