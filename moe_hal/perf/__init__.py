@@ -31,8 +31,9 @@ Formulas (``G`` groups, ``M_g`` rows of group ``g``, tile ``BM x BN``, ``S`` cor
     B_kernel = B_min [+ (G - G_act)*N*K*e_b if the kernel streams all experts]
                      [+ sum (Mpad_g - M_g)*K*e_a if it reads padding rows]
     T_mem    = B_kernel / BW_eff,  BW_eff = min(B, min(tiles, S) * bw_per_core)   (cap optional)
-               operands="l2" (operands just written, a benchmark's warm cache): B_L2 =
-               min(B_kernel - output bytes, L2 size) stream at l2_bw instead:
+               operands="l2" (operands just written, a benchmark's warm cache): the operand
+               bytes B_L2 = B_kernel - output bytes stream at l2_bw if B_L2 <= L2 size (a larger
+               call evicts each line before its reuse: B_L2 = 0):
                T_mem = (B_kernel - B_L2) / BW_eff + B_L2 / l2_bw
     T_pred   = max(T_comp, T_mem) + t_fixed            (or (T_comp^p + T_mem^p)^(1/p))
     split-K (split_k = s > 1, contiguous/masked): tiles x s slices of depth ceil(K / s) in t_tile,
