@@ -638,22 +638,17 @@ def _score(
     launches: Mapping[str, float] | None = None,
 ) -> float:
     """Mean relative error of the fast prediction over ``group``."""
+    overhead, stage, launch = point
     times, _, _ = _fast_predict(
-        group,
-        table,
-        point[0],
-        point[1],
-        [_at(point, launches, p)[2] for p in group],
-        [loads.get(p.case.impl) for p in group],
+        group, table, overhead, stage, _by_impl(group, launches, launch), _by_impl(group, loads, None)
     )
     return statistics.fmean(abs(float(t) / p.case.t_measured - 1) for t, p in zip(times, group))
 
 
-def _at(point: tuple[float, ...], launches: Mapping[str, float] | None, p: _Prepared) -> tuple[float, ...]:
-    """The grid ``point`` with ``p``'s implementation's own launch time where it has one."""
-    if launches and p.case.impl in launches:
-        return (*point[:2], launches[p.case.impl])
-    return point
+def _by_impl(group: _Batch, values: Mapping[str, float] | None, default: float | None) -> list[float | None]:
+    """Per case of ``group``: its implementation's value in ``values`` (its own launch time or load
+    rate), else ``default``."""
+    return [(values or {}).get(p.case.impl, default) for p in group]
 
 
 def _search(
@@ -726,10 +721,11 @@ def _fit_launches(
     launches: dict[str, float] = {}
     notes: dict[str, str] = {}
     for impl in sorted({p.case.impl for p in group}):
-        mine = _Batch(p for p in group if p.case.impl == impl)
-        times = sorted(p.case.t_measured for p in mine)
+        cases = [p for p in group if p.case.impl == impl]
+        times = sorted(p.case.t_measured for p in cases)
         if len(times) < 2 * MIN_CASES or times[-MIN_CASES] < LAUNCH_SPREAD * times[MIN_CASES - 1]:
             continue
+        mine = _Batch(cases)
         best = None
         for launch in LAUNCHES:
             trial = {**launches, impl: launch}
@@ -823,8 +819,7 @@ def _fit_fractions(
         compute: dict[tuple, list[tuple[float, float]]] = {}
         bandwidth: dict[tuple, list[tuple[float, float]]] = {}
         l2: dict[str, list[float]] = {}
-        load_of = [(loads or {}).get(p.case.impl) for p in group]
-        launch_of = [(launches or {}).get(p.case.impl, launch) for p in group]
+        load_of, launch_of = _by_impl(group, loads, None), _by_impl(group, launches, launch)
         _, chosen, compute_bound = _fast_predict(group, table, overhead, stage, launch_of, load_of)
         for p, cand, is_compute, fixed, load in zip(group, chosen, compute_bound, launch_of, load_of):
             c = p.case
