@@ -782,9 +782,31 @@ def test_a_kernel_whose_calls_span_sizes_gets_its_own_fixed_time():
         assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
 
 
+def test_calls_of_similar_length_tell_a_fixed_time_when_rates_explain_little_of_some():
+    # "slow" (lib's twin, 15 us per call) timed at calls of 16 to 33 us, a factor of 2: its
+    # narrow calls move a few hundred kilobytes and are mostly fixed time, its wide ones stream
+    # tens of megabytes, as Helion PR #3209's GB200 calls of torch._scaled_mm with rowwise scales
+    # (7.5 to 11.8 us) do. How far apart the measured times are does not decide it.
+    from moe_hal.perf import calibration
+
+    _, lib = _model_made_h800(MIXED_SHAPES)
+    _, similar = _model_made_h800(
+        [(64, 256, 1024), (64, 512, 2048), (64, 7168, 2048), (64, 24576, 1536), (64, 4096, 7168)]
+    )
+    slow = _slow_twin(similar, 12e-6)
+    times = sorted(c.t_measured for c in slow)
+    assert times[-1] < 2.5 * times[0]
+    fitted = calibration.fit(lib + slow)
+    own = fitted.figure("launch", "nvidia-h800-sxm", "hopper", "slow")
+    assert own.value == pytest.approx(15e-6) and "slow's own" in own.source, own
+    for case in slow:
+        assert calibration.predict(case, fitted).t_predicted == pytest.approx(case.t_measured, rel=1e-6)
+
+
 def test_a_kernel_timed_at_one_size_or_past_the_grid_gets_no_fixed_time_of_its_own():
-    # Calls of one length cannot tell a fixed time from a rate: "slow" timed only at millisecond
-    # calls keeps the joint fixed time. One whose best fixed time is the top of the grid tried
+    # Calls its rates explain almost wholly cannot tell a fixed time from a rate: "slow" timed
+    # only at millisecond calls keeps the joint fixed time (12 us more moves none of them by a
+    # tenth). One whose best fixed time is the top of the grid tried
     # ran out of range: that time would be making up for something else, and is not kept.
     from moe_hal.perf import calibration
 

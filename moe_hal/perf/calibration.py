@@ -14,8 +14,9 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   from the architectures that identify it (their case-weighted median; the record says so); an
   unidentified K-block latency is 0, since promotion in software per K block
   is a trait of one kernel generation (SM90's), not of GPUs;
-* per implementation whose calls run from a few to many times the length of its shortest ones
-  (:data:`LAUNCH_SPREAD`), its own fixed time per call, where it differs from the architecture's:
+* per implementation with at least twice :data:`~moe_hal.perf.efficiency.MIN_CASES` calls, its
+  own fixed time per call, where its calls tell one from its rates and it differs from the
+  architecture's (:func:`_fit_launches`):
   FlashInfer's masked NVFP4 kernel on the B200 and DeepGEMM's SM100 kernels on the B300 pay 10
   and 20 us per call where the other kernels there pay 3, and read at 3 us their long calls
   streamed at 0.65 and 0.75 of the datasheet bandwidth where the fit with their own times finds
@@ -112,11 +113,6 @@ LOAD_RATES: tuple[float | None, ...] = (None, *(gbps * 1e9 for gbps in (40, 50, 
 #: Fixed times per call (seconds) tried for one implementation whose cases separate a fixed time
 #: from its rates (:func:`_fit_launches`). Only a value inside the range is kept.
 LAUNCHES: tuple[float, ...] = tuple(us * 1e-6 for us in (0, 3, 6, 10, 15, 20, 25, 30, 40))
-
-#: An implementation's cases separate a fixed time of its own from its rates only when its
-#: :data:`MIN_CASES`-th longest case runs at least this many times longer than its
-#: :data:`MIN_CASES`-th shortest: short calls then pin the intercept and long ones the rate.
-LAUNCH_SPREAD = 4.0
 
 #: A group of cases identifies one of the grid's times only if, at the largest value the grid
 #: tries, that time would be at least this share of the measured time of :data:`MIN_CASES` of its
@@ -713,17 +709,25 @@ def _fit_launches(
     source: str,
     own_kernels: frozenset[str],
 ) -> tuple[dict[str, float], dict[str, str]]:
-    """Per implementation whose cases separate a fixed time from its rates (:data:`LAUNCH_SPREAD`),
-    the fixed time of :data:`LAUNCHES` that best predicts its cases, the fractions refitted; kept
-    where it differs from the architecture's, lies inside the range tried and moves at least
-    :data:`MIN_CASES` of its predictions by :data:`IDENTIFIES` of their measured time; and in
-    words how each was chosen."""
+    """Per implementation with at least twice :data:`MIN_CASES` cases (some to pin a fixed time,
+    some a rate), the fixed time of :data:`LAUNCHES` that best predicts its cases, the fractions
+    refitted; kept where it differs from the architecture's, lies inside the range tried and moves
+    at least :data:`MIN_CASES` of its predictions by :data:`IDENTIFIES` of their measured time; and
+    in words how each was chosen.
+
+    Whether calls tell a fixed time from a rate depends on how much of each the rates explain,
+    not on how far apart the measured times are: Helion PR #3209's GB200 calls of
+    ``torch._scaled_mm`` with rowwise scales take 7.5 to 11.8 us, but those of N 256 move a
+    megabyte and are mostly fixed time while those of N 4096 and 6144 stream 16 to 25 MB. A
+    rule that also asked the times to span a factor of 4 refused that kernel a time of its own, so
+    held out, PR #2987's B200 calls of it paid the joint 3 us (docs/perf-model.md, "A thirteenth
+    round"); the three rules above judge a time by what it does to the predictions."""
     launches: dict[str, float] = {}
     notes: dict[str, str] = {}
     for impl in sorted({p.case.impl for p in group}):
         cases = [p for p in group if p.case.impl == impl]
         times = sorted(p.case.t_measured for p in cases)
-        if len(times) < 2 * MIN_CASES or times[-MIN_CASES] < LAUNCH_SPREAD * times[MIN_CASES - 1]:
+        if len(times) < 2 * MIN_CASES:
             continue
         mine = _Batch(cases)
         best = None
