@@ -41,11 +41,27 @@ def test_without_an_implementation_the_best_known_one_answers():
     assert got.value == 0.8 and "best known implementation (other)" in got.level
 
 
-def test_an_unknown_implementation_is_looked_up_on_the_device_then_the_architecture():
+def test_a_kernel_s_own_share_on_the_architecture_comes_before_other_kernels_on_the_device():
+    # "new" reached 0.7 of the peak on dev-b; dev-a knows two other kernels at 0.5. A compute
+    # fraction is the kernel's code, so on dev-a "new" takes its own dev-b figure; a kernel never
+    # measured takes dev-a's typical one, and on dev-c (nothing measured there) the architecture's.
     table = EfficiencyTable([rec(value=0.5), rec(impl="mid", value=0.5), rec(device="dev-b", impl="new", value=0.7)])
-    assert table.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous").value == 0.5  # device first
-    assert table.compute("dev-c", "arch", "new", "fp8", "grouped_contiguous").value == 0.7  # then architecture
+    own = table.compute("dev-a", "arch", "new", "fp8", "grouped_contiguous")
+    assert own.value == 0.7 and own.level.startswith("new on architecture arch"), own
+    assert table.compute("dev-a", "arch", "unseen", "fp8", "grouped_contiguous").value == 0.5
+    assert table.compute("dev-c", "arch", "new", "fp8", "grouped_contiguous").value == 0.7
     assert table.compute("dev-c", "elsewhere", "new", "fp8", "grouped_contiguous") is None
+    # a streaming fraction is the device's memory system as much as the kernel's: the device's
+    # kernels first, and elsewhere the architecture's typical figure, not the kernel's own
+    streams = EfficiencyTable(
+        [
+            rec(kind="bandwidth", value=0.8),
+            rec(impl="mid", kind="bandwidth", value=0.8),
+            rec(device="dev-b", impl="new", kind="bandwidth", value=0.6),
+        ]
+    )
+    assert streams.bandwidth("dev-a", "arch", "new").value == 0.8
+    assert streams.bandwidth("dev-c", "arch", "new").value == 0.8
 
 
 def test_a_typical_figure_pools_two_implementations_and_one_other_kernel_is_a_last_resort():
@@ -135,16 +151,17 @@ def test_an_implementation_s_own_forward_figure_on_the_device_comes_before_anoth
     # an unmeasured kernel: the masked level knows one kernel only, the forward class pools two
     got = table.compute("dev-a", "arch", "new", "fp8", "grouped_masked")
     assert got.value == 0.5 and "typical implementation (lib, other) on device dev-a, fp8 forward kernels" in got.level
-    # the device still comes before the architecture where it pools two other libraries: lib's
-    # masked figure on dev-b waits; beside one other library's, lib's own on dev-b answers
+    # lib's own figure on dev-b (the same architecture) comes before other libraries' on dev-a,
+    # two of them or one: a share of the MMA peak is the kernel's code (OWN_ON_ARCHITECTURE_FIRST)
     others = [
         rec(impl="other", value=0.5, family="grouped_masked"),
         rec(impl="third", value=0.5, family="grouped_masked"),
     ]
-    table = EfficiencyTable([*others, rec(device="dev-b", value=0.9)])
-    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.5
-    table = EfficiencyTable([others[0], rec(device="dev-b", value=0.9)])
-    assert table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked").value == 0.9
+    for known in (others, others[:1]):
+        table = EfficiencyTable([*known, rec(device="dev-b", value=0.9)])
+        got = table.compute("dev-a", "arch", "lib", "fp8", "grouped_masked")
+        assert got.value == 0.9 and got.level.startswith("lib on architecture arch"), got
+        assert table.compute("dev-a", "arch", "new", "fp8", "grouped_masked").value == 0.5
 
 
 def test_fp16_and_bf16_answer_for_each_other_before_another_width():

@@ -46,7 +46,17 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    with a known multicast bug ran the README's masked H800 calls at 0.63-0.79 of the README's
    TFLOP/s: PR #193's base with the L2 flushed, README a6d97a1 with it warm);
 2. the same levels, another implementation (see below which);
-3. the same architecture instead of the same device (1, then 2);
+3. the same architecture instead of the same device (1, then 2). For a compute fraction and a
+   fixed time per call this implementation's figure on the architecture comes before another
+   implementation's on the device (:data:`OWN_ON_ARCHITECTURE_FIRST`): both are the kernel's code
+   (its tiles and pipeline, its prologue), which runs alike on every device of one architecture.
+   Held out, TileOPs PR #2148's cuBLAS calls on the H200 (the fold has no cuBLAS figure there)
+   took the H200's typical bf16 forward figure (DeepGEMM, TileOPs, torch, Triton), 0.628 of the
+   peak; cuBLAS's own on the H100 is 0.710, and with it those calls of 8 x 1024^3 went from +14.5%
+   and +15.6% to +4.0% and +5.0% (``docs/perf-model.md``, "A thirteenth round").
+   A streaming fraction is the device's memory system as much as the kernel's: after this
+   implementation on the device come the others there, then the architecture's
+   (:meth:`EfficiencyTable.bandwidth`);
 4. the architecture and dtype, kernels of the other class; then the dtype (or its twin), this
    class, on any architecture; then the architecture, any dtype, this class, then the other
    class. A figure of the other class is scaled by how much of the peak
@@ -142,13 +152,15 @@ RATES = ("bandwidth_per_unit", "l2_bandwidth", "tile_load_rate")
 #: a cluster halves one operand's loads), so one kernel's says nothing of another's.
 OWN_IMPL_ONLY = ("tile_load_rate",)
 
-#: Kinds where a kernel's own figure on another device of the architecture comes before the one
-#: every kernel pays on this device: a fixed time per call is the kernel's code (its prologue, the
-#: host work its call makes inside a CUDA graph), not the board's. ``torch._scaled_mm``'s
-#: rowwise-scaled FP8 GEMM pays 6 us per call on the B200 where the Blackwell joint time is 3 us,
-#: and held out, Helion PR #3209's GB200 calls of it took the joint 3 us (docs/perf-model.md, "An
-#: eleventh round").
-OWN_ON_ARCHITECTURE_FIRST = ("launch",)
+#: Kinds where a kernel's own figure on another device of the architecture comes before other
+#: kernels' (or the one every kernel pays) on this device: a fixed time per call is the kernel's
+#: code (its prologue, the host work its call makes inside a CUDA graph), not the board's, and so is
+#: its share of the MMA peak (its tiles and pipeline). ``torch._scaled_mm``'s rowwise-scaled FP8
+#: GEMM pays 6 us per call on the B200 where the Blackwell joint time is 3 us, and held out, Helion
+#: PR #3209's GB200 calls of it took the joint 3 us (docs/perf-model.md, "An eleventh round");
+#: cuBLAS's calls on the H200 took other libraries' bf16 share there (module docstring, 3). Not a
+#: streaming fraction, which is the device's memory system as much as the kernel's.
+OWN_ON_ARCHITECTURE_FIRST = ("compute", "launch")
 
 #: Kinds where a kernel without a figure of its own takes the best one known, not a typical one.
 #: The L2 rate of a warm call is what the L2 delivers to a kernel that keeps enough loads in
@@ -481,12 +493,13 @@ class EfficiencyTable:
     ) -> Resolved | None:
         """The first answer of ``levels`` (place, name, scope, filter[, scale]). ``impl_only_first``:
         ``impl``'s own figure is looked for at the first level only. ``own_first``: within each place
-        (consecutive levels of one device or architecture) ``impl``'s figure at any level comes
-        before another implementation's at the first."""
+        (consecutive levels of one device or architecture; for a kind of
+        :data:`OWN_ON_ARCHITECTURE_FIRST`, a device and its architecture are one place) ``impl``'s
+        figure at any level comes before another implementation's at the first."""
         mine = [r for r in self.records if r.kind == kind]
         if own_first and impl is not None:
             steps = []
-            for _, place in itertools.groupby(levels, key=lambda level: level[:2]):
+            for _, place in itertools.groupby(levels, key=lambda level: _place(kind, level)):
                 place = list(place)
                 steps += [(level, True, False) for level in place] + [(level, False, True) for level in place]
         else:
@@ -550,6 +563,14 @@ class EfficiencyTable:
         return _summary(
             by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}"
         ), False
+
+
+def _place(kind: str, level: tuple) -> tuple:
+    """Which place a fallback ``level`` of ``kind`` belongs to, for ``EfficiencyTable._resolve``'s
+    ``own_first``."""
+    if kind in OWN_ON_ARCHITECTURE_FIRST and level[0] in ("device", "architecture"):
+        return ("device or architecture",)
+    return level[:2]
 
 
 def _cases(records: list[Achieved]) -> int:
