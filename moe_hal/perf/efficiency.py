@@ -456,9 +456,8 @@ class EfficiencyTable:
             if kind in OWN_IMPL_ONLY:
                 # how a kernel loads its tiles is its own trait: never another kernel's figure
                 self._answers[key] = None if impl is None else self._resolve(kind, own, impl)
-            elif kind in OWN_ON_ARCHITECTURE_FIRST and impl is not None:
-                alone = [(*level[:3], lambda r, impl=impl: r.impl == impl) for level in levels if level[0] != "vendor"]
-                self._answers[key] = self._resolve(kind, alone, impl) or self._resolve(kind, levels, impl)
+            elif kind in OWN_ON_ARCHITECTURE_FIRST:
+                self._answers[key] = self._resolve(kind, levels, impl, own_first=True)
             elif kind in BEST_UNLESS_OWN:
                 mine = None if impl is None else self._resolve(kind, own, impl)
                 self._answers[key] = (
