@@ -428,20 +428,21 @@ class Call:
         bytes_l2 = 0.0
         if self.operands == "l2":
             reads = bytes_kernel - written  # the operands read, not the output written
-            if h.l2_bytes and rates.l2_bandwidth and reads <= h.l2_bytes:
-                bytes_l2 = float(reads)
-                basis["operands"] = (
-                    f"l2: {bytes_l2 / 1e6:.1f} MB of operands stream from the L2 at "
-                    f"{rates.l2_bandwidth / 1e12:.2f} TB/s, the rest from memory"
-                )
-            elif h.l2_bytes and rates.l2_bandwidth:
-                # Operands read in the same order call after call, more of them than the L2
-                # holds: each line is evicted before it is read again (a cyclic stream larger
-                # than an LRU-like cache never hits), so the call streams from memory.
-                basis["operands"] = (
-                    f"l2 asked, but the {reads / 1e6:.1f} MB of operands exceed the "
-                    f"{h.l2_bytes / 1e6:.1f} MB L2: every byte streams from device memory"
-                )
+            if h.l2_bytes and rates.l2_bandwidth:
+                if reads <= h.l2_bytes:
+                    bytes_l2 = float(reads)
+                    basis["operands"] = (
+                        f"l2: {bytes_l2 / 1e6:.1f} MB of operands stream from the L2 at "
+                        f"{rates.l2_bandwidth / 1e12:.2f} TB/s, the rest from memory"
+                    )
+                else:
+                    # Operands read in the same order call after call, more of them than the L2
+                    # holds: each line is evicted before it is read again (a cyclic stream larger
+                    # than an LRU-like cache never hits), so the call streams from memory.
+                    basis["operands"] = (
+                        f"l2 asked, but the {reads / 1e6:.1f} MB of operands exceed the "
+                        f"{h.l2_bytes / 1e6:.1f} MB L2: every byte streams from device memory"
+                    )
             else:
                 basis["operands"] = "l2 asked, but the L2 size or L2 bandwidth is not known: predicted cold"
         else:
