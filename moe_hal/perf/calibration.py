@@ -726,8 +726,7 @@ def _fit_launches(
     notes: dict[str, str] = {}
     for impl in sorted({p.case.impl for p in group}):
         cases = [p for p in group if p.case.impl == impl]
-        times = sorted(p.case.t_measured for p in cases)
-        if len(times) < 2 * MIN_CASES:
+        if len(cases) < 2 * MIN_CASES:
             continue
         mine = _Batch(cases)
         best = None
@@ -743,7 +742,8 @@ def _fit_launches(
         # something else (cuBLAS's warm calls on the B200 traded a 0 us fixed time for a slower L2)
         if launch not in (point[2], LAUNCHES[0], LAUNCHES[-1]) and moved >= MIN_CASES:
             launches[impl] = launch
-            notes[impl] = f"fitted on its {len(mine)} cases of {times[0] * 1e6:.0f} to {times[-1] * 1e6:.0f} us"
+            shortest, longest = mine.t_measured.min(), mine.t_measured.max()
+            notes[impl] = f"fitted on its {len(mine)} cases of {shortest * 1e6:.0f} to {longest * 1e6:.0f} us"
     return launches, notes
 
 
