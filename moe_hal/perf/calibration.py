@@ -30,7 +30,7 @@ turns them into :class:`~moe_hal.perf.efficiency.Achieved` figures:
   by that error over the time the fraction explains, so a long call pins it and a call of a few
   microseconds barely does (counted alike, vLLM's short FP8 calls on the B200 of Helion PR #2987
   and vLLM PR #18778 set its compute fraction to 0.49 of the peak, and held out, vLLM PR #19566's
-  long calls were predicted up to 37% slow: ``docs/perf-model.md``, "An eleventh round").
+  long calls were predicted up to 37% slow: ``docs/perf-model-history.md``, "An eleventh round").
   Attribution and fractions are iterated to a fixed point;
 * the cache state is a measurement condition, like the device: the bandwidth fraction is fitted
   from cold cases only (operands streamed from device memory), and per implementation and
@@ -141,7 +141,8 @@ BINDING_SHARE = 0.5
 #: and compute time within 12% of each other) made the typical H200 streaming figure, which every
 #: kernel without one of its own there is predicted with, 0.58 where large streams reach 0.85.
 #: At 1.5, memory binds in any kernel reaching two thirds of the compute peak. Chosen from 1.5, 2
-#: and 3 by the leave-one-source-out error (docs/perf-model.md: the choice is in its figures).
+#: and 3 by the leave-one-source-out error (the figures of each: docs/perf-model-history.md, "A
+#: streaming fraction only from calls bound by their stream by far").
 STREAMING_MARGIN = 1.5
 
 #: The K-block latency (and tile overhead) at which the fit reads how many K blocks (and tile
@@ -720,8 +721,8 @@ def _fit_launches(
     ``torch._scaled_mm`` with rowwise scales take 7.5 to 11.8 us, but those of N 256 move a
     megabyte and are mostly fixed time while those of N 4096 and 6144 stream 16 to 25 MB. A
     rule that also asked the times to span a factor of 4 refused that kernel a time of its own, so
-    held out, PR #2987's B200 calls of it paid the joint 3 us (docs/perf-model.md, "A thirteenth
-    round"); the three rules above judge a time by what it does to the predictions."""
+    held out, PR #2987's B200 calls of it paid the joint 3 us (docs/perf-model-history.md, "A
+    thirteenth round"); the three rules above judge a time by what it does to the predictions."""
     launches: dict[str, float] = {}
     notes: dict[str, str] = {}
     for impl in sorted({p.case.impl for p in group}):

@@ -53,7 +53,7 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    Held out, TileOPs PR #2148's cuBLAS calls on the H200 (the fold has no cuBLAS figure there)
    took the H200's typical bf16 forward figure (DeepGEMM, TileOPs, torch, Triton), 0.628 of the
    peak; cuBLAS's own on the H100 is 0.710, and with it those calls of 8 x 1024^3 went from +14.5%
-   and +15.6% to +4.0% and +5.0% (``docs/perf-model.md``, "A thirteenth round").
+   and +15.6% to +4.0% and +5.0% (``docs/perf-model-history.md``, "A thirteenth round").
    A streaming fraction is the device's memory system as much as the kernel's: after this
    implementation on the device come the others there, then the architecture's
    (:meth:`EfficiencyTable.bandwidth`);
@@ -157,7 +157,7 @@ OWN_IMPL_ONLY = ("tile_load_rate",)
 #: code (its prologue, the host work its call makes inside a CUDA graph), not the board's, and so is
 #: its share of the MMA peak (its tiles and pipeline). ``torch._scaled_mm``'s rowwise-scaled FP8
 #: GEMM pays 6 us per call on the B200 where the Blackwell joint time is 3 us, and held out, Helion
-#: PR #3209's GB200 calls of it took the joint 3 us (docs/perf-model.md, "An eleventh round");
+#: PR #3209's GB200 calls of it took the joint 3 us (docs/perf-model-history.md, "An eleventh round");
 #: cuBLAS's calls on the H200 took other libraries' bf16 share there (module docstring, 3). Not a
 #: streaming fraction, which is the device's memory system as much as the kernel's.
 OWN_ON_ARCHITECTURE_FIRST = ("compute", "launch")

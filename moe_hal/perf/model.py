@@ -340,8 +340,8 @@ class Call:
         # Small tiles drain a small accumulator: a wave of 64 x 64 tiles pays a quarter of a
         # 128 x 128 one's (TileOPs PR #2148 times 8 x 128^3 GEMMs of one wave at 2.7 us in all).
         # Larger tiles pay the whole, so fewer, larger tiles still win a long call, where their
-        # operand reuse (not modelled) is what makes them faster (docs/perf-model.md, "The tile
-        # overhead by accumulator area").
+        # operand reuse is what makes them faster; only a kernel with a tile load rate has it
+        # modelled (docs/perf-model-history.md, "The tile overhead by accumulator area").
         accumulator = max(block_m, m_floor) * block_n
         overhead = rates.tile_overhead * min(1.0, accumulator / (OVERHEAD_TILE[0] * OVERHEAD_TILE[1]))
         # A tile's MMA runs no faster than its operands arrive: its FLOP per operand byte times
