@@ -234,6 +234,50 @@ def test_the_docs_quote_the_committed_results():
     assert quoted == actual
 
 
+def test_the_docs_per_source_table_and_evaluations_are_the_committed_ones():
+    # every source's row in docs/perf-model.md (cases, median, worst held out) and the row of each
+    # evaluation (median, worst, cases above 30%) must be what the committed JSONs hold
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    results = root / "bench" / "results"
+    doc = (root / "docs" / "perf-model.md").read_text()
+    committed = json.loads((results / "model_validation_published.json").read_text())
+    published = {row["source"] for row in committed["per_case"] if row["origin"] == "published"}
+    rows = {
+        m[1]: (int(m[2]), float(m[3]), float(m[4]))
+        for m in re.finditer(r"^\| `([\w.-]+)` \|.*\| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|$", doc, re.M)
+    }
+    assert set(rows) == published, "docs/perf-model.md's per-source table must list every published source once"
+    for source, (cases, median, worst) in rows.items():
+        s = committed["by_source"][source]
+        assert (cases, median, worst) == (
+            s["cases"],
+            round(100 * s["model_median"], 1),
+            round(100 * s["model_worst"], 1),
+        ), source
+    for name, evaluation in (
+        ("model_validation_published.json", "leave one source out"),
+        ("model_validation_published_by_architecture.json", "leave one architecture out"),
+        ("model_validation_published_in_sample.json", "in sample"),
+    ):
+        data = json.loads((results / name).read_text())
+        row = re.search(rf"^\| {evaluation} .*\| ([\d.]+)% \| ([\d.]+)% \| (\d+) \|$", doc, re.M)
+        assert row, f"docs/perf-model.md has no row for {evaluation}"
+        s = data["summary"]["all"]
+        above = sum(
+            1
+            for r in data["per_case"]
+            if r["origin"] == "published" and abs(r["error"]) > model_validation.TARGET_WORST
+        )
+        assert (float(row[1]), float(row[2]), int(row[3])) == (
+            round(100 * s["model_median"], 1),
+            round(100 * s["model_worst"], 1),
+            above,
+        ), evaluation
+
+
 def test_the_same_call_timed_by_several_sources_is_listed_with_its_spread(loso):
     # DeepGEMM's dense FP8 GEMM m 64, n 7168, k 2048: README a6d97a1 prints 295 TFLOPS on an H800,
     # PR #31 262 TFLOPS on an H800, issue #136 189 TFLOPS on an H100 (same datasheet figures)
