@@ -14,6 +14,7 @@ which predictions then use.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -288,7 +289,8 @@ def plot(data: dict[str, Any], path: str) -> None:
     rows = data["per_case"]
     fig, ax = plt.subplots(figsize=(6.5, 6))
     devices = sorted({r["device"] for r in rows})
-    markers = dict(zip(devices, "osD^v<>"))
+    # one marker per device; past the list they repeat (the legend still names each device)
+    markers = dict(zip(devices, itertools.cycle("osD^v<>pPhX*d")))
     # this project's own runs in their own colours: they are not part of the published target
     colours = {"published": ("tab:blue", "tab:red", ""), "own": ("tab:green", "tab:orange", " (our runs)")}
     for device in devices:
