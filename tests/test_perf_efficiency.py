@@ -276,12 +276,13 @@ def test_an_architecture_with_figures_of_a_kind_borrows_nothing_of_that_kind():
 
 
 def test_a_device_of_an_unmeasured_architecture_in_the_hardware_db_is_predicted_from_borrowed_shares():
-    # the L40S (Ada) has no published case: its estimate borrows NVIDIA's measured architectures'
+    # the A100 (Ampere) has no published case: its estimate borrows NVIDIA's measured architectures'
     # shares and says so, instead of predicting from the datasheet peak
-    est = perf.estimate([256] * 8, 4096, 7168, perf.Hardware.from_entry(hwdb.get("nvidia-l40s")), "bf16", 128, 128)
-    assert "ada never measured" in est.basis["compute"]
-    assert "ada never measured" in est.basis["bandwidth"]
-    assert est.achieved_flops < perf.Hardware.from_entry(hwdb.get("nvidia-l40s")).peak("bf16")
+    a100 = perf.Hardware.from_entry(hwdb.get("nvidia-a100-sxm-80gb"))
+    est = perf.estimate([256] * 8, 4096, 7168, a100, "bf16", 128, 128)
+    assert "ampere never measured" in est.basis["compute"]
+    assert "ampere never measured" in est.basis["bandwidth"]
+    assert est.achieved_flops < a100.peak("bf16")
     # the Ascend entries borrow nothing from NVIDIA's
     est = perf.estimate(
         [256] * 8, 4096, 7168, perf.Hardware.from_entry(hwdb.get("huawei-ascend-910c")), "bf16", 128, 128

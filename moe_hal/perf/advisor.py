@@ -15,7 +15,7 @@ DEFAULT_TILES: tuple[tuple[int, int], ...] = ((64, 128), (128, 128), (256, 128))
 
 #: Predictions within this fraction of the best are equivalent: the model's own out-of-sample
 #: error on published measurements (leave-one-source-out, bench/results/model_validation_published.json:
-#: median 9.1% over 717 cases; a Hopper source's median up to 27.3% (DeepGEMM PR #193's masked
+#: median 8.9% over 741 cases; a Hopper source's median up to 27.3% (DeepGEMM PR #193's masked
 #: kernel with a multicast bug), a Blackwell source's up to 17.6% (Helion PR #2987's cold B200
 #: calls of a few microseconds)) rounded up to a whole percent. Inside the band the ranking is a
 #: tie-break, not a prediction; on devices with few published timings the model's error is wider
