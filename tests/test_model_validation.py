@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +17,15 @@ from moe_hal.cli import model as model_cli
 from moe_hal.cli import model_validation
 from moe_hal.errors import ArgumentError
 from moe_hal.perf import calibration
+
+ROOT = Path(__file__).parents[1]
+#: the committed validation reports, and the page that quotes them
+RESULTS = ROOT / "bench" / "results"
+PERF_DOC = ROOT / "docs" / "perf-model.md"
+
+
+def _committed(name: str = "model_validation_published.json") -> dict:
+    return json.loads((RESULTS / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +68,7 @@ def test_each_architecture_can_be_held_out_whole_with_no_verdict_on_the_source_t
 
 
 def test_a_cases_file_of_own_runs_alone_is_validated_without_a_published_verdict(capsys):
-    from pathlib import Path
-
-    own = Path(__file__).parents[1] / "bench" / "own_measurements" / "gpu_check_h200.yaml"
+    own = ROOT / "bench" / "own_measurements" / "gpu_check_h200.yaml"
     data = model_validation.report(in_sample=True, cases_path=str(own))
     assert data["cases"] == 0 and data["own"]["cases"] == len(data["per_case"]) > 0
     assert data["target"]["median_met"] is None and data["target"]["worst_met"] is None
@@ -205,11 +214,7 @@ def test_the_advisor_tie_band_covers_the_model_error(loso):
 
 def test_the_committed_results_match_a_fresh_run(loso):
     # bench/results/model_validation_published.json is what docs/perf-model.md quotes
-    from pathlib import Path
-
-    committed = json.loads(
-        (Path(__file__).parents[1] / "bench" / "results" / "model_validation_published.json").read_text()
-    )
+    committed = _committed()
     for key in ("model_median", "model_worst", "roofline_median", "roofline_worst"):
         assert committed["summary"]["all"][key] == pytest.approx(loso["summary"]["all"][key], abs=1e-9), key
 
@@ -217,15 +222,10 @@ def test_the_committed_results_match_a_fresh_run(loso):
 def test_the_docs_quote_the_committed_results():
     # docs/perf-model.md's summary row must be the committed JSON's, so a rerun that changes the
     # figures fails here until the docs are updated with the new ones
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).parents[1]
-    committed = json.loads((root / "bench" / "results" / "model_validation_published.json").read_text())
-    s = committed["summary"]["all"]
+    s = _committed()["summary"]["all"]
     row = re.search(
         r"^\| all (\d+) \| \*\*([\d.]+)%\*\* \| \*\*([\d.]+)%\*\* \| ([\d.]+)% \| ([\d.]+)% \|$",
-        (root / "docs" / "perf-model.md").read_text(),
+        PERF_DOC.read_text(),
         re.M,
     )
     assert row, "docs/perf-model.md has no summary row"
@@ -238,13 +238,8 @@ def test_the_docs_quote_the_committed_results():
 def test_the_docs_per_source_table_and_evaluations_are_the_committed_ones():
     # every source's row in docs/perf-model.md (cases, median, worst held out) and the row of each
     # evaluation (median, worst, cases above 30%) must be what the committed JSONs hold
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).parents[1]
-    results = root / "bench" / "results"
-    doc = (root / "docs" / "perf-model.md").read_text()
-    committed = json.loads((results / "model_validation_published.json").read_text())
+    doc = PERF_DOC.read_text()
+    committed = _committed()
     published = {row["source"] for row in committed["per_case"] if row["origin"] == "published"}
     rows = {
         m[1]: (int(m[2]), float(m[3]), float(m[4]))
@@ -263,7 +258,7 @@ def test_the_docs_per_source_table_and_evaluations_are_the_committed_ones():
         ("model_validation_published_by_architecture.json", "leave one architecture out"),
         ("model_validation_published_in_sample.json", "in sample"),
     ):
-        data = json.loads((results / name).read_text())
+        data = _committed(name)
         row = re.search(rf"^\| {evaluation} .*\| ([\d.]+)% \| ([\d.]+)% \| (\d+) \|$", doc, re.M)
         assert row, f"docs/perf-model.md has no row for {evaluation}"
         s = data["summary"]["all"]
@@ -282,9 +277,7 @@ def test_the_docs_per_source_table_and_evaluations_are_the_committed_ones():
 def test_the_plot_takes_any_number_of_devices(tmp_path):
     # the set grew to eight devices while the plot had seven markers, and the validation command
     # failed after writing its JSON; past the marker list they repeat
-    from pathlib import Path
-
-    data = json.loads((Path(__file__).parents[1] / "bench" / "results" / "model_validation_published.json").read_text())
+    data = _committed()
     row = data["per_case"][0]
     data["per_case"] += [{**row, "device": f"dev-{i:02d}"} for i in range(20)]
     out = tmp_path / "plot.png"
