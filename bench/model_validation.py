@@ -2,6 +2,7 @@
 
     python bench/model_validation.py                # published measurements, leave-one-source-out
     python bench/model_validation.py --hold-out architecture   # ... each GPU architecture held out
+    python bench/model_validation.py --markdown     # ... the tables of docs/perf-model.md instead of the text report
     python bench/model_validation.py --measure      # this machine's kernels (on a GPU: full sweep + fp8)
     python bench/model_validation.py --measure --quick
 
@@ -49,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="the JSON report (default: by the evaluation, under bench/results/)")
     parser.add_argument("--plot", help=f"predicted vs measured (default {PLOT.name} for leave-one-source-out)")
     parser.add_argument("--jobs", type=int, default=None, help=model_validation.JOBS_HELP)
+    parser.add_argument("--markdown", action="store_true", help=model_validation.MARKDOWN_HELP)
     args = parser.parse_args(argv)
     by_architecture = args.hold_out == "architecture"  # --in-sample leaves the default, "source"
     name = "model_validation_published_by_architecture.json" if by_architecture else "model_validation_published.json"
@@ -58,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     Path(out).write_text(json.dumps(data, indent=2) + "\n")
     if plot:
         model_validation.plot(data, plot)
-    model_validation.print_report(data)
+    if args.markdown:
+        print(model_validation.markdown(data, model_validation.published_sources()))
+    else:
+        model_validation.print_report(data)
     print(f"wrote {out}" + (f" and {plot}" if plot else ""))
     return 0
 

@@ -206,6 +206,21 @@ def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path):
     assert data["cases"] == sum(1 for row in data["per_case"] if row["origin"] == "published")
 
 
+def test_cli_validate_markdown_prints_the_docs_tables(capsys):
+    parser = argparse.ArgumentParser(prog="moe-hal")
+    model_cli.register(parser.add_subparsers())
+    args = parser.parse_args(["model", "validate", "--in-sample", "--markdown"])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    rows = [line for line in text.splitlines() if line]
+    assert rows and all(line.startswith("|") and line.endswith("|") for line in rows)
+    assert "| source | device | cache | kernel: dtypes, layouts | cases | median | worst |" in rows
+    published = {case.source for case in calibration.load_cases() if case.origin == "published"}
+    assert sorted(line.split("`")[1] for line in rows if line.startswith("| `")) == sorted(published)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["model", "validate", "--json", "--markdown"])
+
+
 def test_the_advisor_tie_band_covers_the_model_error(loso):
     from moe_hal import perf
 
@@ -235,24 +250,18 @@ def test_the_docs_quote_the_committed_results():
     assert quoted == actual
 
 
-def test_the_docs_per_source_table_and_evaluations_are_the_committed_ones():
-    # every source's row in docs/perf-model.md (cases, median, worst held out) and the row of each
-    # evaluation (median, worst, cases above 30%) must be what the committed JSONs hold
+def test_the_docs_results_tables_and_evaluations_are_the_committed_ones():
+    # every row of the Results tables (`--markdown`: summary, split, one row per source) computed
+    # from the committed JSON must be a line of docs/perf-model.md, the page must list no other
+    # source, and each evaluation's row (median, worst, cases above 30%) is what its JSON holds
     doc = PERF_DOC.read_text()
+    lines = set(doc.splitlines())
     committed = _committed()
-    published = {row["source"] for row in committed["per_case"] if row["origin"] == "published"}
-    rows = {
-        m[1]: (int(m[2]), float(m[3]), float(m[4]))
-        for m in re.finditer(r"^\| `([\w.-]+)` \|.*\| (\d+) \| ([\d.]+)% \| ([\d.]+)% \|$", doc, re.M)
-    }
-    assert set(rows) == published, "docs/perf-model.md's per-source table must list every published source once"
-    for source, (cases, median, worst) in rows.items():
-        s = committed["by_source"][source]
-        assert (cases, median, worst) == (
-            s["cases"],
-            round(100 * s["model_median"], 1),
-            round(100 * s["model_worst"], 1),
-        ), source
+    tables = model_validation.markdown(committed, model_validation.published_sources()).splitlines()
+    missing = [row for row in tables if row and row not in lines]
+    assert not missing, f"docs/perf-model.md lacks these rows of `bench/model_validation.py --markdown`: {missing}"
+    source_row = re.compile(r"^\| `[\w.-]+` \|.*\| \d+ \| [\d.]+% \| [\d.]+% \|$")
+    assert sorted(filter(source_row.match, doc.splitlines())) == sorted(filter(source_row.match, tables))
     for name, evaluation in (
         ("model_validation_published.json", "leave one source out"),
         ("model_validation_published_by_architecture.json", "leave one architecture out"),

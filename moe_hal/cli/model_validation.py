@@ -40,6 +40,9 @@ _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
     "bench/own_measurements/*.yaml of the checkout)"
 )
+MARKDOWN_HELP = (
+    "print the summary, split and per-source tables as docs/perf-model.md holds them, instead of the text report"
+)
 JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
 
 
@@ -62,7 +65,9 @@ def register(model_parser: argparse.ArgumentParser) -> None:
     )
     v.add_argument("--out", metavar="FILE.json", help="write the report as JSON")
     v.add_argument("--plot", metavar="FILE.png", help="predicted vs measured, model and plain roofline")
-    v.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    shown = v.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    shown.add_argument("--markdown", action="store_true", help=MARKDOWN_HELP)
     v.add_argument("--jobs", type=int, default=None, help=JOBS_HELP)
     v.set_defaults(func=validate)
     c = actions.add_parser(
@@ -171,6 +176,8 @@ def validate(args: argparse.Namespace) -> int:
             return 2
     if args.json:
         print(json.dumps(data, indent=2))
+    elif args.markdown:
+        print(markdown(data, published_sources(args.cases)))
     else:
         print_report(data)
     return 0
@@ -278,6 +285,79 @@ def print_report(data: dict[str, Any]) -> None:
                 f"target on them ({data['evaluation']}): median <= {own['target']['median']:.0%}: "
                 f"{'met' if own['target']['median_met'] else 'NOT met'}"
             )
+
+
+def published_sources(cases_path: str | None = None) -> dict[str, Any]:
+    """The ``sources`` records of the cases file (default: the published set), which say each
+    source's cache state."""
+    import yaml
+
+    from ..perf import calibration
+
+    path = Path(cases_path) if cases_path else calibration.PUBLISHED
+    return yaml.safe_load(path.read_text())["sources"]
+
+
+def markdown(data: dict[str, Any], sources: dict[str, Any]) -> str:
+    """The tables of docs/perf-model.md's "Results" from a report of :func:`report`: the summary
+    (model and plain roofline, by bound), the split by architecture and by implementation
+    coverage, and one row per published source. ``sources``: the cases file's ``sources``
+    records (each source's ``cache_state``). A device is named by its first hardware-DB alias."""
+    from .. import hwdb
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    def label(device: str) -> str:
+        entry = hwdb.get(device)
+        return entry.aliases[0].upper() if entry.aliases else device
+
+    rows = [r for r in data["per_case"] if r["origin"] == "published"]
+    summary = data["summary"]
+    lines = [
+        "| cases | model median | model worst | plain roofline median | plain roofline worst |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in summary.items():
+        if not s["cases"]:
+            continue
+        first = f"all {s['cases']}" if name == "all" else f"{name.replace('_', '-')} ({s['cases']})"
+        bold = "**" if name == "all" else ""
+        lines.append(
+            f"| {first} | {bold}{pct(s['model_median'])}{bold} | {bold}{pct(s['model_worst'])}{bold} "
+            f"| {pct(s['roofline_median'])} | {pct(s['roofline_worst'])} |"
+        )
+    lines += ["", "| cases | model median | model worst |", "|---|---|---|"]
+    for arch, s in data["by_architecture"].items():
+        devices = ", ".join(
+            dict.fromkeys(label(r["device"]) for r in rows if hwdb.get(r["device"]).architecture == arch)
+        )
+        name = arch.replace("_", " ").title()
+        lines.append(f"| {name} ({devices}): {s['cases']} | {pct(s['model_median'])} | {pct(s['model_worst'])} |")
+    for group, s in data["by_implementation_coverage"].items():
+        if s["cases"]:
+            lines.append(f"| {group}: {s['cases']} | {pct(s['model_median'])} | {pct(s['model_worst'])} |")
+    lines += [
+        "",
+        "| source | device | cache | kernel: dtypes, layouts | cases | median | worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for source in sorted({r["source"] for r in rows}):
+        mine = [r for r in rows if r["source"] == source]
+        kernels = []
+        for impl in dict.fromkeys(r["impl"] for r in mine):
+            calls = [r for r in mine if r["impl"] == impl]
+            dtypes = "/".join(sorted({r["dtype"] for r in calls}))
+            layouts = "/".join(sorted({"dense" if r["family"] == "dense" else r["op"] for r in calls}))
+            kernels.append(f"`{impl}`: {dtypes}, {layouts}")
+        devices = ", ".join(dict.fromkeys(label(r["device"]) for r in mine))
+        cache = {"l2_warm": "warm"}.get(sources[source]["cache_state"], sources[source]["cache_state"])
+        s = data["by_source"][source]
+        lines.append(
+            f"| `{source}` | {devices} | {cache} | {'; '.join(kernels)} | {s['cases']} "
+            f"| {pct(s['model_median'])} | {pct(s['model_worst'])} |"
+        )
+    return "\n".join(lines)
 
 
 def plot(data: dict[str, Any], path: str) -> None:
