@@ -146,12 +146,26 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: PRs #2987 and #3209, TileOPs PR #1580, DeepGEMM PRs #86 and #186), left it at 50.1%: their worst
 #: is Helion's torch._scaled_mm rowwise FP8 call on the B200 (49.7%), a kernel with a fixed time of
 #: its own that no other source timed. The RTX 4090 run of SGLang PR #29638, gathered the same way,
-#: left it there too (its own worst 32.5%).
-WORST_RECORDED = 0.51
+#: left it there too (its own worst 32.5%). The fifteenth round's two sources, gathered the same
+#: way (docs/perf-model-history.md), raised it to 151.5% with the model unchanged: vLLM PR #6677's
+#: CUTLASS FP8 kernel on the L40S, held out, is predicted with the RTX 4090's Triton kernel's L2
+#: rate and compute share, where its warm calls of a few rows read the L2 at up to 3.3 TB/s. On
+#: every source before them the worst stayed at 50.1% (WORST_RECORDED_EARLIER).
+WORST_RECORDED = 1.52
+
+#: The sources of the fifteenth round, and the ratchet on every other source's held-out cases.
+FIFTEENTH_ROUND = ("vllm-pr6677-l40s", "flashinfer-pr3948-b200")
+WORST_RECORDED_EARLIER = 0.51
 
 
 def test_the_out_of_sample_worst_error_does_not_regress(loso):
     assert loso["summary"]["all"]["model_worst"] <= WORST_RECORDED
+    earlier = [
+        abs(row["error"])
+        for row in loso["per_case"]
+        if row["origin"] == "published" and row["source"] not in FIFTEENTH_ROUND
+    ]
+    assert max(earlier) <= WORST_RECORDED_EARLIER
 
 
 def test_the_worst_case_is_reported_honestly(loso):
