@@ -21,8 +21,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from .errors import ArgumentError
+
 #: Bytes the default L2 flush writes before each timed call (more than any current L2).
 FLUSH_BYTES = 512 << 20
+
+#: How :func:`time_calls` evicts the L2 before a timed call. ``write`` zeroes a buffer, as
+#: ``triton.testing.do_bench`` and DeepGEMM's ``bench_kineto`` do: the L2 is then full of dirty
+#: lines, which the GPU's write-back L2 writes to memory while the timed call's operands arrive, so
+#: the call may pay for them. ``read`` sums the buffer and leaves clean lines, which cost nothing to
+#: evict. Published cold timings mostly come from the first; which one a model should be fitted to
+#: is an open question (``docs/perf-model.md``).
+FLUSHES = ("write", "read")
 
 #: The clocks a host-overhead benchmark offers (``--clock``): ``thread``, this thread's CPU time
 #: (steadier on a shared, oversubscribed host), or ``wall``, elapsed time.
@@ -71,6 +81,7 @@ def time_calls(
     warmup: int,
     reps: int,
     flush_bytes: int = 0,
+    flush: str = "write",
     budget_s: float | None = None,
     events: bool = True,
 ) -> Timing:
@@ -80,11 +91,14 @@ def time_calls(
     ``warmup`` untimed calls first (at least one: the first call may compile kernels). With
     ``budget_s``, one more call is timed alone and ``reps`` is cut (to no fewer than 3) so the
     timed calls fit the budget. With ``events`` and a device that has them, each call is timed by
-    device events, after writing ``flush_bytes`` bytes to evict the L2 (0: no flush; the write
-    also lets the host queue the call before the device reaches it); otherwise by
-    ``time.perf_counter`` around call + synchronize.
+    device events, after writing (``flush="write"``) or reading (``"read"``: :data:`FLUSHES`)
+    ``flush_bytes`` bytes to evict the L2 (0: no flush; the flush also lets the host queue the call
+    before the device reaches it); otherwise by ``time.perf_counter`` around call + synchronize.
     """
     import torch
+
+    if flush not in FLUSHES:
+        raise ArgumentError("flush", f"one of {FLUSHES}", flush)
 
     fns = [calls] if callable(calls) else list(calls)
     n = len(fns)
@@ -103,11 +117,14 @@ def time_calls(
     host: list[float] = []
     if events and has_events(device):
         module = _device_module(device)
-        flush = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device) if flush_bytes else None
+        evict = None
+        if flush_bytes:
+            buffer = torch.zeros(flush_bytes // 4, dtype=torch.int32, device=device)
+            evict = buffer.zero_ if flush == "write" else buffer.sum
         marks = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(reps)]
         for i, (start, end) in enumerate(marks):
-            if flush is not None:
-                flush.zero_()
+            if evict is not None:
+                evict()
             start.record()
             h0 = time.perf_counter()
             fns[i % n]()
@@ -125,11 +142,14 @@ def time_calls(
     return Timing(statistics.median(times), min(times), statistics.median(host), reps, n)
 
 
-def describe(device: Any, *, warmup: int, reps: int, flush_bytes: int = 0, events: bool = True) -> str:
+def describe(
+    device: Any, *, warmup: int, reps: int, flush_bytes: int = 0, flush: str = "write", events: bool = True
+) -> str:
     """One sentence saying how :func:`time_calls` times on ``device`` with these settings."""
     if events and has_events(device):
-        flush = f" after a {flush_bytes >> 20} MiB L2 flush" if flush_bytes else ""
-        return f"device events around each call{flush}; median of {reps} after {warmup} warm-up calls"
+        how = "written" if flush == "write" else "read"
+        evicted = f" after a {flush_bytes >> 20} MiB L2 flush ({how})" if flush_bytes else ""
+        return f"device events around each call{evicted}; median of {reps} after {warmup} warm-up calls"
     return f"time.perf_counter around call + synchronize; median of up to {reps} after {warmup} warm-up calls"
 
 

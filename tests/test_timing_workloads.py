@@ -55,6 +55,44 @@ def test_cpu_has_no_events_and_synchronize_is_a_no_op():
     assert set(timer(lambda: None)) == {"median", "min", "host", "reps"}
 
 
+@pytest.mark.parametrize("flush, evict", [("write", "zero_"), ("read", "sum")])
+def test_time_calls_flushes_the_l2_before_each_timed_call_by_writing_or_reading(monkeypatch, flush, evict):
+    log: list[str] = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            log.append("record")
+
+        def elapsed_time(self, other):
+            return 1.0
+
+    class Buffer:  # stands in for the flush buffer: says which way it was touched
+        def zero_(self):
+            log.append("zero_")
+
+        def sum(self):
+            log.append("sum")
+
+    module = type("Events", (), {"Event": Event, "synchronize": staticmethod(lambda device: None)})
+    monkeypatch.setattr(timing, "_device_module", lambda device: module)
+    monkeypatch.setattr(torch, "zeros", lambda *args, **kwargs: Buffer())
+    t = timing.time_calls(lambda: log.append("call"), "cpu", warmup=1, reps=2, flush_bytes=1 << 20, flush=flush)
+    assert t.reps == 2 and t.median == 1e-3
+    assert log == ["call"] + [evict, "record", "call", "record"] * 2
+    assert f"1 MiB L2 flush ({'written' if flush == 'write' else 'read'})" in timing.describe(
+        "cpu", warmup=1, reps=2, flush_bytes=1 << 20, flush=flush
+    )
+
+
+def test_time_calls_refuses_an_unknown_flush():
+    with pytest.raises(ArgumentError, match="flush") as err:
+        timing.time_calls(lambda: None, "cpu", warmup=1, reps=1, flush="evict")
+    assert "'write'" in str(err.value) and "evict" in str(err.value)
+
+
 def test_interleaved_and_host_timings_call_each_function_in_turn():
     order = []
     fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}

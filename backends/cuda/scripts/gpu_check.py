@@ -22,9 +22,12 @@ section; a section is skipped, with the reason, when the time budget ``--budget`
    occupancy-adjusted roofline and prediction; the advisor's tile against every fixed tile of the
    config table, bf16 and fp8;
 3. **K-grouped timings** (weight gradients) against grouped_mm's 2D x 2D form and a loop;
-4. **masked decode** (4-64 tokens per expert): eager, CUDA-graph replay and a per-expert loop
+4. **L2 state**: one-group calls (ours bf16 and fp8, ``torch.mm``, per-tensor
+   ``torch._scaled_mm``) timed warm, with rotating inputs, and after a zeroing or a reading L2
+   flush — whether the dirty lines a zeroing flush leaves slow the timed call;
+5. **masked decode** (4-64 tokens per expert): eager, CUDA-graph replay and a per-expert loop
    against the weight-bandwidth floor;
-5. **targets**: each target of the issue as a ratio measured in this run, per case and summarised.
+6. **targets**: each target of the issue as a ratio measured in this run, per case and summarised.
 
 The kernel checks drive the backends directly (no plugin selection, no hardware DB), so an image
 without ``jsonschema`` still runs them; the tile advisor and the model figures need the DB and
@@ -227,11 +230,21 @@ def copies_for(check: Check, bytes_per_set: float) -> int:
     return max(1, min(8, math.ceil(check.l2_factor * check.l2_bytes / bytes_per_set)))
 
 
-def time_calls(check: Check, calls: list[Callable[[], Any]]) -> dict[str, float]:
+def time_calls(
+    check: Check, calls: list[Callable[[], Any]], *, flush: str | None = None, reps: int | None = None
+) -> dict[str, float]:
     """Median and min milliseconds of ``calls`` run round-robin (one call per rotating input set),
-    timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush: the input sets rotate),
-    the host's median time to issue one, and on a GPU the SM clock just after."""
-    t = timing.time_calls(calls, check.device, warmup=check.warmup, reps=check.reps)
+    timed by CUDA events (:func:`moe_hal.timing.time_calls`; no L2 flush unless ``flush`` names
+    one of :data:`moe_hal.timing.FLUSHES`: the input sets rotate), the host's median time to issue
+    one, and on a GPU the SM clock just after."""
+    t = timing.time_calls(
+        calls,
+        check.device,
+        warmup=check.warmup,
+        reps=reps or check.reps,
+        flush_bytes=timing.FLUSH_BYTES if flush else 0,
+        flush=flush or "write",
+    )
     # host_ms: the host's time to issue one call; near median_ms the events time the host, not the
     # kernel (a candidate cause of Backend.run timing slower than a direct launch, cuda-backend.md)
     out = {
@@ -707,7 +720,8 @@ def _timing_row(check: Check, section: str, row: dict[str, Any]):
 def _print_timing(row: dict[str, Any]) -> None:
     paths = " ".join(f"{k}={v['median_ms']:.3f}ms" for k, v in row.get("paths", {}).items())
     print(
-        f"  {row['case']}: tile {row.get('advisor_tile', row.get('tile'))} {paths} {row.get('error', '')}", flush=True
+        f"  {row['case']}: tile {row.get('advisor_tile', row.get('tile', row.get('tiles')))} {paths} {row.get('error', '')}",
+        flush=True,
     )
 
 
@@ -760,7 +774,88 @@ def k_grouped_timings(check: Check) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 4. masked decode
+# 4. what the L2 held before a timed call
+# ---------------------------------------------------------------------------------------------
+#: (M, N, K) of the one-group calls timed in every L2 state: SGLang PR #6756's L40S shapes, whose
+#: cold timings (256 MB zeroing flush) ran 2-3x slower than vLLM PR #6677's warm ones of one kernel
+#: (docs/perf-model.md, "Where the model is known to be wrong").
+L2_STATE_SHAPES = ((128, 4096, 4096), (512, 4096, 4096), (2048, 4096, 4096), (128, 6144, 4096))
+
+#: The states: ``warm`` (one input set, nothing between calls), ``rotate`` (input sets rotate, no
+#: flush: cold operands behind clean lines), and a flush of :data:`moe_hal.timing.FLUSH_BYTES`
+#: before each call that writes (dirty lines, as ``triton.testing.do_bench`` leaves) or reads.
+L2_STATES = ("warm", "rotate", "write_flush", "read_flush")
+
+
+def l2_state_timings(check: Check) -> None:
+    """One call timed with the L2 in each of :data:`L2_STATES`: whether a zeroing flush slows the
+    timed call by the write-backs of the lines it leaves dirty. Published cold timings come from
+    such flushes, this project's own from rotating inputs; the ratios say whether a model fitted to
+    one may predict the other."""
+    shapes = ((16, 24, 40),) if check.smoke else L2_STATE_SHAPES
+    be = backend_object("cuda_sm90")
+    for m, n, k in shapes:
+        name = f"l2_state/M{m}-N{n}-K{k}"
+        if check.left() < 15:
+            check.skip("l2_state", name, "time budget")
+            continue
+        lay = moe_hal.ContiguousLayout.from_counts([m], alignment=8 if check.smoke else 128)
+        copies = copies_for(check, (m * k + n * k) * 2)
+        sets = [(check.randn(lay.num_rows, k, scale=0.1), check.randn(1, n, k, scale=0.1)) for _ in range(copies)]
+        out = torch.empty(lay.num_rows, n, dtype=torch.bfloat16, device=check.device)
+        row: dict[str, Any] = {
+            "case": name,
+            "M": m,
+            "N": n,
+            "K": k,
+            "copies": copies,
+            "l2_bytes": check.l2_bytes,
+            "flush_bytes": timing.FLUSH_BYTES,
+            "paths": {},
+            "ratios": {},
+        }
+        with _timing_row(check, "l2_state", row):
+            fp8_sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
+            row["tiles"] = {
+                path: list(be.plan(moe_hal.Problem.build(a, b, lay)).config.tile)
+                for path, (a, b) in (("ours_bf16", sets[0]), ("ours_fp8", fp8_sets[0]))
+            }
+            paths: dict[str, tuple[list[Callable[[], Any]], int]] = {
+                "ours_bf16": ([lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90") for a, b in sets], 2),
+                "ours_fp8": ([lambda a=a, b=b: gemm(a, b, lay, out=out, backend="cuda_sm90") for a, b in fp8_sets], 1),
+                "torch_mm_bf16": ([lambda a=a, b=b: torch.mm(a, b[0].t(), out=out) for a, b in sets], 2),
+            }
+            if check.cuda:  # per-tensor FP8 through cuBLAS (torch._scaled_mm): a kernel not ours
+                one = torch.ones((), device=check.device)
+                e4m3 = [(a.to(torch.float8_e4m3fn), b[0].to(torch.float8_e4m3fn)) for a, b in sets]
+                paths["torch_scaled_mm_fp8"] = (
+                    [lambda a=a, b=b: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16) for a, b in e4m3],
+                    1,
+                )
+            reps = max(check.reps, 2 if check.smoke else 30)
+            for path, (calls, operand_bytes) in paths.items():
+                row[f"{path}_bytes"] = {"operands": (m * k + n * k) * operand_bytes, "output": lay.num_rows * n * 2}
+                times = {
+                    "warm": time_calls(check, calls[:1], reps=reps),
+                    "rotate": time_calls(check, calls, reps=reps),
+                    "write_flush": time_calls(check, calls[:1], flush="write", reps=reps),
+                    "read_flush": time_calls(check, calls[:1], flush="read", reps=reps),
+                }
+                for state in L2_STATES:
+                    row["paths"][f"{path}/{state}"] = times[state]
+                ms = {state: t["median_ms"] for state, t in times.items()}
+                row["ratios"][path] = {
+                    "write_flush_over_read_flush": ms["write_flush"] / ms["read_flush"],
+                    "read_flush_over_rotate": ms["read_flush"] / ms["rotate"],
+                    "rotate_over_warm": ms["rotate"] / ms["warm"],
+                }
+        del sets
+        if check.cuda:
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. masked decode
 # ---------------------------------------------------------------------------------------------
 def decode_timings(check: Check) -> None:
     if check.smoke:
@@ -842,7 +937,7 @@ def decode_timings(check: Check) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. targets
+# 6. targets
 # ---------------------------------------------------------------------------------------------
 def _ms(row: dict[str, Any], path: str) -> float | None:
     entry = row.get("paths", {}).get(path)
@@ -945,7 +1040,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed calls per timing (default 10; 2 in smoke)")
     p.add_argument("--l2-factor", type=float, default=3.0, help="bytes between two uses of one input set, in L2 sizes")
     p.add_argument(
-        "--skip", default="", help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,decode"
+        "--skip",
+        default="",
+        help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,l2_state,decode",
     )
     return p.parse_args(argv)
 
@@ -990,6 +1087,7 @@ def main(argv: list[str] | None = None) -> int:
         "timings": [],
         "k_grouped": [],
         "decode": [],
+        "l2_state": [],
         "skipped": [],
         "targets": {},
     }
@@ -1023,6 +1121,7 @@ def main(argv: list[str] | None = None) -> int:
         ("correctness", correctness, 0.4),
         ("timings", contiguous_timings, 0.5),
         ("k_grouped", k_grouped_timings, 0.4),
+        ("l2_state", l2_state_timings, 0.2),
         ("decode", decode_timings, 1.0),
     ]
     for name, fn, share in sections:

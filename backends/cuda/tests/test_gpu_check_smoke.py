@@ -37,6 +37,19 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
     for sweep in ("tile_sweep", "fp8_tile_sweep"):  # filled, or skipped for time on a loaded machine
         assert report["timings"][0][sweep] or "tile_sweep" in skipped, sweep
     assert report["decode"] or "decode" in skipped
+    if report["l2_state"]:  # every path in every L2 state, with the ratios the section exists for
+        row = report["l2_state"][0]
+        states = ("warm", "rotate", "write_flush", "read_flush")
+        assert {f"{path}/{state}" for path in ("ours_bf16", "ours_fp8", "torch_mm_bf16") for state in states} <= set(
+            row["paths"]
+        ), row.get("error")
+        assert set(row["ratios"]["ours_fp8"]) == {
+            "write_flush_over_read_flush",
+            "read_flush_over_rotate",
+            "rotate_over_warm",
+        }
+    else:
+        assert "l2_state" in skipped
     assert (report["k_grouped"] and "ours_bf16" in report["k_grouped"][0]["paths"]) or "k_grouped" in skipped
     assert report["skipped"][0]["section"] == "gpu_only"  # GPU-only checks come first
     assert set(report["targets"]) >= {
