@@ -81,6 +81,34 @@ def test_a_typical_figure_pools_two_implementations_and_one_other_kernel_is_a_la
     assert EfficiencyTable([slow_alone]).compute("dev-a", "arch", None, "fp8", "grouped_contiguous").value == 0.07
 
 
+def test_one_other_kernel_of_the_architecture_comes_before_the_kernels_of_other_architectures():
+    # the RTX 5090's case: held out, its CuTe DSL FP4 kernel takes its architecture's one other FP4
+    # kernel, not the typical share of the B200's (another MMA, another share of its own peak)
+    alone = rec(device="rtx", arch="consumer", value=0.8)
+    datacenter = [rec(device="b200", impl=impl, value=value) for impl, value in (("x", 0.5), ("y", 0.6))]
+    got = EfficiencyTable([alone, *datacenter]).compute("rtx", "consumer", "new", "fp8", "grouped_contiguous")
+    assert got.value == 0.8 and "(lib) on device rtx" in got.level, got
+    assert "no level pools two implementations" in got.level
+    # with two kernels of its own the architecture pools them, as before
+    two = EfficiencyTable([alone, rec(device="rtx", arch="consumer", impl="z", value=0.7), *datacenter])
+    pooled = two.compute("rtx", "consumer", "new", "fp8", "grouped_contiguous")
+    assert "typical implementation (lib, z) on device rtx" in pooled.level
+
+
+def test_a_share_at_the_cap_is_not_lent_to_other_architectures():
+    # two RTX 5090s run cuBLAS bf16 above the datasheet peak (the fitted share stops at 1): that
+    # says the cards outran their datasheet, not what share of its peak cuBLAS reaches on a B200
+    capped = [rec(device=d, arch="consumer", dtype="bf16", value=1.0) for d in ("rtx-a", "rtx-b")]
+    hopper = rec(device="h100", arch="hopper", dtype="bf16", value=0.71)
+    b200_fp4 = rec(device="b200", arch="blackwell", impl="fp4-kernel", dtype="fp4", value=0.6)
+    table = EfficiencyTable([*capped, hopper, b200_fp4])
+    got = table.compute("b200", "blackwell", "lib", "bf16", "grouped_contiguous")
+    assert got.value == 0.71 and "lib on dtype bf16" in got.level, got
+    # on its own device and architecture a capped share answers as before
+    assert table.compute("rtx-a", "consumer", "lib", "bf16", "grouped_contiguous").value == 1.0
+    assert table.compute("rtx-c", "consumer", "lib", "bf16", "grouped_contiguous").value == 1.0
+
+
 def test_a_kernel_without_an_l2_rate_of_its_own_takes_the_best_known_not_a_typical_one():
     table = EfficiencyTable(
         [

@@ -85,7 +85,11 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    memory bandwidth (the best the vendor's architectures reach, as for a kernel without its own,
    :data:`BEST_UNLESS_OWN`): cuBLAS draws 1.19x the B200's listed bandwidth from its L2 and 1.25x
    the H100's; without it the held-out worst errors were 56.8% (Blackwell) and 73.5% (Hopper),
-   warm calls predicted as if they streamed from memory. A per-core streaming cap and a tile load rate are the device's and the
+   warm calls predicted as if they streamed from memory. A share at the cap of 1 is lent to no
+   other architecture, at this step or the dtype level of 4: it says the device outran its
+   datasheet (two RTX 5090s run cuBLAS bf16 at up to 1.15 of the peak the hardware DB lists), not
+   what share of a peak a kernel reaches; lent, it raised the held-out median of Hopper's timings
+   from 16.5% to 24.6% ("A seventeenth round"). A per-core streaming cap and a tile load rate are the device's and the
    kernel's own and are never borrowed, nor is anything borrowed across vendors (an Ascend NPU's
    share of its peak is not an NVIDIA GPU's). The level says which architecture was never measured
    and where the figure came from.
@@ -98,9 +102,11 @@ implementation: the case-weighted median over every implementation it knows — 
 measured is assumed ordinary, not as good as the best one measured. A typical figure pools at
 least :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations: a level that knows only one other
 kernel is passed over for the next level that knows more, and its lone figure is the answer only
-where no level does (one kernel is not what kernels typically reach: vLLM PR #20578's NVFP4 GEMM,
-read with tiles it does not launch, looked like a kernel at 0.07 of the B200's FP4 peak and was
-the only FP4 dense kernel on that device once torchao's was held out). This project's own
+where no level of this architecture does (one kernel is not what kernels typically reach: vLLM
+PR #20578's NVFP4 GEMM, read with tiles it does not launch, looked like a kernel at 0.07 of the
+B200's FP4 peak and was the only FP4 dense kernel on that device once torchao's was held out); a
+lone figure of this architecture still comes before the kernels of others
+(:data:`OTHER_ARCHITECTURES`). This project's own
 kernels (``typical: false``, measured by its own runs alone) answer only for themselves: one
 young kernel says neither what kernels typically reach nor what the device can. Each answer
 carries its basis and the level it came from.
@@ -175,8 +181,18 @@ BEST_UNLESS_OWN = ("l2_bandwidth",)
 MIN_CASES = 2
 
 #: A typical figure (for an implementation a level has no figure of) pools at least this many
-#: implementations; one other kernel's figure is a last resort (module docstring).
+#: implementations; one other kernel's figure is a last resort within the architecture (module
+#: docstring).
 MIN_TYPICAL_IMPLEMENTATIONS = 2
+
+#: Fallback levels whose figures come from architectures other than the call's. A lone figure of
+#: one other kernel on the call's own device or architecture is taken before them: held out, the
+#: RTX 5090's CuTe DSL NVFP4 GEMM (FlashInfer PR #3051) took the FP4 share of the B200's kernels,
+#: 0.595 of the peak, and was predicted a median 35.8% slow, where its architecture's one other
+#: FP4 kernel (PR #3026's CUTLASS GEMM) gives 11.0% (``docs/perf-model-history.md``, "A
+#: seventeenth round"). SM120's warp-level MMA reaches a share of its own peak that SM100's
+#: tensor-memory kernels do not tell.
+OTHER_ARCHITECTURES = ("dtype", "vendor")
 
 #: The output tile an achieved ``tile_overhead`` is stated for. A tile with a smaller
 #: accumulator pays the share its area is of this one's; a larger one pays the whole
@@ -510,6 +526,8 @@ class EfficiencyTable:
             found, single = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl, others)
             if found is None:
                 continue
+            if lone is not None and where in OTHER_ARCHITECTURES:
+                return lone
             found = _scaled(found, *scaled) if scaled else found
             if not single:
                 return found
@@ -531,8 +549,13 @@ class EfficiencyTable:
         """The answer of one level of a fallback order (module docstring), None when it has none;
         only ``impl``'s own figure unless ``others``; and whether it is a typical figure of fewer
         than :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations."""
+        # a share at the cap says the device outran its datasheet (the RTX 5090's cuBLAS bf16 at
+        # up to 1.15 of it), not what share of a peak kernels reach: it is not lent to others
+        lent = where in OTHER_ARCHITECTURES and kind in FRACTIONS
         by_impl: dict[str, list[Achieved]] = {}
         for r in mine:
+            if lent and r.value >= 1.0:
+                continue
             if (self.vendor_of(r.device) if where == "vendor" else getattr(r, where)) == name and keep(r):
                 by_impl.setdefault(r.impl, []).append(r)
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
