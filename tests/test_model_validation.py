@@ -58,7 +58,7 @@ def test_each_architecture_can_be_held_out_whole_with_no_verdict_on_the_source_t
     # a held-out architecture's devices are predicted with the shares and times of the other
     # (moe_hal.perf.efficiency, step 5): without them the model fell back to the datasheet and was
     # about as far off as the plain roofline (57.3% and 37.0% median against 59.4% and 39.1%).
-    # Ada held out only beats the roofline (30.7% against 48.0%): its two L40S sources time one
+    # Ada held out only beats the roofline (28.5% against 48.0%): its two L40S sources time one
     # kernel warm and cold 2-3x apart (docs/perf-model.md, "The target, and the timings beyond
     # it"), and no borrowed figure fits both. So does consumer Blackwell (28.3% against 40.3%):
     # two of its three RTX 5090s run cuBLAS bf16 above the datasheet peak, which no share

@@ -109,6 +109,23 @@ def test_a_share_at_the_cap_is_not_lent_to_other_architectures():
     assert table.compute("rtx-c", "consumer", "lib", "bf16", "grouped_contiguous").value == 1.0
 
 
+def test_a_kernel_s_own_fixed_time_is_not_lent_to_another_architecture():
+    # cuBLAS's own 10 us on an RTX 5090 (timed back to back) is not its prologue on a B200: an
+    # architecture that borrows a fixed time borrows the joint one
+    a100 = "nvidia-a100-sxm-80gb"  # Ampere, never measured: it borrows from NVIDIA's others
+    table = EfficiencyTable(
+        [
+            rec(device="nvidia-rtx-5090", arch="blackwell_consumer", impl="cublas", kind="launch", value=10e-6),
+            rec(device="nvidia-rtx-5090", arch="blackwell_consumer", impl="*", kind="launch", value=6e-6),
+            rec(device="nvidia-h100-sxm", arch="hopper", impl="*", kind="launch", value=3e-6),
+        ]
+    )
+    got = table.figure("launch", a100, "ampere", "cublas")
+    assert got.value != 10e-6 and "every implementation (fitted jointly)" in got.level, got
+    # on its own architecture the kernel's own time still answers, on every device of it
+    assert table.figure("launch", "nvidia-rtx-5090", "blackwell_consumer", "cublas").value == 10e-6
+
+
 def test_a_kernel_without_an_l2_rate_of_its_own_takes_the_best_known_not_a_typical_one():
     table = EfficiencyTable(
         [

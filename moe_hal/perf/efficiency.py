@@ -20,8 +20,9 @@ The model therefore predicts from *achieved* figures, kept per device, kernel im
   few, narrow tiles and long K (decode-sized GEMMs) and is a small share of large tiles' MMA time;
 * ``launch``: fixed seconds per call (launch and prologue). Fitted jointly for every kernel of an
   architecture (``impl`` ``*``) and, for a kernel whose own calls separate it from its rates, as
-  that kernel's own, which answers for it alone, on every device of the architecture: a kernel
-  without one pays the joint time;
+  that kernel's own, which answers for it alone, on every device of the architecture and on no
+  other (an architecture that borrows a fixed time borrows the joint one): a kernel without one
+  pays the joint time;
 * ``bandwidth_per_unit``: bytes/s one SM or AI core streams, which caps the bandwidth of a call
   with fewer tiles than cores; ``l2_bandwidth``: bytes/s at which operands already in the L2
   stream into the cores (calls estimated with ``operands="l2"``: a benchmark that wrote its
@@ -558,6 +559,11 @@ class EfficiencyTable:
                 continue
             if (self.vendor_of(r.device) if where == "vendor" else getattr(r, where)) == name and keep(r):
                 by_impl.setdefault(r.impl, []).append(r)
+        if kind == "launch" and where in OTHER_ARCHITECTURES:
+            # a kernel's own fixed time is its prologue on its architecture: another architecture
+            # borrows the joint time (cuBLAS's 10 us on the RTX 5090, from back-to-back calls,
+            # put held-out B200 calls of 5 us at +147%)
+            try_impl = False
         if try_impl and impl in by_impl and _enough(by_impl[impl]):
             return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}"), False
         if not others:
