@@ -119,7 +119,7 @@ def time_calls(
         module = _device_module(device)
         evict = None
         if flush_bytes:
-            buffer = torch.zeros(flush_bytes // 4, dtype=torch.int32, device=device)
+            buffer = torch.empty(flush_bytes // 4, dtype=torch.int32, device=device)
             evict = buffer.zero_ if flush == "write" else buffer.sum
         marks = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(reps)]
         for i, (start, end) in enumerate(marks):

@@ -78,7 +78,7 @@ def test_time_calls_flushes_the_l2_before_each_timed_call_by_writing_or_reading(
 
     module = type("Events", (), {"Event": Event, "synchronize": staticmethod(lambda device: None)})
     monkeypatch.setattr(timing, "_device_module", lambda device: module)
-    monkeypatch.setattr(torch, "zeros", lambda *args, **kwargs: Buffer())
+    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: Buffer())
     t = timing.time_calls(lambda: log.append("call"), "cpu", warmup=1, reps=2, flush_bytes=1 << 20, flush=flush)
     assert t.reps == 2 and t.median == 1e-3
     assert log == ["call"] + [evict, "record", "call", "record"] * 2

@@ -781,10 +781,16 @@ def k_grouped_timings(check: Check) -> None:
 #: (docs/perf-model.md, "Where the model is known to be wrong").
 L2_STATE_SHAPES = ((128, 4096, 4096), (512, 4096, 4096), (2048, 4096, 4096), (128, 6144, 4096))
 
-#: The states: ``warm`` (one input set, nothing between calls), ``rotate`` (input sets rotate, no
-#: flush: cold operands behind clean lines), and a flush of :data:`moe_hal.timing.FLUSH_BYTES`
-#: before each call that writes (dirty lines, as ``triton.testing.do_bench`` leaves) or reads.
-L2_STATES = ("warm", "rotate", "write_flush", "read_flush")
+#: The states, each as (whether the input sets rotate, the flush before each call): ``warm`` (one
+#: input set, nothing between calls), ``rotate`` (no flush: cold operands behind clean lines), and
+#: a flush of :data:`moe_hal.timing.FLUSH_BYTES` that writes (dirty lines, as
+#: ``triton.testing.do_bench`` leaves) or reads (:data:`moe_hal.timing.FLUSHES`).
+L2_STATES: dict[str, tuple[bool, str | None]] = {
+    "warm": (False, None),
+    "rotate": (True, None),
+    "write_flush": (False, "write"),
+    "read_flush": (False, "read"),
+}
 
 
 def l2_state_timings(check: Check) -> None:
@@ -835,15 +841,11 @@ def l2_state_timings(check: Check) -> None:
             reps = max(check.reps, 2 if check.smoke else 30)
             for path, (calls, operand_bytes) in paths.items():
                 row[f"{path}_bytes"] = {"operands": (m * k + n * k) * operand_bytes, "output": lay.num_rows * n * 2}
-                times = {
-                    "warm": time_calls(check, calls[:1], reps=reps),
-                    "rotate": time_calls(check, calls, reps=reps),
-                    "write_flush": time_calls(check, calls[:1], flush="write", reps=reps),
-                    "read_flush": time_calls(check, calls[:1], flush="read", reps=reps),
-                }
-                for state in L2_STATES:
-                    row["paths"][f"{path}/{state}"] = times[state]
-                ms = {state: t["median_ms"] for state, t in times.items()}
+                ms = {}
+                for state, (rotate, flush) in L2_STATES.items():
+                    timed = time_calls(check, calls if rotate else calls[:1], flush=flush, reps=reps)
+                    row["paths"][f"{path}/{state}"] = timed
+                    ms[state] = timed["median_ms"]
                 row["ratios"][path] = {
                     "write_flush_over_read_flush": ms["write_flush"] / ms["read_flush"],
                     "read_flush_over_rotate": ms["read_flush"] / ms["rotate"],
