@@ -375,3 +375,52 @@ def test_the_implementation_coverage_split_covers_every_case(loso):
         assert s["cases_above_worst_target"] == sum(e > model_validation.TARGET_WORST for e in errors), name
     # torchao PR #2427's NVFP4 torch._scaled_mm: no other source timed it
     assert sources_of["torch_scaled_mm"] == {"torchao-pr2427-b200"}
+
+
+def _timed(source: str, t_us: float, operands: str = "hbm", device: str = "nvidia-h800-sxm"):
+    return calibration.MeasuredCase(
+        f"{source}-c", source, device, "lib", "contiguous", "fp8", "bf16", (128,), 4096, 7168, None, t_us * 1e-6,
+        ((128, 128),), operands=operands,
+    )  # fmt: skip
+
+
+def test_only_a_spread_in_one_cache_state_bounds_a_model_of_the_cache_state():
+    # 10 us and 30 us for one call in one cache state: any single prediction p is off by
+    # max(p / 10 - 1, 1 - p / 30), least at p = 15, 50%; an H100 SXM counts as the H800 it matches
+    cold = [_timed("a", 10.0), _timed("b", 30.0, device="nvidia-h100-sxm")]
+    (row,) = calibration.same_call_spread(cold)
+    assert row["ratio"] == pytest.approx(3.0) and row["operands"] == ["hbm"]
+    assert row["least_worst_error"] == pytest.approx(0.5)
+    assert calibration.least_worst_error([row])["error"] == pytest.approx(0.5)
+    # warm and cold: the model takes the cache state, so the spread does not bound it
+    (mixed,) = calibration.same_call_spread([_timed("a", 10.0), _timed("b", 40.0, operands="l2")])
+    assert mixed["operands"] == ["hbm", "l2"] and mixed["least_worst_error"] is None
+    assert calibration.least_worst_error([mixed]) is None
+    # the widest spread in one cache state sets the bound, not the widest spread
+    rows = calibration.same_call_spread(cold + [_timed("c", 1.0, operands="l2"), _timed("d", 9.0, operands="l2")])
+    assert calibration.least_worst_error(rows)["error"] == pytest.approx(0.8)
+
+
+def test_the_report_states_the_least_worst_error_the_set_allows_and_splits_by_layout(loso, capsys):
+    floor = loso["target"]["least_worst_error"]
+    bounded = [r for r in loso["same_call_spread"] if r["least_worst_error"] is not None]
+    assert floor["error"] == pytest.approx(max(r["least_worst_error"] for r in bounded))
+    # the model cannot beat what the set allows, in sample or held out
+    assert loso["summary"]["all"]["model_worst"] >= floor["error"]
+    by_layout = loso["by_layout"]
+    assert list(by_layout) == list(model_validation.LAYOUTS)
+    published = [r for r in loso["per_case"] if r["origin"] == "published"]
+    for layout, s in by_layout.items():
+        errors = [
+            abs(r["error"])
+            for r in published
+            if (r["family"] != "dense" if layout == model_validation.GROUPED else r["family"] == layout)
+        ]
+        assert s["cases"] == len(errors) and s["model_worst"] == pytest.approx(max(errors)), layout
+        assert s["cases_above_worst_target"] == sum(e > model_validation.TARGET_WORST for e in errors), layout
+    assert by_layout[model_validation.GROUPED]["cases"] + by_layout["dense"]["cases"] == len(published)
+    model_validation.print_report(loso)
+    out = capsys.readouterr().out
+    assert "per layout (published set):" in out
+    if floor["error"] > model_validation.TARGET_WORST:
+        assert f"within {floor['error']:.1%} at its worst" in out

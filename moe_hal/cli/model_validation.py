@@ -36,12 +36,18 @@ HOLD_OUT = ("source", "architecture")
 IMPL_ELSEWHERE = "implementation timed by another source too"
 IMPL_ONLY_HERE = "implementation timed by this source only"
 
+#: The published cases split by layout (kernel family): the three grouped layouts together, each
+#: of them, and the plain GEMMs the set holds as evidence of the kernels' rates.
+GROUPED = "grouped (contiguous, masked, K-grouped)"
+LAYOUTS = (GROUPED, "grouped_contiguous", "grouped_masked", "k_grouped", "dense")
+
 _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
     "bench/own_measurements/*.yaml of the checkout)"
 )
 MARKDOWN_HELP = (
-    "print the summary, split and per-source tables as docs/perf-model.md holds them, instead of the text report"
+    "print the summary, split, layout and per-source tables as docs/perf-model.md holds them, "
+    "instead of the text report"
 )
 JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
 
@@ -115,6 +121,12 @@ def report(
         # Out of sample, a kernel no other source timed can only borrow other kernels' figures.
         return any(c.impl == o.case.impl and c.source != o.case.source for c in cases)
 
+    def in_layout(o, layout: str) -> bool:
+        return o.case.family != "dense" if layout == GROUPED else o.case.family == layout
+
+    # the cases disagree with each other: no model of the call, device and cache state can be
+    # nearer than this at its worst, whatever it is fitted to
+    floor = calibration.least_worst_error(calibration.same_call_spread([c for c in cases if c.origin == "published"]))
     return {
         "evaluation": evaluation,
         "cases": len(published),
@@ -125,6 +137,7 @@ def report(
             "worst": TARGET_WORST,
             "median_met": overall["model_median"] <= TARGET_MEDIAN if published and judged else None,
             "worst_met": overall["model_worst"] <= TARGET_WORST if published and judged else None,
+            "least_worst_error": floor,
         },
         "summary": summary,
         "own": {
@@ -151,6 +164,7 @@ def report(
             IMPL_ELSEWHERE: _with_misses([o for o in published if measured_elsewhere(o)]),
             IMPL_ONLY_HERE: _with_misses([o for o in published if not measured_elsewhere(o)]),
         },
+        "by_layout": {layout: _with_misses([o for o in published if in_layout(o, layout)]) for layout in LAYOUTS},
         "by_architecture": {  # of the published set, as the summary
             arch: calibration.summarize(o for o in published if architecture[o.case.device] == arch)["all"]
             for arch in sorted({architecture[o.case.device] for o in published})
@@ -253,6 +267,10 @@ def print_report(data: dict[str, Any]) -> None:
         if not s["cases"]:
             continue
         print(f"  {group:46} {_errors(s)}; {s['cases_above_worst_target']} above {TARGET_WORST:.0%}")
+    print("per layout (published set):")
+    for layout, s in data["by_layout"].items():
+        if s["cases"]:
+            print(f"  {layout:46} {_errors(s)}; {s['cases_above_worst_target']} above {TARGET_WORST:.0%}")
     print("per architecture (published set):")
     for arch, s in data["by_architecture"].items():
         print(f"  {arch:30} {_errors(s)}")
@@ -272,6 +290,12 @@ def print_report(data: dict[str, Any]) -> None:
             f"{'met' if t['median_met'] else 'NOT met'}; worst <= {t['worst']:.0%}: "
             f"{'met' if t['worst_met'] else 'NOT met'}"
         )
+        floor = t["least_worst_error"]
+        if floor and floor["error"] > t["worst"]:
+            print(
+                f"  no model of the call, device and cache state can be within {floor['error']:.1%} at its worst "
+                f"on this set: the sources' times of {floor['call']} in one cache state are that far apart"
+            )
     if own["cases"]:
         s = own["summary"]["all"]
         print(
@@ -301,7 +325,7 @@ def published_sources(cases_path: str | None = None) -> dict[str, Any]:
 def markdown(data: dict[str, Any], sources: dict[str, Any]) -> str:
     """The tables of docs/perf-model.md's "Results" from a report of :func:`report`: the summary
     (model and plain roofline, by bound), the split by architecture and by implementation
-    coverage, and one row per published source. ``sources``: the cases file's ``sources``
+    coverage, the split by layout, and one row per published source. ``sources``: the cases file's ``sources``
     records (each source's ``cache_state``). A device is named by its first hardware-DB alias."""
     from .. import hwdb
 
@@ -337,6 +361,18 @@ def markdown(data: dict[str, Any], sources: dict[str, Any]) -> str:
     for group, s in data["by_implementation_coverage"].items():
         if s["cases"]:
             lines.append(f"| {group}: {s['cases']} | {pct(s['model_median'])} | {pct(s['model_worst'])} |")
+    names = {"grouped_contiguous": "contiguous", "grouped_masked": "masked", "k_grouped": "K-grouped"}
+    lines += [
+        "",
+        f"| layout | cases | model median | model worst | above {TARGET_WORST:.0%} |",
+        "|---|---|---|---|---|",
+    ]
+    for layout, s in data["by_layout"].items():
+        if s["cases"]:
+            lines.append(
+                f"| {names.get(layout, layout)} | {s['cases']} | {pct(s['model_median'])} "
+                f"| {pct(s['model_worst'])} | {s['cases_above_worst_target']} |"
+            )
     lines += [
         "",
         "| source | device | cache | kernel: dtypes, layouts | cases | median | worst |",

@@ -968,9 +968,13 @@ def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
 def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
     """Calls timed by more than one source on silicon with the same datasheet figures (same
     architecture, core count, peak of the dtype and memory bandwidth: an H100 SXM and an H800 SXM
-    count as one): per call, each source's time and the ratio ``r`` of the slowest to the fastest. A
-    model that predicts from the call and the device alone is off by at least ``(r - 1) / (r + 1)``
-    at one end of such a spread, in or out of sample. Sorted by ratio, largest first."""
+    count as one): per call, each source's time, the ratio ``r`` of the slowest to the fastest and
+    the cache states (``operands``) the sources timed it in. A model that predicts from the call
+    and the device alone is off by at least ``(r - 1) / (r + 1)`` at one end of such a spread: in
+    sample, and held out too if it predicts a held-out call within the times the other sources
+    measured for it. This model also takes the cache state, so only the times of one cache state
+    bound it: ``least_worst_error`` is the bound of the widest spread within one state (None where
+    no state has two times). Sorted by ratio, largest first."""
     from .. import hwdb
 
     groups: dict[tuple, list[MeasuredCase]] = {}
@@ -992,16 +996,37 @@ def same_call_spread(cases: Sequence[MeasuredCase]) -> list[dict[str, Any]]:
             continue
         times = {f"{c.source} ({c.device})": c.t_measured * 1e6 for c in members}
         first, fixed = members[0], key[-1]
+        ratio = max(c.t_measured for c in members) / min(c.t_measured for c in members)
+        operands = sorted({c.operands for c in members})
+        in_one_state = [
+            max(ts) / min(ts)
+            for ts in ([c.t_measured for c in members if c.operands == state] for state in operands)
+            if len(ts) > 1
+        ]
         out.append(
             {
                 "call": f"{first.impl} {first.family} {first.dtype} rows={list(first.counts)} n={first.n} k={first.k}"
                 + (f" m={first.m}" if first.m else "")
                 + (f" tile={fixed[0]}x{fixed[1]}" if fixed else ""),
                 "times_us": times,
-                "ratio": max(times.values()) / min(times.values()),
+                "ratio": ratio,
+                "operands": operands,
+                "least_worst_error": (max(in_one_state) - 1) / (max(in_one_state) + 1) if in_one_state else None,
             }
         )
     return sorted(out, key=lambda r: -r["ratio"])
+
+
+def least_worst_error(spread: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The lowest worst-case |error| any model of the call, the device and the cache state can
+    reach on these cases (in sample, and held out with the condition :func:`same_call_spread`
+    states): set by the widest spread of ``spread`` within one cache state, returned as
+    ``{"error", "call"}`` (None: no such spread)."""
+    bounded = [row for row in spread if row["least_worst_error"] is not None]
+    if not bounded:
+        return None
+    row = max(bounded, key=lambda r: r["least_worst_error"])
+    return {"error": row["least_worst_error"], "call": row["call"]}
 
 
 def _roofline(case: MeasuredCase) -> float:
