@@ -402,10 +402,18 @@ def test_only_a_spread_in_one_cache_state_bounds_a_model_of_the_cache_state():
 
 
 def test_the_report_states_the_least_worst_error_the_set_allows_and_splits_by_layout(loso, capsys):
+    # the bound is the published set's: the widest spread in one cache state among calls no run
+    # of this project's timed
     floor = loso["target"]["least_worst_error"]
-    bounded = [r for r in loso["same_call_spread"] if r["least_worst_error"] is not None]
+    own = tuple(loso["own"]["sources"])
+    bounded = [
+        r
+        for r in loso["same_call_spread"]
+        if r["least_worst_error"] is not None and not any(who.startswith(own) for who in r["times_us"])
+    ]
     assert floor["error"] == pytest.approx(max(r["least_worst_error"] for r in bounded))
-    # the model cannot beat what the set allows, in sample or held out
+    assert floor["call"] in {r["call"] for r in bounded}
+    # held out, as in sample, the model is no nearer at its worst than the bound allows
     assert loso["summary"]["all"]["model_worst"] >= floor["error"]
     by_layout = loso["by_layout"]
     assert list(by_layout) == list(model_validation.LAYOUTS)

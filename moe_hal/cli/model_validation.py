@@ -325,8 +325,9 @@ def published_sources(cases_path: str | None = None) -> dict[str, Any]:
 def markdown(data: dict[str, Any], sources: dict[str, Any]) -> str:
     """The tables of docs/perf-model.md's "Results" from a report of :func:`report`: the summary
     (model and plain roofline, by bound), the split by architecture and by implementation
-    coverage, the split by layout, and one row per published source. ``sources``: the cases file's ``sources``
-    records (each source's ``cache_state``). A device is named by its first hardware-DB alias."""
+    coverage, the split by layout, and one row per published source. ``sources``: the cases
+    file's ``sources`` records (each source's ``cache_state``). A device is named by its first
+    hardware-DB alias."""
     from .. import hwdb
 
     def pct(x: float) -> str:
