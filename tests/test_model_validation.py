@@ -434,4 +434,4 @@ def test_the_report_states_the_least_worst_error_the_set_allows_and_splits_by_la
     out = capsys.readouterr().out
     assert "per layout (published set):" in out
     if floor["error"] > model_validation.TARGET_WORST:
-        assert f"within {floor['error']:.1%} at its worst" in out
+        assert f"within {floor['error']:.1%} of every case" in out

@@ -282,7 +282,7 @@ def print_report(data: dict[str, Any]) -> None:
         )
         for row in spread[:8]:
             times = ", ".join(f"{who} {t:.1f} us" for who, t in row["times_us"].items())
-            print(f"  {row['ratio']:.2f}x  {row['call']}: {times}")
+            print(f"  {row['ratio']:.2f}x  {row['call']} (operands in {'/'.join(row['operands'])}): {times}")
     t = data["target"]
     if data["cases"] and t["median_met"] is not None:
         print(
@@ -293,8 +293,8 @@ def print_report(data: dict[str, Any]) -> None:
         floor = t["least_worst_error"]
         if floor and floor["error"] > t["worst"]:
             print(
-                f"  no model of the call, device and cache state can be within {floor['error']:.1%} at its worst "
-                f"on this set: the sources' times of {floor['call']} in one cache state are that far apart"
+                f"  no model of the call, device and cache state can be within {floor['error']:.1%} of every "
+                f"case of this set: the sources time {floor['call']} that far apart in one cache state"
             )
     if own["cases"]:
         s = own["summary"]["all"]
