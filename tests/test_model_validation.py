@@ -168,8 +168,9 @@ def test_the_gpu_runs_of_this_project_are_predicted_within_their_target(loso):
 #: worst 73.5%, torchao PR #3342's Triton FP8 kernel on the H100 PCIe). It is 321.9% since PR
 #: #6677's source carries its kernel's tile list (16-row tiles for calls of up to 16 rows, which
 #: had been charged 64-row ones): the same source held out, whose calls of a few rows take the
-#: cold source's fixed time of 30 us and the RTX 4090 Triton kernel's L2 rate (1.44 TB/s).
-WORST_RECORDED = 3.22
+#: cold source's fixed time of 30 us and the RTX 4090 Triton kernel's L2 rate (1.44 TB/s); and
+#: 323.4% since SGLang PR #6756's sgl-kernel calls carry the tile its dispatch fixes per M bucket.
+WORST_RECORDED = 3.24
 
 #: The sources of the fifteenth to eighteenth rounds, and the ratchet on every earlier source's
 #: held-out cases off Ada (whose RTX 4090 source, held out, borrows the L40S sources' figures).
