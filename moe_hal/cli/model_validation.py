@@ -36,10 +36,10 @@ HOLD_OUT = ("source", "architecture")
 IMPL_ELSEWHERE = "implementation timed by another source too"
 IMPL_ONLY_HERE = "implementation timed by this source only"
 
-#: The published cases split by layout (kernel family): the three grouped layouts together, each
-#: of them, and the plain GEMMs the set holds as evidence of the kernels' rates.
+#: The ``by_layout`` row of the three grouped layouts together; the report's other rows are each
+#: grouped kernel family (``moe_hal.perf.efficiency.FAMILY_OF_OP``) and the plain GEMMs (``dense``)
+#: the set holds as evidence of the kernels' rates.
 GROUPED = "grouped (contiguous, masked, K-grouped)"
-LAYOUTS = (GROUPED, "grouped_contiguous", "grouped_masked", "k_grouped", "dense")
 
 _CASES_HELP = (
     "one cases file in the published set's schema (default: bench/published/cases.yaml and "
@@ -164,7 +164,10 @@ def report(
             IMPL_ELSEWHERE: _with_misses([o for o in published if measured_elsewhere(o)]),
             IMPL_ONLY_HERE: _with_misses([o for o in published if not measured_elsewhere(o)]),
         },
-        "by_layout": {layout: _with_misses([o for o in published if in_layout(o, layout)]) for layout in LAYOUTS},
+        "by_layout": {
+            layout: _with_misses([o for o in published if in_layout(o, layout)])
+            for layout in (GROUPED, *calibration.FAMILY_OF_OP.values(), "dense")
+        },
         "by_architecture": {  # of the published set, as the summary
             arch: calibration.summarize(o for o in published if architecture[o.case.device] == arch)["all"]
             for arch in sorted({architecture[o.case.device] for o in published})
