@@ -123,6 +123,40 @@ def test_torch_cases_carry_the_tile_torch_dispatches(published):
         assert tuple(case["tile"]) == _torch_sm90_tile(case), case["id"]
 
 
+def _next_pow2(x: int) -> int:
+    return 1 << (x - 1).bit_length()
+
+
+def _sm89_fp8_tile(case: dict) -> tuple[int, int]:
+    """The tile the SM89 FP8 GEMMs of vLLM (csrc/quantization/cutlass_w8a8/
+    scaled_mm_c2x_sm89_fp8_dispatch.cuh, read at 51cccd6) and sgl-kernel (sgl-kernel/csrc/gemm/
+    fp8_gemm_kernel.cu, sm89_fp8_dispatch_shape) launch for a dense call of M rows and N columns."""
+    m, n = case["m_per_group"], case["n"]
+    if case["impl"] == "sgl_kernel_fp8_scaled_mm_sm89_main":
+        assert 64 < m and n <= 8192, "only the buckets of the published calls are written out here"
+        return (64, 64) if m <= 128 else (128, 64) if m <= 256 else (128, 128)
+    mp2, np2 = max(32, _next_pow2(m)), _next_pow2(n)  # the floor of 32 never reaches the M16 branch
+    if mp2 <= 32:
+        return (32, 128) if 8192 < np2 <= 16384 else (32, 64)
+    if mp2 <= 64:
+        return (64, 128) if 8196 < np2 <= 16384 else (64, 64)
+    if mp2 <= 128:
+        return (64, 128) if np2 <= 8192 else (128, 128) if np2 <= 16384 else (128, 64)
+    if mp2 <= 256:
+        return (64, 128) if np2 <= 4096 else (128, 128)
+    return (256, 128) if 4096 < np2 <= 8192 else (128, 128)
+
+
+def test_sm89_fp8_cases_carry_the_tile_their_dispatch_fixes(published):
+    # The M-bucket dispatch fixes one tile per call; a tile list would let the model pick 16 x 64
+    # for a call of 2048 rows.
+    impls = ("vllm_cutlass_scaled_mm_sm89", "sgl_kernel_fp8_scaled_mm_sm89_main")
+    sm89 = [c for c in published["cases"] if c["impl"] in impls]
+    assert len(sm89) == 40
+    for case in sm89:
+        assert tuple(case["tile"]) == _sm89_fp8_tile(case), case["id"]
+
+
 def test_deepgemm_cases_launch_only_what_their_version_could():
     # DeepGEMM's get_best_configs (deep_gemm/jit_kernels/gemm.py) listed BLOCK_N in range(16, 129, 8)
     # at a6d97a1; the larger-block branch of PR #74 (55ab91f) added 144 and 160. BLOCK_M was the
