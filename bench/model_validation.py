@@ -51,12 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", help=f"predicted vs measured (default {PLOT.name} for leave-one-source-out)")
     parser.add_argument("--jobs", type=int, default=None, help=model_validation.JOBS_HELP)
     parser.add_argument("--markdown", action="store_true", help=model_validation.MARKDOWN_HELP)
+    parser.add_argument("--no-progress", action="store_true", help=model_validation.NO_PROGRESS_HELP)
     args = parser.parse_args(argv)
     by_architecture = args.hold_out == "architecture"  # --in-sample leaves the default, "source"
     name = "model_validation_published_by_architecture.json" if by_architecture else "model_validation_published.json"
     out = args.out or str(RESULTS / name)
     plot = args.plot or (None if by_architecture else str(PLOT))
-    data = model_validation.report(args.in_sample, hold_out=args.hold_out, jobs=args.jobs)
+    with model_validation.fold_progress(not args.no_progress and not args.in_sample) as progress:
+        data = model_validation.report(args.in_sample, hold_out=args.hold_out, jobs=args.jobs, progress=progress)
     Path(out).write_text(json.dumps(data, indent=2) + "\n")
     if plot:
         model_validation.plot(data, plot)

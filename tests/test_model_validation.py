@@ -241,13 +241,36 @@ def test_the_folds_give_the_same_outcomes_in_several_processes():
 
     cases = calibration.load_published()
     small = [c for c in cases if c.source in ("deepgemm-readme-a6d97a1", "deepgemm-pr74", "vllm-pr18778-b200")]
-    here = calibration.leave_one_source_out(small)
-    spread = calibration.leave_one_source_out(small, jobs=2)
+    told = {1: [], 2: []}
+    here = calibration.leave_one_source_out(small, progress=lambda *step: told[1].append(step))
+    spread = calibration.leave_one_source_out(small, jobs=2, progress=lambda *step: told[2].append(step))
+    # every fold is reported once as it ends, counted up to the number of folds
+    for steps in told.values():
+        assert sorted(s[0] for s in steps) == sorted({c.source for c in small})
+        assert [s[1:] for s in steps] == [(1, 3), (2, 3), (3, 3)]
     assert [o.case.id for o in spread] == [o.case.id for o in here]
     assert [o.estimate.t_predicted for o in spread] == [o.estimate.t_predicted for o in here]
     assert [o.estimate.basis for o in spread] == [o.estimate.basis for o in here]
     with pytest.raises(ArgumentError, match="jobs"):
         calibration.leave_one_source_out(small, jobs=0)
+
+
+def test_the_fold_progress_bar_shows_on_a_terminal_only(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from moe_hal.cli import render
+
+    with model_validation.fold_progress() as progress:  # pytest's stderr is not a terminal
+        assert progress is None
+    screen = io.StringIO()
+    monkeypatch.setattr(render, "console", lambda stderr=False: Console(file=screen, force_terminal=True, width=120))
+    with model_validation.fold_progress(enabled=False) as progress:
+        assert progress is None
+    with model_validation.fold_progress() as progress:
+        progress("vllm-pr6677-[l40s]", 1, 2)
+    assert "held out: vllm-pr6677-[l40s]" in screen.getvalue()  # the markup-like name printed as is
 
 
 def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path):

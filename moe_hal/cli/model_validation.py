@@ -14,12 +14,17 @@ which predictions then use.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..perf.calibration import FoldProgress
 
 #: Out-of-sample target of the model on the published set (issue 14): median and worst |error|.
 TARGET_MEDIAN = 0.12
@@ -50,6 +55,7 @@ MARKDOWN_HELP = (
     "instead of the text report"
 )
 JOBS_HELP = "processes the held-out fits run in (default: every CPU; the report is the same for any number)"
+NO_PROGRESS_HELP = "no progress bar while the held-out fits run"
 
 
 def register(model_parser: argparse.ArgumentParser) -> None:
@@ -75,6 +81,7 @@ def register(model_parser: argparse.ArgumentParser) -> None:
     shown.add_argument("--json", action="store_true", help="print JSON instead of tables")
     shown.add_argument("--markdown", action="store_true", help=MARKDOWN_HELP)
     v.add_argument("--jobs", type=int, default=None, help=JOBS_HELP)
+    v.add_argument("--no-progress", action="store_true", help=NO_PROGRESS_HELP)
     v.set_defaults(func=validate)
     c = actions.add_parser(
         "calibrate",
@@ -90,11 +97,16 @@ def register(model_parser: argparse.ArgumentParser) -> None:
 
 
 def report(
-    in_sample: bool = False, cases_path: str | None = None, hold_out: str = "source", jobs: int | None = None
+    in_sample: bool = False,
+    cases_path: str | None = None,
+    hold_out: str = "source",
+    jobs: int | None = None,
+    progress: FoldProgress | None = None,
 ) -> dict[str, Any]:
     """The validation report: per case, summary, target verdict (``hold_out``: one of
     :data:`HOLD_OUT`; ignored with ``in_sample``). ``jobs``: processes the held-out fits run in
-    (default: every CPU, as ``os.cpu_count()`` counts them; the report is the same for any number)."""
+    (default: every CPU, as ``os.cpu_count()`` counts them; the report is the same for any number).
+    ``progress``: told of each held-out fold as it ends (:func:`fold_progress` makes one)."""
     from .. import hwdb
     from ..errors import ArgumentError
     from ..perf import calibration
@@ -105,9 +117,10 @@ def report(
     if in_sample:
         outcomes, evaluation = calibration.in_sample(cases), "in-sample (fit on every case)"
     elif hold_out == "architecture":
-        outcomes, evaluation = calibration.leave_one_architecture_out(cases, _jobs(jobs)), "leave-one-architecture-out"
+        outcomes = calibration.leave_one_architecture_out(cases, _jobs(jobs), progress)
+        evaluation = "leave-one-architecture-out"
     else:
-        outcomes, evaluation = calibration.leave_one_source_out(cases, _jobs(jobs)), "leave-one-source-out"
+        outcomes, evaluation = calibration.leave_one_source_out(cases, _jobs(jobs), progress), "leave-one-source-out"
     # the targets are stated for the published set with each source held out (or in sample)
     judged = hold_out == "source" or in_sample
     published = [o for o in outcomes if o.case.origin == "published"]
@@ -181,8 +194,33 @@ def _jobs(jobs: int | None) -> int:
     return (os.cpu_count() or 1) if jobs is None else jobs
 
 
+@contextlib.contextmanager
+def fold_progress(enabled: bool = True) -> Iterator[FoldProgress | None]:
+    """A progress bar on stderr for :func:`report`'s held-out fits (minutes on a laptop's CPUs):
+    one step per fold, naming the group it held out. None where stderr is not a terminal, or
+    ``enabled`` is false."""
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import render
+
+    err = render.console(stderr=True)
+    if not enabled or not err.is_terminal:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task("fitting the held-out folds", total=None)
+
+        def step(held_out: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=f"held out: {escape(held_out)}")
+
+        yield step
+
+
 def validate(args: argparse.Namespace) -> int:
-    data = report(args.in_sample, args.cases, args.hold_out, args.jobs)
+    with fold_progress(not args.no_progress and not args.in_sample) as progress:
+        data = report(args.in_sample, args.cases, args.hold_out, args.jobs, progress)
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=2) + "\n")
     if args.plot:

@@ -57,7 +57,7 @@ import datetime
 import multiprocessing
 import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -907,22 +907,42 @@ def _fit_fractions(
 # ---------------------------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------------------------
+#: Called as each held-out fold is predicted: the group held out, the folds done, the folds in all.
+FoldProgress = Callable[[str, int, int], None]
+
+
 def _leave_one_group_out(
-    cases: Sequence[MeasuredCase], group_of: Callable[[_Prepared], str], jobs: int = 1
+    cases: Sequence[MeasuredCase],
+    group_of: Callable[[_Prepared], str],
+    jobs: int = 1,
+    progress: FoldProgress | None = None,
 ) -> list[Outcome]:
     """For each group (``group_of`` a prepared case): fit on the other groups' cases, predict this
     group's. ``jobs``: processes the folds run in (they are independent, and the outcomes are the
-    same in any number of them); 1 runs them here."""
+    same in any number of them); 1 runs them here. ``progress``: told of each fold as it ends (in
+    the order they end); the outcomes are in the order of the groups' names either way."""
     prepared = {p.case.id: p for p in _prepare(cases)}
     group = {c.id: group_of(prepared[c.id]) for c in cases}
     folds = sorted(set(group.values()))
     jobs = min(positive_int(jobs, "jobs"), len(folds))
+    by_fold: dict[str, list[Outcome]] = {}
+
+    def done(held_out: str, outcomes: list[Outcome]) -> None:
+        by_fold[held_out] = outcomes
+        if progress is not None:
+            progress(held_out, len(by_fold), len(folds))
+
     if jobs == 1:
-        return [o for held_out in folds for o in _fold(held_out, cases, prepared, group)]
-    # spawn, not fork: the caller may hold threads (torch's) that a forked child would inherit stuck
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(jobs, context, _hold_folds, (cases, prepared, group)) as pool:
-        return [o for outcomes in pool.map(_held_fold, folds) for o in outcomes]
+        for held_out in folds:
+            done(held_out, _fold(held_out, cases, prepared, group))
+    else:
+        # spawn, not fork: the caller may hold threads (torch's) that a forked child would inherit stuck
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(jobs, context, _hold_folds, (cases, prepared, group)) as pool:
+            running = {pool.submit(_held_fold, held_out): held_out for held_out in folds}
+            for future in as_completed(running):
+                done(running[future], future.result())
+    return [o for held_out in folds for o in by_fold[held_out]]
 
 
 def _fold(
@@ -946,17 +966,22 @@ def _held_fold(held_out: str) -> list[Outcome]:
     return _fold(held_out, *_FOLD_INPUTS)
 
 
-def leave_one_source_out(cases: Sequence[MeasuredCase], jobs: int = 1) -> list[Outcome]:
+def leave_one_source_out(
+    cases: Sequence[MeasuredCase], jobs: int = 1, progress: FoldProgress | None = None
+) -> list[Outcome]:
     """For each source: fit on the other sources, predict this one. Out-of-sample by source.
-    ``jobs``: processes to run the folds in."""
-    return _leave_one_group_out(cases, lambda p: p.case.source, jobs)
+    ``jobs``: processes to run the folds in; ``progress``: told of each source as its fold ends."""
+    return _leave_one_group_out(cases, lambda p: p.case.source, jobs, progress)
 
 
-def leave_one_architecture_out(cases: Sequence[MeasuredCase], jobs: int = 1) -> list[Outcome]:
+def leave_one_architecture_out(
+    cases: Sequence[MeasuredCase], jobs: int = 1, progress: FoldProgress | None = None
+) -> list[Outcome]:
     """For each GPU architecture: fit on the cases of the others, predict this one's. What a device
     of an architecture no case measured is predicted with (``moe_hal.perf.efficiency``, step 5).
-    ``jobs``: processes to run the folds in."""
-    return _leave_one_group_out(cases, lambda p: p.architecture, jobs)
+    ``jobs``: processes to run the folds in; ``progress``: told of each architecture as its fold
+    ends."""
+    return _leave_one_group_out(cases, lambda p: p.architecture, jobs, progress)
 
 
 def in_sample(cases: Sequence[MeasuredCase]) -> list[Outcome]:
