@@ -152,7 +152,7 @@ def test_sm89_fp8_cases_carry_the_tile_their_dispatch_fixes(published):
     # for a call of 2048 rows.
     impls = ("vllm_cutlass_scaled_mm_sm89", "sgl_kernel_fp8_scaled_mm_sm89_main")
     sm89 = [c for c in published["cases"] if c["impl"] in impls]
-    assert len(sm89) == 40
+    assert len(sm89) >= 40
     for case in sm89:
         assert tuple(case["tile"]) == _sm89_fp8_tile(case), case["id"]
 
