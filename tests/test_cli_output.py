@@ -31,6 +31,22 @@ def test_square_brackets_in_data_survive_tables():
     assert "case [path]" in out
 
 
+def test_square_brackets_in_data_survive_the_conformance_progress_bar():
+    from io import StringIO
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from moe_hal.cli.conformance import _RichProgress
+
+    buf = StringIO()
+    progress = _RichProgress(Console(file=buf, force_terminal=True, width=200))
+    progress.start(2)
+    progress.step("cuda_sm90", SimpleNamespace(status="pass", id="gemm/x", path="direct"))
+    progress.stop()
+    assert "cuda_sm90: gemm/x [direct]" in buf.getvalue()
+
+
 def test_key_columns_are_never_cut_in_a_narrow_console():
     from io import StringIO
 

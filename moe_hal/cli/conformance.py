@@ -149,16 +149,7 @@ class _RichProgress:
     """A rich progress bar on stderr for :func:`moe_hal.conformance.session.execute`."""
 
     def __init__(self, console) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
+        self.bar = render.progress_bar(console)
         self.task = None
         self.failed = 0
 

@@ -199,21 +199,17 @@ def fold_progress(enabled: bool = True) -> Iterator[FoldProgress | None]:
     """A progress bar on stderr for :func:`report`'s held-out fits (minutes on a laptop's CPUs):
     one step per fold, naming the group it held out. None where stderr is not a terminal, or
     ``enabled`` is false."""
-    from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from . import render
 
     err = render.console(stderr=True)
     if not enabled or not err.is_terminal:
         yield None
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=True) as bar:
+    with render.progress_bar(err) as bar:
         task = bar.add_task("fitting the held-out folds", total=None)
 
         def step(held_out: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total, description=f"held out: {escape(held_out)}")
+            bar.update(task, completed=done, total=total, description=f"held out: {held_out}")
 
         yield step
 

@@ -11,11 +11,14 @@ gets an unlimited width, so a table keeps its natural width in logs and pipes.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 #: Width of a console whose output is not a terminal: wide enough that no table is ever squeezed.
 PIPE_WIDTH = 100_000
@@ -26,6 +29,16 @@ def console(stderr: bool = False) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     interactive = hasattr(stream, "isatty") and stream.isatty()
     return Console(stderr=stderr, width=None if interactive else PIPE_WIDTH, highlight=False)
+
+
+def progress_bar(on: Console) -> Progress:
+    """A bar of counted steps on ``on`` that clears when it stops: the description (literal text,
+    never markup, so ``[direct]`` prints as written), the bar, steps done / total, time elapsed."""
+    # imported here: only the commands that run long steps draw one
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=on, transient=True)
 
 
 def text(value: Any, style: str | None = None) -> Text:
