@@ -1065,3 +1065,24 @@ def test_a_call_near_the_ridge_does_not_set_the_streaming_fraction(monkeypatch):
     assert fitted_bandwidth() == pytest.approx(0.7)
     monkeypatch.setattr(calibration, "STREAMING_MARGIN", 0.0)  # every memory-bound call informs it
     assert fitted_bandwidth() < 0.6
+
+
+def test_the_rtx_4090s_small_cublas_tiles_are_held_back_by_their_operand_loads():
+    # PyTorch issue #181718: at N 2056 and 2072 cuBLAS picks a 64 x 64 kernel that runs at 0.54 of
+    # the 128 x 128 one's TFLOP/s at N 2040. A 64 x 64 bf16 tile does 32 FLOP per operand byte,
+    # half a 128 x 128 one's, and Ada's SMs load about 21 GB/s each: the fit must find a load rate
+    # in that range (below any Hopper kernel's) and predict the slow calls from it, not from a low
+    # share of the peak that would also slow the 128 x 128 call.
+    from moe_hal.perf import calibration
+
+    cases = [c for c in calibration.load_published() if c.device in ("nvidia-rtx-4090", "nvidia-l40s")]
+    table = calibration.fit(cases)
+    load = table.figure("tile_load_rate", "nvidia-rtx-4090", "ada", "cublas")
+    assert load is not None and 15e9 <= load.value <= 30e9, load
+    errors = {
+        c.n: calibration.predict(c, table).t_predicted / c.t_measured - 1
+        for c in cases
+        if c.source == "pytorch-issue181718-rtx4090"
+    }
+    assert set(errors) == {2040, 2056, 2072}
+    assert all(abs(e) <= 0.15 for e in errors.values()), errors

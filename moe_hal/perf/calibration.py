@@ -107,8 +107,14 @@ GRID: tuple[tuple[float, float, float], ...] = tuple(
 GRID_KINDS = ("tile_overhead", "stage_latency", "launch")
 
 #: Per-core tile load rates (bytes/s) tried per implementation once the grid's times are chosen
-#: (None: no cap). Only an implementation timed at several tile shapes of one call can show it.
-LOAD_RATES: tuple[float | None, ...] = (None, *(gbps * 1e9 for gbps in (40, 50, 60, 70, 80, 100, 130)))
+#: (None: no cap). Only an implementation timed at tiles of several FLOP per operand byte can show
+#: it. The range spans both architectures that show one: Hopper's kernels load at 80-130 GB/s per
+#: SM, while cuBLAS's 64 x 64 bf16 tiles on the RTX 4090 (PyTorch issue #181718: 32 FLOP per
+#: operand byte at 84-90 TFLOP/s on 128 SMs) draw about 21 GB/s per SM.
+LOAD_RATES: tuple[float | None, ...] = (
+    None,
+    *(gbps * 1e9 for gbps in (10, 15, 20, 25, 30, 40, 50, 60, 70, 80, 100, 130)),
+)
 
 #: Fixed times per call (seconds) tried for one implementation whose cases separate a fixed time
 #: from its rates (:func:`_fit_launches`). Only a value inside the range is kept.
