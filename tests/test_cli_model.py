@@ -184,3 +184,15 @@ def test_fast_accumulation_drops_the_k_block_latency_from_the_seed_call(capsys):
         assert before["stage_latency"] > 0 and e["stage_latency"] == 0 and e["promotion_k"] == 0
         assert e["t_compute"] < before["t_compute"]
         assert "fast_accumulation" in e["basis"]["stage_latency"]
+
+
+def test_the_explanation_names_a_tile_load_rate_where_one_applies(capsys):
+    # cuBLAS on the RTX 4090 has a load rate of its own (hwdb/measured): a 64 x 64 tile's MMA runs
+    # below the compute rate, and the explanation must say why; DeepSeek-V3 shapes on the H200 with
+    # a kernel that has none print no such line
+    argv = ["--counts", "2056", "--n", "2056", "--k", "2056", "--dtype", "bf16", "--tiles", "64x64"]
+    _, out, _ = run(["--hw", "nvidia-rtx-4090", "--impl", "cublas", *argv], capsys)
+    line = next(x for x in out.splitlines() if "prediction tile_load_rate" in x)
+    assert "GB/s" in line and "of the achieved compute rate" in line
+    _, out, _ = run(["--hw", "nvidia-h200-sxm", "--impl", "torch_grouped_mm", *argv], capsys)
+    assert "prediction tile_load_rate" not in out and "prediction launch" in out

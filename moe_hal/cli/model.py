@@ -307,8 +307,10 @@ def print_report(report: dict[str, Any]) -> None:
     )
     console.print(f"ridge M* = {report['ridge_m']:.0f} rows; plain roofline (ideal) = {_us(report['t_roofline'])} us")
     basis = report["ranked"][0]["basis"]
-    for term in ("compute", "bandwidth", "tile_overhead", "stage_latency", "launch"):
-        console.print(render.text(f"  prediction {term}: {basis[term]}"))
+    for term in ("compute", "bandwidth", "tile_overhead", "stage_latency", "launch", "tile_load_rate"):
+        # most kernels have no load rate: say so only where one holds the tiles back
+        if term != "tile_load_rate" or basis[term] != "not modelled":
+            console.print(render.text(f"  prediction {term}: {basis[term]}"))
     columns = (
         "tile",
         "occ M",
