@@ -1086,3 +1086,29 @@ def test_the_rtx_4090s_small_cublas_tiles_are_held_back_by_their_operand_loads()
     }
     assert set(errors) == {2040, 2056, 2072}
     assert all(abs(e) <= 0.15 for e in errors.values()), errors
+
+
+def test_a_share_lent_by_a_device_of_a_higher_mma_rate_per_cycle_is_converted():
+    # The L40S's datasheet counts FP8 with FP32 accumulation at twice the RTX 4090's rate per SM
+    # and clock (same AD102 silicon): a share of the L40S's peak lent to the RTX 4090 is converted
+    # at that ratio (capped at 1); lent the other way it is not, and a device's own figure never is
+    from moe_hal.perf.efficiency import CONVERTED
+
+    rates = {"fast": 2.0, "slow": 1.0}
+    table = EfficiencyTable(
+        [rec("fast", impl="a", value=0.4), rec("fast", impl="b", value=0.45), rec("slow", impl="c", value=0.95)],
+        mma_rate_of=lambda device, dtype: rates.get(device),
+    )
+    lent = table.compute("slow", "arch", "new", "fp8", "grouped_contiguous")
+    # 0.4 and 0.45 -> 0.8 and 0.9, pooled with c's 0.95 on the architecture (one kernel on the
+    # device is no typical figure)
+    assert lent.value == pytest.approx(0.9) and CONVERTED in lent.level and "architecture" in lent.level
+    assert table.compute("slow", "arch", "a", "fp8", "grouped_contiguous").value == pytest.approx(0.8)
+    own = table.compute("slow", "arch", "c", "fp8", "grouped_contiguous")
+    assert own.value == 0.95 and CONVERTED not in own.level
+    back = table.compute("fast", "arch", "c", "fp8", "grouped_contiguous")
+    assert back.value == 0.95 and CONVERTED not in back.level  # not converted down
+    capped = EfficiencyTable([rec("fast", value=0.7)], mma_rate_of=lambda device, dtype: rates.get(device))
+    assert capped.compute("slow", "arch", "lib", "fp8", "grouped_contiguous").value == 1.0
+    unknown = EfficiencyTable([rec("fast", value=0.4)], mma_rate_of=lambda device, dtype: None)
+    assert unknown.compute("slow", "arch", "lib", "fp8", "grouped_contiguous").value == 0.4

@@ -57,7 +57,15 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    and +15.6% to +4.0% and +5.0% (``docs/perf-model-history.md``, "A thirteenth round").
    A streaming fraction is the device's memory system as much as the kernel's: after this
    implementation on the device come the others there, then the architecture's
-   (:meth:`EfficiencyTable.bandwidth`);
+   (:meth:`EfficiencyTable.bandwidth`). A compute fraction of another device of the architecture
+   whose datasheet counts a higher MMA rate of the dtype per core and clock cycle is converted to
+   this device's datasheet at that ratio, capped at 1 (:meth:`EfficiencyTable._lent_at_this_rate`):
+   the L40S and the RTX 4090 are one AD102 silicon, but the L40S's datasheet counts FP8 with FP32
+   accumulation at twice the RTX 4090's rate per SM and cycle, and held out, the RTX 4090's Triton
+   FP8 GEMM (SGLang PR #29638) took the L40S kernels' 0.396 of their peak as its own and was
+   predicted 117.0% slow, where it runs at 0.89 of its own peak. The other way round a share is
+   lent as it is: a kernel held to a lower rate says nothing of how far it falls short of a
+   higher one;
 4. the architecture and dtype, kernels of the other class; then the dtype (or its twin), this
    class, on any architecture; then the architecture, any dtype, this class, then the other
    class. A figure of the other class is scaled by how much of the peak
@@ -115,6 +123,7 @@ carries its basis and the level it came from.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -203,6 +212,9 @@ OVERHEAD_TILE = (128, 128)
 #: What a ``tile_overhead`` figure is stated for, in the words records and bases say it with.
 PER_OVERHEAD_TILE = f"per {OVERHEAD_TILE[0]} x {OVERHEAD_TILE[1]} tile"
 
+#: How a level says it lent a share converted between datasheets (EfficiencyTable._lent_at_this_rate).
+CONVERTED = "shares of the architecture's devices with a higher datasheet MMA rate per core-cycle converted"
+
 #: Dtypes a kernel runs on the same tensor-core instructions at the same share of each one's
 #: datasheet peak: fp16 and bf16 (one MMA shape and issue rate per 16-bit float type on Hopper and
 #: Blackwell). Where a level has a figure of only one of them, it answers for the other before a
@@ -285,24 +297,43 @@ def hwdb_bandwidth(device: str) -> float | None:
     return None if entry is None else entry.mem_bandwidth(measured=False)
 
 
+@functools.cache
+def hwdb_mma_rate(device: str, dtype: str) -> float | None:
+    """The datasheet dense peak of ``dtype`` per SM (or AI core) and clock cycle, FLOP, that the
+    hardware DB gives ``device``; None where it lacks the peak, the core count or the boost clock."""
+    entry = _hwdb_entry(device)
+    if entry is None:
+        return None
+    peak = entry.peak_flops(dtype, measured=False)
+    cores, clock = entry.quantity("compute.units"), entry.quantity("compute.boost_clock")
+    if not (peak and cores and clock):
+        return None
+    return peak / (cores.value * clock.si)
+
+
 class EfficiencyTable:
     """Achieved figures, answered through the fallback order of the module docstring.
 
     ``vendor_of``, ``bandwidth_of``: a device id's vendor and datasheet memory bandwidth, for the
     borrowing of step 5 (default: the hardware DB's; a device whose vendor is None borrows
-    nothing, and one whose bandwidth is None no L2 rate)."""
+    nothing, and one whose bandwidth is None no L2 rate). ``mma_rate_of``: a device's datasheet
+    peak of a dtype per core and clock cycle, for a share lent by a device of the same
+    architecture (:meth:`_lent_at_this_rate`; None: lent as it is)."""
 
     def __init__(
         self,
         records: Iterable[Achieved] = (),
         vendor_of: Callable[[str], str | None] = hwdb_vendor,
         bandwidth_of: Callable[[str], float | None] = hwdb_bandwidth,
+        mma_rate_of: Callable[[str, str], float | None] = hwdb_mma_rate,
     ):
         self.records: tuple[Achieved, ...] = tuple(records)
         self.vendor_of = vendor_of
         self.bandwidth_of = bandwidth_of
+        self.mma_rate_of = mma_rate_of
         # answers by question: the records never change, and backends ask once per grouped GEMM
         self._answers: dict[tuple, Resolved | None] = {}
+        self._lent: dict[tuple[str, str | None], EfficiencyTable] = {}
 
     def __bool__(self) -> bool:
         return bool(self.records)
@@ -402,7 +433,35 @@ class EfficiencyTable:
                         )
                     )
                     levels.append(("vendor", vendor, f"any dtype, {other} kernels ({why})", in_other, factor))
-        return self._resolve("compute", levels, impl, own_first=True)
+        found = self._resolve("compute", levels, impl, own_first=True)
+        lent = self._lent_at_this_rate(device, architecture)
+        if lent is not self and (converted := lent._resolve("compute", levels, impl, own_first=True)) != found:
+            found = replace(converted, level=f"{converted.level}; {CONVERTED}")
+        return found
+
+    def _lent_at_this_rate(self, device: str, architecture: str | None) -> EfficiencyTable:
+        """This table with the compute shares of the architecture's other devices whose datasheet
+        MMA rate per core and clock cycle is higher than ``device``'s converted to ``device``'s
+        datasheet (:data:`CONVERTED`); itself when none is."""
+        key = (device, architecture)
+        if key not in self._lent:
+            self._lent[key] = self._convert_for(device, architecture)
+        return self._lent[key]
+
+    def _convert_for(self, device: str, architecture: str | None) -> EfficiencyTable:
+        here = {dt: self.mma_rate_of(device, dt) for dt in {str(r.dtype) for r in self.records if r.kind == "compute"}}
+        if architecture is None or not any(here.values()):
+            return self
+        records = []
+        for r in self.records:
+            if r.kind == "compute" and r.device != device and r.architecture == architecture:
+                mine, there = here[str(r.dtype)], self.mma_rate_of(r.device, str(r.dtype))
+                if there and mine and there > mine * (1 + 1e-9):
+                    r = replace(r, value=min(1.0, r.value * there / mine))
+            records.append(r)
+        if all(a is b for a, b in zip(records, self.records)):
+            return self
+        return EfficiencyTable(records, self.vendor_of, self.bandwidth_of, self.mma_rate_of)
 
     def _measured(self, kind: str, architecture: str) -> bool:
         return any(r.kind == kind and r.architecture == architecture for r in self.records)
@@ -500,6 +559,7 @@ class EfficiencyTable:
             ],
             self.vendor_of,
             self.bandwidth_of,
+            self.mma_rate_of,
         )
         why = f"as a multiple of the datasheet bandwidth ({architecture} never measured)"
         return shares._resolve(kind, [("vendor", vendor, f"{kind} {why}", lambda r: True)], None)
