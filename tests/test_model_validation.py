@@ -221,19 +221,37 @@ def test_the_worst_case_is_reported_honestly(loso):
 
 def test_no_source_is_predicted_from_its_own_cases(monkeypatch):
     cases = calibration.load_published()
-    seen = []
-    real_fit = calibration.fit
+    seen, fitted = [], []
+    real_fit, real_fit_architecture = calibration._fit, calibration._fit_architecture
 
-    def spy(train, **kwargs):
+    def spy(train, *args, **kwargs):
         seen.append({c.source for c in train})
-        return real_fit(train, **kwargs)
+        return real_fit(train, *args, **kwargs)
 
-    monkeypatch.setattr(calibration, "fit", spy)
-    small = [c for c in cases if c.source in ("deepgemm-readme-a6d97a1", "deepgemm-readme-55ab91f", "deepgemm-pr74")]
+    def spy_architecture(group, *args):
+        fitted.append({p.case.source for p in group})
+        return real_fit_architecture(group, *args)
+
+    monkeypatch.setattr(calibration, "_fit", spy)
+    monkeypatch.setattr(calibration, "_fit_architecture", spy_architecture)
+    # three Hopper sources, one Ada and one RTX 5090 source: a fold refits only the architecture
+    # it holds a source of (and those that borrow from it)
+    sources = ("deepgemm-readme-a6d97a1", "deepgemm-readme-55ab91f", "deepgemm-pr74")
+    small = [c for c in cases if c.source in (*sources, "sglang-pr6756-l40s", "zzc-issue96-rtx5090")]
     outcomes = calibration.leave_one_source_out(small)
-    assert len(seen) == 3 and len(outcomes) == len(small)
-    for train_sources, held_out in zip(seen, sorted({c.source for c in small})):
-        assert held_out not in train_sources and len(train_sources) == 2
+    held_out = sorted({c.source for c in small})
+    assert len(seen) == len(held_out) == 5 and len(outcomes) == len(small)
+    for train_sources, source in zip(seen, held_out):
+        assert source not in train_sources and len(train_sources) == 4
+    assert len(fitted) < 3 * len(held_out)
+    # an architecture fitted for one fold and taken by another is the one a fit of its own gives
+    for source in held_out:
+        alone = calibration.fit([c for c in small if c.source != source])
+        assert [o.as_dict() for o in outcomes if o.case.source == source] == [
+            calibration.Outcome(c, calibration.predict(c, alone), calibration._roofline(c)).as_dict()
+            for c in small
+            if c.source == source
+        ]
 
 
 def test_the_folds_give_the_same_outcomes_in_several_processes():

@@ -612,10 +612,12 @@ def test_predicting_cases_together_is_predicting_each_alone():
     assert len({len(p.candidates) for p in prepared}) > 1 and {p.case.operands for p in prepared} == {"hbm", "l2"}
     launches = [1e-6 * (i % 4) for i in range(len(prepared))]
     loads = [None if i % 3 else 80e9 for i in range(len(prepared))]
-    together = calibration._fast_predict(calibration._Batch(prepared), table, 2e-6, 40e-9, launches, loads)
+    batch = calibration._Batch(prepared)
+    together = calibration._fast_predict(batch, table, 2e-6, 40e-9, launches, loads)
     for i, p in enumerate(prepared):
         alone = calibration._fast_predict(calibration._Batch([p]), table, 2e-6, 40e-9, launches[i], loads[i])
-        assert together[0][i] == alone[0][0] and together[1][i] is alone[1][0] and together[2][i] == alone[2][0]
+        assert together[0][i] == alone[0][0] and together[2][i] == alone[2][0]
+        assert batch.candidates[together[1][i]] is p.candidates[alone[1][0]]
 
 
 def test_a_per_core_cap_and_l2_bandwidth_in_an_overlay_are_loaded(tmp_path):

@@ -460,6 +460,16 @@ class _Batch:
             self.core_peak,
         ) = columns.T
         self.t_measured = np.array([p.case.t_measured for p in self.cases], dtype=float)
+        # the questions a prediction asks the efficiency table, once per distinct kernel: a fit
+        # asks them of thousands of tables
+        questions = [
+            (p.case.device, p.architecture, p.case.impl, p.case.dtype, p.case.family, p.case.operands == "l2")
+            for p in self.cases
+        ]
+        self.questions = list(dict.fromkeys(questions))
+        number = {q: i for i, q in enumerate(self.questions)}
+        self.question = np.array([number[q] for q in questions], dtype=int)
+        self.devices = sorted({p.case.device for p in self.cases})
 
     def __iter__(self) -> Iterator[_Prepared]:
         return iter(self.cases)
@@ -519,20 +529,11 @@ def _fast_predict(
     load: float | None | Sequence[float | None] = None,
 ) -> tuple[np.ndarray, list[_Candidate], np.ndarray]:
     """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms, for every
-    case of ``batch``: per case the predicted time, the candidate (tile and split) that gives it and
-    whether it is compute-bound. ``launch`` and ``load`` (the per-core tile load rate, None for no
+    case of ``batch``: per case the predicted time, the candidate (tile and split) that gives it, as
+    its row in ``batch.candidates``, and whether it is compute-bound. ``launch`` and ``load`` (the per-core tile load rate, None for no
     cap) are one value for every case or one per case."""
     n = len(batch)
-    eta_c, eta_b, l2 = np.empty(n), np.empty(n), np.full(n, np.nan)
-    for i, p in enumerate(batch):
-        c = p.case
-        comp = table.compute(c.device, p.architecture, c.impl, c.dtype, c.family)
-        band = table.bandwidth(c.device, p.architecture, c.impl)
-        eta_c[i] = comp.value if comp else 1.0
-        eta_b[i] = band.value if band else 1.0
-        # a warm call with no L2 rate known streams at the cold rate
-        if c.operands == "l2" and (rate := table.figure("l2_bandwidth", c.device, p.architecture, c.impl)):
-            l2[i] = rate.value
+    eta_c, eta_b, l2 = _achieved(batch, table)
     row = batch.owner
     loads, launches = _per_case(load, n)[row], _per_case(launch, n)[row]
     # min(eta_c, _Candidate.load_cap(load)) and estimate's terms, operation for operation
@@ -551,7 +552,23 @@ def _fast_predict(
     # each case's first candidate at its minimum (ties go to the earlier candidate)
     at_min = np.flatnonzero(t == best[row])
     chosen = at_min[np.unique(row[at_min], return_index=True)[1]]
-    return best, [batch.candidates[i] for i in chosen], t_comp[chosen] >= t_mem[chosen]
+    return best, chosen, t_comp[chosen] >= t_mem[chosen]
+
+
+def _achieved(batch: _Batch, table: EfficiencyTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per case of ``batch``, what ``table`` gives its kernel: the fraction of the compute peak and
+    of the memory bandwidth (1 where it has none), and the L2 rate of a warm call (NaN for a cold
+    call or none known: a warm call with no L2 rate streams at the cold rate)."""
+    asked = len(batch.questions)
+    eta_c, eta_b, l2 = np.empty(asked), np.empty(asked), np.full(asked, np.nan)
+    for i, (device, architecture, impl, dtype, family, warm) in enumerate(batch.questions):
+        comp = table.compute(device, architecture, impl, dtype, family)
+        band = table.bandwidth(device, architecture, impl)
+        eta_c[i] = comp.value if comp else 1.0
+        eta_b[i] = band.value if band else 1.0
+        if warm and (rate := table.figure("l2_bandwidth", device, architecture, impl)):
+            l2[i] = rate.value
+    return eta_c[batch.question], eta_b[batch.question], l2[batch.question]
 
 
 def _per_case(value: float | None | Sequence[float | None], n: int) -> np.ndarray:
@@ -570,6 +587,21 @@ def fit(
 ) -> EfficiencyTable:
     """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
     ``prepared``: the cases' unit terms by case id, when the caller has them already."""
+    return _fit(cases, basis, source, grid, prepared)
+
+
+def _fit(
+    cases: Sequence[MeasuredCase],
+    basis: str = "fitted",
+    source: str = "bench/published/cases.yaml",
+    grid: Sequence[tuple[float, float, float]] = GRID,
+    prepared: Mapping[str, _Prepared] | None = None,
+    fitted: dict[tuple, list[Achieved]] | None = None,
+) -> EfficiencyTable:
+    """:func:`fit`; ``fitted``: the records of the architectures fitted by earlier calls on the same
+    ``prepared`` cases, by their inputs (:func:`_fit_architecture`), to take and to add to: the
+    folds of a validation refit only the architecture of the cases they hold out, and those that
+    borrow from it."""
     prepared = [prepared[c.id] for c in cases] if prepared is not None else _prepare(cases)
     by_arch: dict[str, list[_Prepared]] = {}
     for p in prepared:
@@ -587,50 +619,76 @@ def fit(
     lenders = {arch for arch, known in identified.items() if all(known[kind] for kind in BORROWABLE)}
     records: list[Achieved] = []
     for arch in sorted(by_arch, key=lambda a: a not in lenders):
-        group, scored, known = _Batch(by_arch[arch]), _Batch(timed[arch]), identified[arch]
+        known = identified[arch]
         fixed: dict[str, tuple[float, str]] = {}
         if not known["stage_latency"]:
             fixed["stage_latency"] = (0.0, f"not identified by this architecture's {len(timed[arch])} cases: 0")
         for kind in BORROWABLE:
             if not known[kind] and (lent := _borrow(kind, records, identified)) is not None:
                 fixed[kind] = lent
-        points = _restrict(grid, {kind: value for kind, (value, _) in fixed.items()})
-        # the grid without load caps, then each implementation's load rate at the chosen times,
-        # then the grid again with those rates (they trade off little: one round settles them)
-        table, point = _search(group, scored, points, {}, basis, source, own_kernels)
-        loads, load_notes = _fit_loads(group, point, basis, source, own_kernels)
-        if loads:
-            table, point = _search(group, scored, points, loads, basis, source, own_kernels)
-        launches, launch_notes = _fit_launches(group, point, loads, basis, source, own_kernels)
-        if launches:
-            table, point = _search(group, scored, points, loads, basis, source, own_kernels, launches)
-        records.extend(table)
-        for device in sorted({p.case.device for p in group}):
-            n = sum(1 for p in group if p.case.device == device)
-            for kind, value in zip(GRID_KINDS, point):
-                how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(timed[arch])} cases"
-                if kind == "tile_overhead":
-                    how = f"{PER_OVERHEAD_TILE}; {how}"
-                records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
-            # each implementation's own launch time and tile load rate, where it has one
-            for kind, own, notes in (("launch", launches, launch_notes), ("tile_load_rate", loads, load_notes)):
-                for impl, value in sorted(own.items()):
-                    mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
-                    if mine:
-                        records.append(
-                            Achieved(
-                                device,
-                                arch,
-                                impl,
-                                kind,
-                                value,
-                                mine,
-                                basis,
-                                f"{_source_of(impl, own_kernels, source)} ({impl}'s own; {notes[impl]})",
-                                typical=impl not in own_kernels,
-                            )
-                        )
+        mine = own_kernels & {p.case.impl for p in by_arch[arch]}
+        inputs = (arch, tuple(p.case.id for p in by_arch[arch]), tuple(fixed.items()), mine, basis, source, tuple(grid))
+        if fitted is None or inputs not in fitted:
+            found = _fit_architecture(by_arch[arch], timed[arch], fixed, basis, source, mine, grid)
+            if fitted is None:
+                records.extend(found)
+                continue
+            fitted[inputs] = found
+        records.extend(fitted[inputs])
     return EfficiencyTable(records)
+
+
+def _fit_architecture(
+    cases: list[_Prepared],
+    timed: list[_Prepared],
+    fixed: Mapping[str, tuple[float, str]],
+    basis: str,
+    source: str,
+    own_kernels: frozenset[str],
+    grid: Sequence[tuple[float, float, float]],
+) -> list[Achieved]:
+    """The records of one architecture's ``cases``: its grid times fitted on ``timed`` (the
+    ``fixed`` ones set: value, and in words why), each implementation's load rate and launch time,
+    and the fractions at those."""
+    arch = cases[0].architecture
+    group, scored = _Batch(cases), _Batch(timed)
+    points = _restrict(grid, {kind: value for kind, (value, _) in fixed.items()})
+    # the grid without load caps, then each implementation's load rate at the chosen times,
+    # then the grid again with those rates (they trade off little: one round settles them)
+    table, point = _search(group, scored, points, {}, basis, source, own_kernels)
+    loads, load_notes = _fit_loads(group, point, basis, source, own_kernels)
+    if loads:
+        table, point = _search(group, scored, points, loads, basis, source, own_kernels)
+    launches, launch_notes = _fit_launches(group, point, loads, basis, source, own_kernels)
+    if launches:
+        table, point = _search(group, scored, points, loads, basis, source, own_kernels, launches)
+    records = list(table)
+    for device in group.devices:
+        n = sum(1 for p in group if p.case.device == device)
+        for kind, value in zip(GRID_KINDS, point):
+            how = fixed[kind][1] if kind in fixed else f"one value per architecture, {len(timed)} cases"
+            if kind == "tile_overhead":
+                how = f"{PER_OVERHEAD_TILE}; {how}"
+            records.append(Achieved(device, arch, "*", kind, value, n, basis, f"{source} ({how})"))
+        # each implementation's own launch time and tile load rate, where it has one
+        for kind, own, notes in (("launch", launches, launch_notes), ("tile_load_rate", loads, load_notes)):
+            for impl, value in sorted(own.items()):
+                mine = sum(1 for p in group if p.case.device == device and p.case.impl == impl)
+                if mine:
+                    records.append(
+                        Achieved(
+                            device,
+                            arch,
+                            impl,
+                            kind,
+                            value,
+                            mine,
+                            basis,
+                            f"{_source_of(impl, own_kernels, source)} ({impl}'s own; {notes[impl]})",
+                            typical=impl not in own_kernels,
+                        )
+                    )
+    return records
 
 
 def _score(
@@ -825,39 +883,36 @@ def _fit_fractions(
     launches: Mapping[str, float] | None = None,
 ) -> EfficiencyTable:
     table = EfficiencyTable()
+    load_of, launch_of = _by_impl(group, loads, None), _by_impl(group, launches, launch)
+    measured = group.t_measured
+    left = measured - _per_case(launch_of, len(group))
+    load = _per_case(load_of, len(group))
+    cold = np.array([p.case.operands == "hbm" for p in group])
+    # which fraction each case informs: its kernel's compute share, its device's streaming rate
+    # and its kernel's L2 rate, each numbered in the order the cases first name it
+    compute_of = _numbered([(p.case.device, p.case.impl, p.case.dtype, p.case.family) for p in group])
+    bandwidth_of = _numbered([(p.case.device, p.case.impl) for p in group])
+    l2_of = _numbered([p.case.impl for p in group])
     for _ in range(ITERATIONS):
-        # (fraction a case implies, the seconds that fraction explains in it): weights (below)
-        compute: dict[tuple, list[tuple[float, float]]] = {}
-        bandwidth: dict[tuple, list[tuple[float, float]]] = {}
-        l2: dict[str, list[float]] = {}
-        load_of, launch_of = _by_impl(group, loads, None), _by_impl(group, launches, launch)
         _, chosen, compute_bound = _fast_predict(group, table, overhead, stage, launch_of, load_of)
-        for p, cand, is_compute, fixed, load in zip(group, chosen, compute_bound, launch_of, load_of):
-            c = p.case
-            left = c.t_measured - fixed
-            if is_compute:
-                mma = left - cand.overhead_tiles * overhead - cand.stages * stage
-                # a tile its operand loads hold below the fraction it would imply says nothing of it
-                if (
-                    mma > BINDING_SHARE * c.t_measured
-                    and cand.t_compute_unit / mma < cand.load_cap(load)
-                    and cand.t_compute_unit >= cand.t_memory_unit
-                ):
-                    compute.setdefault((c.device, c.impl, c.dtype, c.family), []).append(
-                        (min(1.0, cand.t_compute_unit / mma), mma)
-                    )
-            elif (
-                left > BINDING_SHARE * c.t_measured
-                and c.operands == "hbm"
-                and cand.t_memory_unit >= STREAMING_MARGIN * cand.t_compute_unit
-            ):
-                bandwidth.setdefault((c.device, c.impl), []).append((min(1.0, cand.t_memory_unit / left), left))
-            elif left > 0 and cand.share_l2 > L2_SHARE:
-                # the time left once the bytes outside the L2 have streamed at the cold rate
-                band = table.bandwidth(c.device, p.architecture, c.impl)
-                rest = left - cand.t_memory_unit * (1 - cand.share_l2) / (band.value if band else 1.0)
-                if rest > 0:
-                    l2.setdefault(c.impl, []).append(cand.bytes_l2 / rest)
+        t_unit, t_memory, share_l2 = group.t_unit[chosen], group.t_memory[chosen], group.share_l2[chosen]
+        mma = left - group.tiles[chosen] * overhead - group.stages[chosen] * stage
+        with np.errstate(divide="ignore", invalid="ignore"):
+            implied = t_unit / mma
+            # a tile its operand loads hold below the fraction it would imply says nothing of it
+            cap = np.where(np.isnan(load), np.inf, load * group.reuse[chosen] / group.core_peak[chosen])
+            informs_compute = compute_bound & (mma > BINDING_SHARE * measured) & (implied < cap) & (t_unit >= t_memory)
+            streams = (
+                ~compute_bound & (left > BINDING_SHARE * measured) & cold & (t_memory >= STREAMING_MARGIN * t_unit)
+            )
+            # the time left once the bytes outside the L2 have streamed at the cold rate
+            rest = left - t_memory * (1 - share_l2) / _achieved(group, table)[1]
+            informs_l2 = ~compute_bound & ~streams & (left > 0) & (share_l2 > L2_SHARE) & (rest > 0)
+            streamed, l2_rate = t_memory / left, group.bytes_l2[chosen] / rest
+        # (fraction a case implies, the seconds that fraction explains in it): weights (below)
+        compute = _grouped(compute_of, informs_compute, np.minimum(1.0, implied), mma)
+        bandwidth = _grouped(bandwidth_of, streams, np.minimum(1.0, streamed), left)
+        l2 = {impl: [rate for rate, _ in pairs] for impl, pairs in _grouped(l2_of, informs_l2, l2_rate, rest).items()}
         arch = group.cases[0].architecture
         records = [
             Achieved(
@@ -904,10 +959,32 @@ def _fit_fractions(
                         note,
                         typical=i not in own_kernels,
                     )
-                    for d in sorted({p.case.device for p in group})
+                    for d in group.devices
                 ]
         table = EfficiencyTable(records)
     return table
+
+
+def _numbered(keys: list) -> tuple[list, np.ndarray]:
+    """The distinct ``keys`` in the order of their first appearance, and each key's number in it."""
+    distinct = list(dict.fromkeys(keys))
+    number = {key: i for i, key in enumerate(distinct)}
+    return distinct, np.array([number[key] for key in keys], dtype=int)
+
+
+def _grouped(
+    numbered: tuple[list, np.ndarray], selected: np.ndarray, values: np.ndarray, weights: np.ndarray
+) -> dict[Any, list[tuple[float, float]]]:
+    """The ``(value, weight)`` pairs of the ``selected`` cases by their key (``numbered``, from
+    :func:`_numbered`), keys in the order the selected cases first name them, pairs in case order."""
+    keys, number = numbered
+    rows = np.flatnonzero(selected)
+    first = np.unique(number[rows], return_index=True)
+    out = {}
+    for key in first[0][np.argsort(first[1])]:
+        mine = rows[number[rows] == key]
+        out[keys[key]] = list(zip(values[mine].tolist(), weights[mine].tolist()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -939,8 +1016,9 @@ def _leave_one_group_out(
             progress(held_out, len(by_fold), len(folds))
 
     if jobs == 1:
+        fitted: dict[tuple, list[Achieved]] = {}
         for held_out in folds:
-            done(held_out, _fold(held_out, cases, prepared, group))
+            done(held_out, _fold(held_out, cases, prepared, group, fitted))
     else:
         # spawn, not fork: the caller may hold threads (torch's) that a forked child would inherit stuck
         context = multiprocessing.get_context("spawn")
@@ -952,20 +1030,26 @@ def _leave_one_group_out(
 
 
 def _fold(
-    held_out: str, cases: Sequence[MeasuredCase], prepared: Mapping[str, _Prepared], group: Mapping[str, str]
+    held_out: str,
+    cases: Sequence[MeasuredCase],
+    prepared: Mapping[str, _Prepared],
+    group: Mapping[str, str],
+    fitted: dict[tuple, list[Achieved]],
 ) -> list[Outcome]:
-    """Fit on the cases outside ``held_out`` and predict the cases in it."""
-    table = fit([c for c in cases if group[c.id] != held_out], prepared=prepared)
+    """Fit on the cases outside ``held_out`` and predict the cases in it; ``fitted``: the
+    architectures the folds before fitted (:func:`_fit`)."""
+    table = _fit([c for c in cases if group[c.id] != held_out], prepared=prepared, fitted=fitted)
     return [Outcome(c, predict(c, table), _roofline(c)) for c in cases if group[c.id] == held_out]
 
 
-#: A worker process's cases, their unit terms and their groups (:func:`_hold_folds`).
+#: A worker process's cases, their unit terms, their groups and the architectures its folds have
+#: fitted (:func:`_hold_folds`).
 _FOLD_INPUTS: tuple = ()
 
 
 def _hold_folds(*inputs: Any) -> None:
     global _FOLD_INPUTS
-    _FOLD_INPUTS = inputs
+    _FOLD_INPUTS = (*inputs, {})
 
 
 def _held_fold(held_out: str) -> list[Outcome]:

@@ -129,7 +129,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ArgumentError
 
@@ -311,6 +311,28 @@ def hwdb_mma_rate(device: str, dtype: str) -> float | None:
     return peak / (cores.value * clock.si)
 
 
+class _Scope(NamedTuple):
+    """Which of a place's records one level of a fallback order reads (None: any). A value, not a
+    function, so that what a level finds is worked out once per table (:meth:`EfficiencyTable._at_level`)."""
+
+    dtype: str | None = None
+    family: str | None = None
+    kernel_class: str | None = None
+    impls: tuple[str | None, ...] | None = None
+
+    def __call__(self, r: Achieved) -> bool:
+        return (
+            (self.dtype is None or r.dtype == self.dtype)
+            and (self.family is None or r.family == self.family)
+            and (self.kernel_class is None or CLASS_OF_FAMILY[str(r.family)] == self.kernel_class)
+            and (self.impls is None or r.impl in self.impls)
+        )
+
+
+#: every record of a place
+EVERY = _Scope()
+
+
 class EfficiencyTable:
     """Achieved figures, answered through the fallback order of the module docstring.
 
@@ -334,6 +356,8 @@ class EfficiencyTable:
         # answers by question: the records never change, and backends ask once per grouped GEMM
         self._answers: dict[tuple, Resolved | None] = {}
         self._lent: dict[tuple[str, str | None], EfficiencyTable] = {}
+        self._places: dict[tuple[str, str], dict[str, list[Achieved]]] = {}
+        self._pools: dict[tuple, _Pool] = {}
 
     def __bool__(self) -> bool:
         return bool(self.records)
@@ -358,12 +382,9 @@ class EfficiencyTable:
         levels = []
         twins = [dtype] + ([SAME_MMA_RATE[dtype]] if dtype in SAME_MMA_RATE else [])
         for where, name in places:
-            for scope, match in (
-                (family, lambda r: r.family == family),
-                (f"{cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls),
-            ):
+            for scope, match in ((family, {"family": family}), (f"{cls} kernels", {"kernel_class": cls})):
                 for dt in twins:
-                    levels.append((where, name, f"{dt} {scope}", lambda r, m=match, d=dt: r.dtype == d and m(r)))
+                    levels.append((where, name, f"{dt} {scope}", _Scope(dtype=dt, **match)))
         if architecture:
             other = "forward" if cls == "weight_gradient" else "weight_gradient"
             ratio = self._class_ratio()
@@ -372,50 +393,24 @@ class EfficiencyTable:
             else:
                 value = ratio[0] if cls == "weight_gradient" else 1 / ratio[0]
                 factor = (value, f"the weight-gradient / forward ratio of {ratio[1]}")
-
-            def in_other(r: Achieved) -> bool:
-                return CLASS_OF_FAMILY[r.family] == other
-
+            in_other = _Scope(kernel_class=other)
             levels.append(
-                (
-                    "architecture",
-                    architecture,
-                    f"{dtype} {other} kernels",
-                    lambda r: r.dtype == dtype and in_other(r),
-                    factor,
-                )
+                ("architecture", architecture, f"{dtype} {other} kernels", _Scope(dtype, kernel_class=other), factor)
             )
             # a dtype's share of its peak carries across architectures better than across dtypes
             # (module docstring, 4), so this dtype's kernels elsewhere come before other dtypes
             # here; an architecture never measured borrows from its vendor's instead (5)
             measured_here = self._measured("compute", architecture)
             for dt in twins if measured_here else ():
-                levels.append(
-                    ("dtype", dt, f"{cls} kernels of any architecture", lambda r: CLASS_OF_FAMILY[r.family] == cls)
-                )
-            levels.append(
-                ("architecture", architecture, f"any dtype, {cls} kernels", lambda r: CLASS_OF_FAMILY[r.family] == cls)
-            )
+                levels.append(("dtype", dt, f"{cls} kernels of any architecture", _Scope(kernel_class=cls)))
+            levels.append(("architecture", architecture, f"any dtype, {cls} kernels", _Scope(kernel_class=cls)))
             levels.append(("architecture", architecture, f"any dtype, {other} kernels", in_other, factor))
             if (vendor := self._borrows("compute", device, architecture)) is not None:
                 why = f"{architecture} never measured"
                 for dt in twins:
-                    levels.append(
-                        (
-                            "vendor",
-                            vendor,
-                            f"{dt} {cls} kernels ({why})",
-                            lambda r, d=dt: r.dtype == d and CLASS_OF_FAMILY[r.family] == cls,
-                        )
-                    )
+                    levels.append(("vendor", vendor, f"{dt} {cls} kernels ({why})", _Scope(dt, kernel_class=cls)))
                 levels.append(
-                    (
-                        "vendor",
-                        vendor,
-                        f"{dtype} {other} kernels ({why})",
-                        lambda r: r.dtype == dtype and in_other(r),
-                        factor,
-                    )
+                    ("vendor", vendor, f"{dtype} {other} kernels ({why})", _Scope(dtype, kernel_class=other), factor)
                 )
                 # another dtype's share only for a dtype the vendor never measured: within one
                 # place an implementation's own figure at any level comes first (_resolve), and
@@ -424,14 +419,7 @@ class EfficiencyTable:
                     r.kind == "compute" and r.dtype in twins and self.vendor_of(r.device) == vendor
                     for r in self.records
                 ):
-                    levels.append(
-                        (
-                            "vendor",
-                            vendor,
-                            f"any dtype, {cls} kernels ({why})",
-                            lambda r: CLASS_OF_FAMILY[r.family] == cls,
-                        )
-                    )
+                    levels.append(("vendor", vendor, f"any dtype, {cls} kernels ({why})", _Scope(kernel_class=cls)))
                     levels.append(("vendor", vendor, f"any dtype, {other} kernels ({why})", in_other, factor))
         found = self._resolve("compute", levels, impl, own_first=True)
         lent = self._lent_at_this_rate(device, architecture)
@@ -464,7 +452,7 @@ class EfficiencyTable:
         return EfficiencyTable(records, self.vendor_of, self.bandwidth_of, self.mma_rate_of)
 
     def _measured(self, kind: str, architecture: str) -> bool:
-        return any(r.kind == kind and r.architecture == architecture for r in self.records)
+        return architecture in self._placed(kind, "architecture")
 
     def _borrows(self, kind: str, device: str, architecture: str | None) -> str | None:
         """The vendor whose measured architectures an ``architecture`` with no figure of ``kind``
@@ -503,11 +491,11 @@ class EfficiencyTable:
         others on this device, then those on the architecture (module docstring: which of them)."""
         key = ("bandwidth", device, architecture, impl)
         if key not in self._answers:
-            levels = [("device", device, "streaming", lambda r: True)]
+            levels = [("device", device, "streaming", EVERY)]
             if architecture:
-                levels.append(("architecture", architecture, "streaming", lambda r: True))
+                levels.append(("architecture", architecture, "streaming", EVERY))
             if (vendor := self._borrows("bandwidth", device, architecture)) is not None:
-                levels.append(("vendor", vendor, f"streaming ({architecture} never measured)", lambda r: True))
+                levels.append(("vendor", vendor, f"streaming ({architecture} never measured)", EVERY))
             self._answers[key] = self._resolve("bandwidth", levels, impl, impl_only_first=True)
         return self._answers[key]
 
@@ -522,13 +510,13 @@ class EfficiencyTable:
             raise ArgumentError("kind", f"one of {SECONDS + RATES}", kind)
         key = (kind, device, architecture, impl)
         if key not in self._answers:
-            levels = [("device", device, kind, lambda r: True)]
+            levels = [("device", device, kind, EVERY)]
             if architecture:
-                levels.append(("architecture", architecture, kind, lambda r: True))
+                levels.append(("architecture", architecture, kind, EVERY))
             # a time is borrowed as a share is (5); a rate in bytes/s only as below (_borrowed_rate)
             if kind in SECONDS and (vendor := self._borrows(kind, device, architecture)) is not None:
-                levels.append(("vendor", vendor, f"{kind} ({architecture} never measured)", lambda r: True))
-            own = [(*level[:3], lambda r, impl=impl: r.impl in (impl, "*")) for level in levels]
+                levels.append(("vendor", vendor, f"{kind} ({architecture} never measured)", EVERY))
+            own = [(*level[:3], _Scope(impls=(impl, "*"))) for level in levels]
             if kind in OWN_IMPL_ONLY:
                 # how a kernel loads its tiles is its own trait: never another kernel's figure
                 self._answers[key] = None if impl is None else self._resolve(kind, own, impl)
@@ -562,7 +550,7 @@ class EfficiencyTable:
             self.mma_rate_of,
         )
         why = f"as a multiple of the datasheet bandwidth ({architecture} never measured)"
-        return shares._resolve(kind, [("vendor", vendor, f"{kind} {why}", lambda r: True)], None)
+        return shares._resolve(kind, [("vendor", vendor, f"{kind} {why}", EVERY)], None)
 
     def _resolve(
         self, kind: str, levels, impl: str | None, impl_only_first: bool = False, own_first: bool = False
@@ -572,7 +560,6 @@ class EfficiencyTable:
         (consecutive levels of one device or architecture; for a kind of
         :data:`OWN_ON_ARCHITECTURE_FIRST`, a device and its architecture are one place) ``impl``'s
         figure at any level comes before another implementation's at the first."""
-        mine = [r for r in self.records if r.kind == kind]
         if own_first and impl is not None:
             steps = []
             for _, place in itertools.groupby(levels, key=lambda level: _place(kind, level)):
@@ -584,7 +571,7 @@ class EfficiencyTable:
             ]
         lone = None  # the first typical figure of a single other implementation
         for (where, name, scope, keep, *scaled), try_impl, others in steps:
-            found, single = self._at_level(kind, mine, where, name, scope, keep, impl, try_impl, others)
+            found, single = self._at_level(kind, where, name, scope, keep, impl, try_impl, others)
             if found is None:
                 continue
             if lone is not None and where in OTHER_ARCHITECTURES:
@@ -595,14 +582,25 @@ class EfficiencyTable:
             lone = lone or found
         return lone
 
+    def _placed(self, kind: str, where: str) -> dict[str, list[Achieved]]:
+        """The records of ``kind`` by the name of their ``where`` (device, architecture, dtype or
+        vendor), in record order."""
+        if (kind, where) not in self._places:
+            placed: dict[str, list[Achieved]] = {}
+            for r in self.records:
+                if r.kind == kind:
+                    name = self.vendor_of(r.device) if where == "vendor" else getattr(r, where)
+                    placed.setdefault(name, []).append(r)
+            self._places[(kind, where)] = placed
+        return self._places[(kind, where)]
+
     def _at_level(
         self,
         kind: str,
-        mine: list[Achieved],
         where: str,
         name: str,
         scope: str,
-        keep,
+        keep: _Scope,
         impl: str | None,
         try_impl: bool,
         others: bool = True,
@@ -610,47 +608,77 @@ class EfficiencyTable:
         """The answer of one level of a fallback order (module docstring), None when it has none;
         only ``impl``'s own figure unless ``others``; and whether it is a typical figure of fewer
         than :data:`MIN_TYPICAL_IMPLEMENTATIONS` implementations."""
-        # a share at the cap says the device outran its datasheet (the RTX 5090's cuBLAS bf16 at
-        # up to 1.15 of it), not what share of a peak kernels reach: it is not lent to others
-        lent = where in OTHER_ARCHITECTURES and kind in FRACTIONS
-        by_impl: dict[str, list[Achieved]] = {}
-        for r in mine:
-            if lent and r.value >= 1.0:
-                continue
-            if (self.vendor_of(r.device) if where == "vendor" else getattr(r, where)) == name and keep(r):
-                by_impl.setdefault(r.impl, []).append(r)
+        # the fit asks each table the same levels for many devices and kernels: a level's records
+        # and answers are worked out once
+        key = (kind, where, name, scope, keep)
+        if key not in self._pools:
+            # a share at the cap says the device outran its datasheet (the RTX 5090's cuBLAS bf16
+            # at up to 1.15 of it), not what share of a peak kernels reach: it is not lent to others
+            lent = where in OTHER_ARCHITECTURES and kind in FRACTIONS
+            records = [r for r in self._placed(kind, where).get(name, ()) if not (lent and r.value >= 1.0) and keep(r)]
+            self._pools[key] = _Pool(kind, f"on {where} {name}, {scope}", records)
+        pool = self._pools[key]
         if kind == "launch" and where in OTHER_ARCHITECTURES:
             # a kernel's own fixed time is its prologue on its architecture: another architecture
             # borrows the joint time (cuBLAS's 10 us on the RTX 5090, from back-to-back calls,
             # put held-out B200 calls of 5 us at +147%)
             try_impl = False
-        if try_impl and impl in by_impl and _enough(by_impl[impl]):
-            return _summary(by_impl[impl], f"{impl} on {where} {name}, {scope}"), False
+        if try_impl and impl is not None and (own := pool.own(impl)) is not None:
+            return own, False
         if not others:
             return None, False
+        return pool.others(typical=impl is not None)
+
+
+class _Pool:
+    """The records one level of a fallback order reads (:meth:`EfficiencyTable._at_level`), by
+    implementation, and its answers; ``here`` says where the level is, for the answers' words."""
+
+    def __init__(self, kind: str, here: str, records: list[Achieved]):
+        self.kind, self.here = kind, here
+        self.by_impl: dict[str, list[Achieved]] = {}
+        for r in records:
+            self.by_impl.setdefault(r.impl, []).append(r)
+        self._own: dict[str, Resolved | None] = {}
+        self._others: dict[bool, tuple[Resolved | None, bool]] = {}
+
+    def own(self, impl: str) -> Resolved | None:
+        """``impl``'s own figure here, None when it has too few cases behind it."""
+        if impl not in self._own:
+            mine = self.by_impl.get(impl, [])
+            self._own[impl] = _summary(mine, f"{impl} {self.here}") if _enough(mine) else None
+        return self._own[impl]
+
+    def others(self, typical: bool) -> tuple[Resolved | None, bool]:
+        """The figure for a kernel with none of its own here: the typical implementation's (for a
+        named kernel), else the best known; and whether it rests on a single implementation."""
+        if typical not in self._others:
+            self._others[typical] = self._for_others(typical)
+        return self._others[typical]
+
+    def _for_others(self, typical: bool) -> tuple[Resolved | None, bool]:
+        by_impl = self.by_impl
         # implementations with enough cases of their own (one timing makes no figure to go by);
-        # this project's own kernels answer only for themselves, above
+        # this project's own kernels answer only for themselves (own)
         backed = sorted(i for i, records in by_impl.items() if _enough(records) and all(r.typical for r in records))
         if not backed:
             return None, False
         if "*" in backed:
             # a time fitted jointly answers for every kernel without one of its own
-            return _summary(by_impl["*"], f"every implementation (fitted jointly) on {where} {name}, {scope}"), False
-        if impl is not None:
+            return _summary(by_impl["*"], f"every implementation (fitted jointly) {self.here}"), False
+        if typical:
             # A kernel never measured here is taken to be a typical one, not the best known:
             # the median over the cases of every implementation measured here.
             pooled = [r for i in backed for r in by_impl[i]]
             single = len(backed) < MIN_TYPICAL_IMPLEMENTATIONS
-            found = _summary(pooled, f"typical implementation ({', '.join(backed)}) on {where} {name}, {scope}")
+            found = _summary(pooled, f"typical implementation ({', '.join(backed)}) {self.here}")
             if single:
                 found = replace(found, level=f"{found.level}; no level pools two implementations")
             return found, single
         # without an implementation, the best: the highest fraction or rate, the shortest time
-        sign = -1 if kind in SECONDS else 1
+        sign = -1 if self.kind in SECONDS else 1
         best_impl = max(backed, key=lambda i: sign * _weighted_median(by_impl[i]))
-        return _summary(
-            by_impl[best_impl], f"best known implementation ({best_impl}) on {where} {name}, {scope}"
-        ), False
+        return _summary(by_impl[best_impl], f"best known implementation ({best_impl}) {self.here}"), False
 
 
 def _place(kind: str, level: tuple) -> tuple:
