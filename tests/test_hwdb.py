@@ -445,6 +445,23 @@ def test_env_change_is_picked_up_and_reload_drops_it(tmp_path, monkeypatch):
         hwdb.get("acme-x1")
 
 
+def test_the_mma_rate_per_core_cycle_follows_a_reloaded_database(tmp_path, monkeypatch):
+    # the efficiency table converts shares lent within an architecture at this rate and keeps it
+    # per entry: a database re-read with another clock must not answer from before
+    from moe_hal.perf.efficiency import hwdb_mma_rate
+
+    entry = minimal_entry()
+    entry["compute"]["boost_clock"] = q(2.0, "GHz")
+    load_with(monkeypatch, write(tmp_path / "a", "x1.yaml", entry))
+    assert hwdb_mma_rate("acme-x1", "bf16") == pytest.approx(500e12 / (100 * 2.0e9))
+    entry["compute"]["boost_clock"] = q(1.0, "GHz")
+    load_with(monkeypatch, write(tmp_path / "b", "x1.yaml", entry))
+    assert hwdb_mma_rate("acme-x1", "bf16") == pytest.approx(500e12 / (100 * 1.0e9))
+    del entry["compute"]["boost_clock"]
+    load_with(monkeypatch, write(tmp_path / "c", "x1.yaml", entry))
+    assert hwdb_mma_rate("acme-x1", "bf16") is None
+
+
 def test_add_overlay_from_a_plugin(tmp_path):
     path = write(tmp_path, "x1.yaml", minimal_entry())
     hwdb.add_overlay(path, "acme_plugin")

@@ -62,8 +62,9 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    this device's datasheet at that ratio, capped at 1 (:meth:`EfficiencyTable._lent_at_this_rate`):
    the L40S and the RTX 4090 are one AD102 silicon, but the L40S's datasheet counts FP8 with FP32
    accumulation at twice the RTX 4090's rate per SM and cycle, and held out, the RTX 4090's Triton
-   FP8 GEMM (SGLang PR #29638) took the L40S kernels' 0.396 of their peak as its own and was
-   predicted 117.0% slow, where it runs at 0.89 of its own peak. The other way round a share is
+   FP8 GEMM (SGLang PR #29638) took the L40S kernels' 0.399 of their peak as its own and was
+   predicted 117.0% slow, where its calls fit 0.90 of its own peak (docs/perf-model-history.md,
+   "Ada's tile load rate"). The other way round a share is
    lent as it is: a kernel held to a lower rate says nothing of how far it falls short of a
    higher one;
 4. the architecture and dtype, kernels of the other class; then the dtype (or its twin), this
@@ -129,9 +130,12 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import ArgumentError
+
+if TYPE_CHECKING:
+    from ..hwdb.entry import HardwareEntry
 
 #: Kernel families an achieved compute fraction is kept for.
 FAMILIES = ("dense", "grouped_contiguous", "grouped_masked", "k_grouped")
@@ -297,13 +301,17 @@ def hwdb_bandwidth(device: str) -> float | None:
     return None if entry is None else entry.mem_bandwidth(measured=False)
 
 
-@functools.cache
 def hwdb_mma_rate(device: str, dtype: str) -> float | None:
     """The datasheet dense peak of ``dtype`` per SM (or AI core) and clock cycle, FLOP, that the
     hardware DB gives ``device``; None where it lacks the peak, the core count or the boost clock."""
     entry = _hwdb_entry(device)
-    if entry is None:
-        return None
+    return None if entry is None else _mma_rate(entry, dtype)
+
+
+# Kept per entry object, not per device id: a hardware DB reloaded (other overlays, another
+# MOE_HAL_HWDB) has new entries, so a figure it changed is never answered from before.
+@functools.lru_cache(maxsize=1024)
+def _mma_rate(entry: HardwareEntry, dtype: str) -> float | None:
     peak = entry.peak_flops(dtype, measured=False)
     cores, clock = entry.quantity("compute.units"), entry.quantity("compute.boost_clock")
     if not (peak and cores and clock):
@@ -437,18 +445,22 @@ class EfficiencyTable:
         return self._lent[key]
 
     def _convert_for(self, device: str, architecture: str | None) -> EfficiencyTable:
-        here = {dt: self.mma_rate_of(device, dt) for dt in {str(r.dtype) for r in self.records if r.kind == "compute"}}
-        if architecture is None or not any(here.values()):
-            return self
-        records = []
-        for r in self.records:
-            if r.kind == "compute" and r.device != device and r.architecture == architecture:
-                mine, there = here[str(r.dtype)], self.mma_rate_of(r.device, str(r.dtype))
+        rates: dict[tuple[str, str], float | None] = {}
+
+        def rate(of: str, dtype: str) -> float | None:
+            if (of, dtype) not in rates:
+                rates[(of, dtype)] = self.mma_rate_of(of, dtype)
+            return rates[(of, dtype)]
+
+        converted: dict[int, Achieved] = {}
+        for r in self._placed("compute", "architecture").get(architecture, []) if architecture else ():
+            if r.device != device:
+                mine, there = rate(device, str(r.dtype)), rate(r.device, str(r.dtype))
                 if there and mine and there > mine * (1 + 1e-9):
-                    r = replace(r, value=min(1.0, r.value * there / mine))
-            records.append(r)
-        if all(a is b for a, b in zip(records, self.records)):
+                    converted[id(r)] = replace(r, value=min(1.0, r.value * there / mine))
+        if not converted:
             return self
+        records = [converted.get(id(r), r) for r in self.records]
         return EfficiencyTable(records, self.vendor_of, self.bandwidth_of, self.mma_rate_of)
 
     def _measured(self, kind: str, architecture: str) -> bool:
