@@ -155,7 +155,8 @@ STREAMING_MARGIN = 1.5
 #: overheads) a call's compute time charges.
 _UNIT_TIME = 1e-6
 
-#: Iterations of the attribute-then-refit loop (it settles in 3-4).
+#: Iterations of the attribute-then-refit loop at most (it settles in 3-4; a round that gives back
+#: the records it started from ends it, as every later round would too).
 ITERATIONS = 6
 
 #: A warm call informs the L2 rate only when its L2-resident bytes are more than this share of
@@ -961,6 +962,8 @@ def _fit_fractions(
                     )
                     for d in group.devices
                 ]
+        if tuple(records) == table.records:
+            break  # a fixed point: each round is a function of the last one's records alone
         table = EfficiencyTable(records)
     return table
 
