@@ -222,17 +222,17 @@ def test_the_worst_case_is_reported_honestly(loso):
 def test_no_source_is_predicted_from_its_own_cases(monkeypatch):
     cases = calibration.load_published()
     seen, fitted = [], []
-    real_fit, real_fit_architecture = calibration._fit, calibration._fit_architecture
+    real_fit, real_fit_architecture = calibration.fit, calibration._fit_architecture
 
-    def spy(train, *args, **kwargs):
+    def spy(train, **kwargs):
         seen.append({c.source for c in train})
-        return real_fit(train, *args, **kwargs)
+        return real_fit(train, **kwargs)
 
     def spy_architecture(group, *args):
         fitted.append({p.case.source for p in group})
         return real_fit_architecture(group, *args)
 
-    monkeypatch.setattr(calibration, "_fit", spy)
+    monkeypatch.setattr(calibration, "fit", spy)
     monkeypatch.setattr(calibration, "_fit_architecture", spy_architecture)
     # three Hopper sources, one Ada and one RTX 5090 source: a fold refits only the architecture
     # it holds a source of (and those that borrow from it)

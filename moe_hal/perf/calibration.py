@@ -585,24 +585,14 @@ def fit(
     source: str = "bench/published/cases.yaml",
     grid: Sequence[tuple[float, float, float]] = GRID,
     prepared: Mapping[str, _Prepared] | None = None,
-) -> EfficiencyTable:
-    """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
-    ``prepared``: the cases' unit terms by case id, when the caller has them already."""
-    return _fit(cases, basis, source, grid, prepared)
-
-
-def _fit(
-    cases: Sequence[MeasuredCase],
-    basis: str = "fitted",
-    source: str = "bench/published/cases.yaml",
-    grid: Sequence[tuple[float, float, float]] = GRID,
-    prepared: Mapping[str, _Prepared] | None = None,
     fitted: dict[tuple, list[Achieved]] | None = None,
 ) -> EfficiencyTable:
-    """:func:`fit`; ``fitted``: the records of the architectures fitted by earlier calls on the same
-    ``prepared`` cases, by their inputs (:func:`_fit_architecture`), to take and to add to: the
-    folds of a validation refit only the architecture of the cases they hold out, and those that
-    borrow from it."""
+    """Achieved figures that make the model reproduce ``cases`` (see the module docstring).
+    ``prepared``: the cases' unit terms by case id, when the caller has them already.
+    ``fitted``: the records of the architectures fitted by earlier calls on the same ``prepared``
+    cases, by their inputs (:func:`_fit_architecture`), to take and to add to: the folds of a
+    validation refit only the architecture of the cases they hold out, and those that borrow
+    from it."""
     prepared = [prepared[c.id] for c in cases] if prepared is not None else _prepare(cases)
     by_arch: dict[str, list[_Prepared]] = {}
     for p in prepared:
@@ -1040,8 +1030,8 @@ def _fold(
     fitted: dict[tuple, list[Achieved]],
 ) -> list[Outcome]:
     """Fit on the cases outside ``held_out`` and predict the cases in it; ``fitted``: the
-    architectures the folds before fitted (:func:`_fit`)."""
-    table = _fit([c for c in cases if group[c.id] != held_out], prepared=prepared, fitted=fitted)
+    architectures the folds before fitted (:func:`fit`)."""
+    table = fit([c for c in cases if group[c.id] != held_out], prepared=prepared, fitted=fitted)
     return [Outcome(c, predict(c, table), _roofline(c)) for c in cases if group[c.id] == held_out]
 
 
