@@ -411,16 +411,19 @@ class _Candidate:
     reuse: float  # the tile's FLOP per operand byte loaded
     core_peak: float  # datasheet FLOP/s of one core in the case's dtype
 
-    def load_cap(self, load_rate: float | None) -> float:
-        """The highest fraction of the datasheet peak this tile's operand loads allow."""
-        return float("inf") if load_rate is None else load_rate * self.reuse / self.core_peak
-
 
 @dataclass
 class _Prepared:
     case: MeasuredCase
     architecture: str
     candidates: list[_Candidate] = field(default_factory=list)
+
+
+def _numbered(keys: list) -> tuple[list, np.ndarray]:
+    """The distinct ``keys`` in the order of their first appearance, and each key's number in it."""
+    distinct = list(dict.fromkeys(keys))
+    number = {key: i for i, key in enumerate(distinct)}
+    return distinct, np.array([number[key] for key in keys], dtype=int)
 
 
 class _Batch:
@@ -467,10 +470,13 @@ class _Batch:
             (p.case.device, p.architecture, p.case.impl, p.case.dtype, p.case.family, p.case.operands == "l2")
             for p in self.cases
         ]
-        self.questions = list(dict.fromkeys(questions))
-        number = {q: i for i, q in enumerate(self.questions)}
-        self.question = np.array([number[q] for q in questions], dtype=int)
+        self.questions, self.question = _numbered(questions)
         self.devices = sorted({p.case.device for p in self.cases})
+
+    def load_caps(self, loads: np.ndarray, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        """The highest fraction of the datasheet peak the operand loads of the candidates ``rows``
+        allow at per-core tile load rates ``loads`` (bytes/s, one per row; NaN: no cap, inf)."""
+        return np.where(np.isnan(loads), np.inf, loads * self.reuse[rows] / self.core_peak[rows])
 
     def __iter__(self) -> Iterator[_Prepared]:
         return iter(self.cases)
@@ -528,7 +534,7 @@ def _fast_predict(
     stage: float,
     launch: float | Sequence[float],
     load: float | None | Sequence[float | None] = None,
-) -> tuple[np.ndarray, list[_Candidate], np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The same arithmetic as :func:`estimate` with achieved figures, from the unit terms, for every
     case of ``batch``: per case the predicted time, the candidate (tile and split) that gives it, as
     its row in ``batch.candidates``, and whether it is compute-bound. ``launch`` and ``load`` (the per-core tile load rate, None for no
@@ -537,9 +543,8 @@ def _fast_predict(
     eta_c, eta_b, l2 = _achieved(batch, table)
     row = batch.owner
     loads, launches = _per_case(load, n)[row], _per_case(launch, n)[row]
-    # min(eta_c, _Candidate.load_cap(load)) and estimate's terms, operation for operation
-    capped = ~np.isnan(loads)
-    rate = np.where(capped, np.minimum(eta_c[row], loads * batch.reuse / batch.core_peak), eta_c[row])
+    # min(eta_c, the load cap) and estimate's terms, operation for operation
+    rate = np.minimum(eta_c[row], batch.load_caps(loads))
     t_comp = batch.t_unit / rate + batch.tiles * overhead
     t_comp = t_comp + batch.stages * stage
     warm = ~np.isnan(l2[row])
@@ -617,15 +622,23 @@ def fit(
         for kind in BORROWABLE:
             if not known[kind] and (lent := _borrow(kind, records, identified)) is not None:
                 fixed[kind] = lent
-        mine = own_kernels & {p.case.impl for p in by_arch[arch]}
-        inputs = (arch, tuple(p.case.id for p in by_arch[arch]), tuple(fixed.items()), mine, basis, source, tuple(grid))
-        if fitted is None or inputs not in fitted:
-            found = _fit_architecture(by_arch[arch], timed[arch], fixed, basis, source, mine, grid)
-            if fitted is None:
-                records.extend(found)
-                continue
-            fitted[inputs] = found
-        records.extend(fitted[inputs])
+        own_here = own_kernels & {p.case.impl for p in by_arch[arch]}
+        inputs = (
+            arch,
+            tuple(p.case.id for p in by_arch[arch]),
+            tuple(fixed.items()),
+            own_here,
+            basis,
+            source,
+            tuple(grid),
+        )
+        if fitted is not None and inputs in fitted:
+            found = fitted[inputs]
+        else:
+            found = _fit_architecture(by_arch[arch], timed[arch], fixed, basis, source, own_here, grid)
+            if fitted is not None:
+                fitted[inputs] = found
+        records.extend(found)
     return EfficiencyTable(records)
 
 
@@ -891,8 +904,12 @@ def _fit_fractions(
         with np.errstate(divide="ignore", invalid="ignore"):
             implied = t_unit / mma
             # a tile its operand loads hold below the fraction it would imply says nothing of it
-            cap = np.where(np.isnan(load), np.inf, load * group.reuse[chosen] / group.core_peak[chosen])
-            informs_compute = compute_bound & (mma > BINDING_SHARE * measured) & (implied < cap) & (t_unit >= t_memory)
+            informs_compute = (
+                compute_bound
+                & (mma > BINDING_SHARE * measured)
+                & (implied < group.load_caps(load, chosen))
+                & (t_unit >= t_memory)
+            )
             streams = (
                 ~compute_bound & (left > BINDING_SHARE * measured) & cold & (t_memory >= STREAMING_MARGIN * t_unit)
             )
@@ -956,13 +973,6 @@ def _fit_fractions(
             break  # a fixed point: each round is a function of the last one's records alone
         table = EfficiencyTable(records)
     return table
-
-
-def _numbered(keys: list) -> tuple[list, np.ndarray]:
-    """The distinct ``keys`` in the order of their first appearance, and each key's number in it."""
-    distinct = list(dict.fromkeys(keys))
-    number = {key: i for i, key in enumerate(distinct)}
-    return distinct, np.array([number[key] for key in keys], dtype=int)
 
 
 def _grouped(
