@@ -462,6 +462,18 @@ def test_the_mma_rate_per_core_cycle_follows_a_reloaded_database(tmp_path, monke
     assert hwdb_mma_rate("acme-x1", "bf16") is None
 
 
+def test_every_nvidia_gpu_but_the_b300_has_the_mma_rate_a_lent_share_is_converted_at():
+    # docs/perf-model.md ("Achieved efficiency", fallback step 2): a device without a boost clock is
+    # never converted, and the B300 is the one NVIDIA GPU the hardware DB has none for; the H20
+    # must have one, or the H100s' cuBLAS shares it borrows held out stay unconverted (zzc #77)
+    from moe_hal.perf.efficiency import hwdb_mma_rate
+
+    gpus = [e.id for e in hwdb.all() if e.vendor == "nvidia" and e.peak_flops("bf16", measured=False)]
+    missing = [gpu for gpu in gpus if hwdb_mma_rate(gpu, "bf16") is None]
+    assert missing == ["nvidia-b300"]
+    assert hwdb_mma_rate("nvidia-h100-sxm", "bf16") > 3 * hwdb_mma_rate("nvidia-h20", "bf16")
+
+
 def test_add_overlay_from_a_plugin(tmp_path):
     path = write(tmp_path, "x1.yaml", minimal_entry())
     hwdb.add_overlay(path, "acme_plugin")
