@@ -1114,3 +1114,17 @@ def test_a_share_lent_by_a_device_of_a_higher_mma_rate_per_cycle_is_converted():
     assert capped.compute("slow", "arch", "lib", "fp8", "grouped_contiguous").value == 1.0
     unknown = EfficiencyTable([rec("fast", value=0.4)], mma_rate_of=lambda device, dtype: None)
     assert unknown.compute("slow", "arch", "lib", "fp8", "grouped_contiguous").value == 0.4
+
+
+def test_a_share_lent_between_parts_of_one_design_is_not_converted():
+    # Datasheets of one SM design quote their peaks at clocks a few percent apart (the H100 SXM's
+    # and PCIe board's are 0.13% apart per boost cycle, the GB200's 3.1% above the B200's): no
+    # conversion below CONVERSION_RATIO, where a design with a lower rate per cycle starts
+    from moe_hal.perf.efficiency import CONVERSION_RATIO, CONVERTED
+
+    for ratio, converted in ((1.0013, False), (1.031, False), (CONVERSION_RATIO, True), (3.95, True)):
+        rates = {"fast": ratio, "slow": 1.0}
+        table = EfficiencyTable([rec("fast", value=0.5)], mma_rate_of=lambda device, dtype, r=rates: r.get(device))
+        lent = table.compute("slow", "arch", "lib", "fp8", "grouped_contiguous")
+        assert lent.value == pytest.approx(min(1.0, 0.5 * ratio) if converted else 0.5), ratio
+        assert (CONVERTED in lent.level) is converted, ratio

@@ -15,7 +15,7 @@ DEFAULT_TILES: tuple[tuple[int, int], ...] = ((64, 128), (128, 128), (256, 128))
 
 #: Predictions within this fraction of the best are equivalent: the model's own out-of-sample
 #: error on published measurements (leave-one-source-out, bench/results/model_validation_published.json:
-#: median 11.0% over 957 cases; a Hopper source's median up to 50.4% (torchao PR #3342's FP8
+#: median 11.0% over 957 cases; a Hopper source's median up to 50.3% (torchao PR #3342's FP8
 #: kernels on the H100 PCIe), a Blackwell source's up to 20.0% (Liger Kernel PR #1380's bf16 GEMMs
 #: on the B200), an Ada source's up to 76.3% (vLLM PR #6677's L40S calls)) rounded up to a
 #: whole percent. Inside the band the ranking is a tie-break, not a prediction; on devices

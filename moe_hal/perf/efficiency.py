@@ -58,8 +58,9 @@ leave-one-source-out validation, so the validation tests exactly what prediction
    A streaming fraction is the device's memory system as much as the kernel's: after this
    implementation on the device come the others there, then the architecture's
    (:meth:`EfficiencyTable.bandwidth`). A compute fraction of another device of the architecture
-   whose datasheet counts a higher MMA rate of the dtype per core and clock cycle is converted to
-   this device's datasheet at that ratio, capped at 1 (:meth:`EfficiencyTable._lent_at_this_rate`):
+   whose datasheet counts a higher MMA rate of the dtype per core and clock cycle (by
+   :data:`CONVERSION_RATIO` or more) is converted to this device's datasheet at that ratio, capped
+   at 1 (:meth:`EfficiencyTable._lent_at_this_rate`):
    the L40S and the RTX 4090 are one AD102 silicon, but the L40S's datasheet counts FP8 with FP32
    accumulation at twice the RTX 4090's rate per SM and cycle, and held out, the RTX 4090's Triton
    FP8 GEMM (SGLang PR #29638) took the L40S kernels' 0.399 of their peak as its own and was
@@ -218,6 +219,15 @@ PER_OVERHEAD_TILE = f"per {OVERHEAD_TILE[0]} x {OVERHEAD_TILE[1]} tile"
 
 #: How a level says it lent a share converted between datasheets (EfficiencyTable._lent_at_this_rate).
 CONVERTED = "shares of the architecture's devices with a higher datasheet MMA rate per core-cycle converted"
+
+#: How many times another device's datasheet MMA rate per core and boost-clock cycle must be this
+#: device's before a share it lends is converted. Parts built with a lower rate per cycle differ by
+#: factors of 2 and more (the RTX 4090's FP32-accumulate rate is half the L40S's, the H20's a quarter
+#: of the H100's); parts of one design differ by the clock their datasheet quotes the peak at, a few
+#: percent (the H100 SXM's peak is at 1.83 of its 1.98 GHz, the PCIe board's at 1.62 of 1.755: 0.13%
+#: apart per boost cycle; the GB200's 3.1% above the B200's), which says nothing of the clock either
+#: sustains under load, so their shares are lent as they are.
+CONVERSION_RATIO = 1.25
 
 #: Dtypes a kernel runs on the same tensor-core instructions at the same share of each one's
 #: datasheet peak: fp16 and bf16 (one MMA shape and issue rate per 16-bit float type on Hopper and
@@ -437,8 +447,8 @@ class EfficiencyTable:
 
     def _lent_at_this_rate(self, device: str, architecture: str | None) -> EfficiencyTable:
         """This table with the compute shares of the architecture's other devices whose datasheet
-        MMA rate per core and clock cycle is higher than ``device``'s converted to ``device``'s
-        datasheet (:data:`CONVERTED`); itself when none is."""
+        MMA rate per core and clock cycle is :data:`CONVERSION_RATIO` times ``device``'s or more
+        converted to ``device``'s datasheet (:data:`CONVERTED`); itself when none is."""
         key = (device, architecture)
         if key not in self._lent:
             self._lent[key] = self._convert_for(device, architecture)
@@ -456,7 +466,7 @@ class EfficiencyTable:
         for r in self._placed("compute", "architecture").get(architecture, []) if architecture else ():
             if r.device != device:
                 mine, there = rate(device, str(r.dtype)), rate(r.device, str(r.dtype))
-                if there and mine and there > mine * (1 + 1e-9):
+                if there and mine and there >= mine * CONVERSION_RATIO:
                     converted[id(r)] = replace(r, value=min(1.0, r.value * there / mine))
         if not converted:
             return self
