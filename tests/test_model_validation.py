@@ -291,19 +291,24 @@ def test_the_fold_progress_bar_shows_on_a_terminal_only(monkeypatch):
     assert "held out: vllm-pr6677-[l40s]" in screen.getvalue()  # the markup-like name printed as is
 
 
-def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path, monkeypatch):
-    # the default cases (the published set and this project's own runs), with the published set
-    # cut to two sources so that the in-sample fit takes seconds, not the whole set's 20
+def _published_subset(directory: Path, kept: tuple[str, ...]) -> tuple[Path, int]:
+    """The published set cut to the sources ``kept``, written to ``directory`` with the schema it
+    is read with, and its number of cases: a fit of seconds, where the whole set takes 20."""
     import yaml
 
     published = yaml.safe_load(calibration.PUBLISHED.read_text())
-    kept = ("deepgemm-readme-a6d97a1", "zzc-issue79-h100")
     published["sources"] = {name: source for name, source in published["sources"].items() if name in kept}
     published["cases"] = [case for case in published["cases"] if case["source"] in kept]
-    subset = tmp_path / "cases.yaml"
+    subset = directory / "cases.yaml"
     subset.write_text(yaml.safe_dump(published, sort_keys=False))
-    schema = calibration.PUBLISHED.with_name("schema.json")  # read beside the published set
-    (tmp_path / schema.name).write_text(schema.read_text())
+    schema = calibration.PUBLISHED.with_name("schema.json")
+    (directory / schema.name).write_text(schema.read_text())
+    return subset, len(published["cases"])
+
+
+def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path, monkeypatch):
+    # the default cases (the published set, cut to two sources, and this project's own runs)
+    subset, published_cases = _published_subset(tmp_path, ("deepgemm-readme-a6d97a1", "zzc-issue79-h100"))
     monkeypatch.setattr(calibration, "PUBLISHED", subset)
     parser = argparse.ArgumentParser(prog="moe-hal")
     model_cli.register(parser.add_subparsers())
@@ -316,20 +321,14 @@ def test_cli_validate_prints_per_case_errors_and_the_verdict(capsys, tmp_path, m
     data = json.loads(out.read_text())
     assert len(data["per_case"]) == data["cases"] + data["own"]["cases"]
     assert data["cases"] == sum(1 for row in data["per_case"] if row["origin"] == "published")
-    assert data["cases"] == len(published["cases"]) and data["own"]["cases"] > 0
+    assert data["cases"] == published_cases and data["own"]["cases"] > 0
 
 
 def test_cli_validate_markdown_prints_the_docs_tables(capsys, tmp_path):
     # four sources of the published set, on two architectures (the whole set's tables are checked
     # against the docs from the committed report, below)
-    import yaml
-
-    published = yaml.safe_load(calibration.PUBLISHED.read_text())
     kept = ("deepgemm-readme-a6d97a1", "deepgemm-pr74", "sglang-pr6756-l40s", "zzc-issue96-rtx5090")
-    published["sources"] = {name: source for name, source in published["sources"].items() if name in kept}
-    published["cases"] = [case for case in published["cases"] if case["source"] in kept]
-    subset = tmp_path / "cases.yaml"
-    subset.write_text(yaml.safe_dump(published, sort_keys=False))
+    subset, _ = _published_subset(tmp_path, kept)
     parser = argparse.ArgumentParser(prog="moe-hal")
     model_cli.register(parser.add_subparsers())
     args = parser.parse_args(["model", "validate", "--in-sample", "--markdown", "--cases", str(subset)])
