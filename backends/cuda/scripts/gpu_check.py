@@ -25,9 +25,12 @@ section; a section is skipped, with the reason, when the time budget ``--budget`
 4. **L2 state**: one-group calls (ours bf16 and fp8, ``torch.mm``, per-tensor
    ``torch._scaled_mm``) timed warm, with rotating inputs, and after a zeroing or a reading L2
    flush — whether the dirty lines a zeroing flush leaves slow the timed call;
-5. **masked decode** (4-64 tokens per expert): eager, CUDA-graph replay and a per-expert loop
+5. **partial waves**: one-group calls of one fixed tile launching 1/8 of a wave to two waves
+   (bf16 and fp8), each timed against the full wave and the model: whether a tile runs faster
+   when fewer SMs are busy, which the model's waves term says it does not;
+6. **masked decode** (4-64 tokens per expert): eager, CUDA-graph replay and a per-expert loop
    against the weight-bandwidth floor;
-6. **targets**: each target of the issue as a ratio measured in this run, per case and summarised.
+7. **targets**: each target of the issue as a ratio measured in this run, per case and summarised.
 
 The kernel checks drive the backends directly (no plugin selection, no hardware DB), so an image
 without ``jsonschema`` still runs them; the tile advisor and the model figures need the DB and
@@ -857,7 +860,80 @@ def l2_state_timings(check: Check) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 5. masked decode
+# 5. partial waves
+# ---------------------------------------------------------------------------------------------
+#: Fractions of one wave (tiles over SMs) the partial-wave calls launch; the call nearest 1 from
+#: below is the full wave the others are compared with, 2 a second wave.
+WAVE_FRACTIONS = (0.125, 0.25, 0.5, 0.75, 1.0, 2.0)
+
+#: Row blocks of every partial-wave call (its M is this many tile heights): each column of B is
+#: reused by this many tiles from the L2, so even a full wave reads its weights from memory in
+#: less time than its MMAs take, and the calls stay compute-bound.
+WAVE_ROW_BLOCKS = 8
+
+
+def partial_wave_timings(check: Check) -> None:
+    """One-group calls of one fixed tile with fewer tiles than SMs, then one and two full waves:
+    whether a tile runs faster when fewer SMs are busy. The model charges every tile of a wave the
+    same time, however many SMs the wave leaves idle (its waves term); vLLM PR #6677's warm L40S
+    calls of 64 to 96 tiles on 142 SMs ran as fast per FLOP as the calls that filled the chip
+    (docs/perf-model.md, "Ada: two sources of one kernel"), as a per-SM rate rising when fewer SMs
+    draw power would make them. Each row records its time over the full wave's (1 under the waves
+    term; the fraction of a wave under a shared rate) and the model's estimate."""
+    from moe_hal_cuda import configs
+
+    # the smoke run pretends to 4 SMs and two row blocks, so that its interpreted calls stay small
+    sms = 4 if check.smoke else torch.cuda.get_device_properties(check.device).multi_processor_count
+    row_blocks, k = (2, 64) if check.smoke else (WAVE_ROW_BLOCKS, 8192)
+    be = backend_object("cuda_sm90")
+    for dtype in ("bf16", "fp8_e4m3"):
+        cfg = next(c for c in configs.candidates("sm90", dtype, "contiguous") if c.tile == (64, 128))
+        m = row_blocks * cfg.block_m
+        columns = sorted({max(1, round(f * sms / row_blocks)) for f in WAVE_FRACTIONS})
+        full = max((c for c in columns if c * row_blocks <= sms), default=None)
+        rows = []
+        for c in columns:
+            n = c * cfg.block_n
+            name = f"partial_wave/{dtype}/M{m}-N{n}-K{k}"
+            if check.left() < 10:
+                check.skip("partial_wave", name, "time budget")
+                continue
+            tiles = c * row_blocks
+            row: dict[str, Any] = {
+                "case": name,
+                "M": m,
+                "N": n,
+                "K": k,
+                "dtype": "fp8" if dtype.startswith("fp8") else dtype,
+                "tile": list(cfg.tile),
+                "tiles": tiles,
+                "sms": sms,
+                "tiles_per_sm": tiles / sms,
+                "full_wave": c == full,
+                "paths": {},
+            }
+            with _timing_row(check, "partial_wave", row):
+                lay = moe_hal.ContiguousLayout.from_counts([m], alignment=cfg.block_m)
+                copies = copies_for(check, (m * k + n * k) * 2)
+                sets = [(check.randn(m, k, scale=0.1), check.randn(1, n, k, scale=0.1)) for _ in range(copies)]
+                if dtype.startswith("fp8"):
+                    sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
+                out = torch.empty(m, n, dtype=torch.bfloat16, device=check.device)
+                problems = [moe_hal.Problem.build(a, b, lay, out=out) for a, b in sets]
+                row["paths"]["ours"] = time_calls(check, [(lambda p=p: be.launch(p, cfg, out)) for p in problems])
+                row["model"] = _estimate(check, [m], n, k, row["dtype"], cfg.tile)
+            rows.append(row)
+        reference = next((r for r in rows if r["full_wave"] and "error" not in r), None)
+        for row in rows:
+            if reference is not None and "error" not in row:
+                row["over_full_wave"] = row["paths"]["ours"]["median_ms"] / reference["paths"]["ours"]["median_ms"]
+        check.flush()
+        if check.cuda:
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. masked decode
 # ---------------------------------------------------------------------------------------------
 def decode_timings(check: Check) -> None:
     if check.smoke:
@@ -939,7 +1015,7 @@ def decode_timings(check: Check) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 6. targets
+# 7. targets
 # ---------------------------------------------------------------------------------------------
 def _ms(row: dict[str, Any], path: str) -> float | None:
     entry = row.get("paths", {}).get(path)
@@ -1044,7 +1120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--skip",
         default="",
-        help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,l2_state,decode",
+        help="comma list of sections to skip: gpu_only,correctness,timings,k_grouped,l2_state,partial_wave,decode",
     )
     return p.parse_args(argv)
 
@@ -1090,6 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
         "k_grouped": [],
         "decode": [],
         "l2_state": [],
+        "partial_wave": [],
         "skipped": [],
         "targets": {},
     }
@@ -1124,6 +1201,7 @@ def main(argv: list[str] | None = None) -> int:
         ("timings", contiguous_timings, 0.5),
         ("k_grouped", k_grouped_timings, 0.4),
         ("l2_state", l2_state_timings, 0.2),
+        ("partial_wave", partial_wave_timings, 0.15),
         ("decode", decode_timings, 1.0),
     ]
     for name, fn, share in sections:

@@ -8,8 +8,10 @@ source that names the committed result file and script instead of a public URL, 
 ``moe-hal model calibrate`` fits on these timings too and ``moe-hal model validate`` reports the
 model's error on them. Only timings of one kernel at a known tile become cases:
 
-* ``moe_hal_triton``: every fixed tile of the contiguous tile sweeps (bf16 and fp8), the masked
-  decode calls replayed from a CUDA graph at their planned tile, and the K-grouped bf16 calls;
+* ``moe_hal_triton``: every fixed tile of the contiguous tile sweeps (bf16 and fp8), the
+  one-group calls of the partial-wave section (one fixed tile, a fraction of a wave to two waves),
+  the masked decode calls replayed from a CUDA graph at their planned tile, and the K-grouped bf16
+  calls;
 * ``torch_grouped_mm``: the contiguous bf16 calls (its SM90 tile rule gives the tile, as for the
   published torch cases).
 
@@ -82,6 +84,23 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
                 tile=torch_grouped_mm_tile(row["rows"], row["G"], row["N"]),
                 **shape,
             )
+    for row in report.get("partial_wave", []):  # reports before the section have none
+        timing = row.get("paths", {}).get("ours")
+        if "error" in row or not timing:
+            continue
+        add(
+            f"{run}-{row['case']}",
+            timing["median_ms"],
+            impl="moe_hal_triton",
+            layout="contiguous",
+            dtype=row["dtype"],
+            out_dtype="bf16",
+            groups=1,
+            counts=[row["M"]],
+            n=row["N"],
+            k=row["K"],
+            tile=row["tile"],
+        )
     for row in report["decode"]:
         timing = row.get("paths", {}).get("ours_graph_replay")
         if "error" in row or not timing:
@@ -148,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                 "script": "backends/cuda/scripts/gpu_check.py",
                 "commit": args.commit,
                 "location": "sections timings (tile_sweep, fp8_tile_sweep, paths.torch_grouped_mm), "
-                "decode (paths.ours_graph_replay), k_grouped (paths.ours_bf16)",
+                + ("partial_wave (paths.ours), " if report.get("partial_wave") else "")
+                + "decode (paths.ours_graph_replay), k_grouped (paths.ours_bf16)",
                 "method": f"{settings['timer']} around each call, {settings['warmup']} warm-up calls, median of "
                 f"{settings['reps']} timed calls (moe_hal.timing.time_calls)",
                 "device_statement": f"{report['device']['seen']}; nvidia-smi (driver, SM and memory clocks at the "

@@ -83,3 +83,28 @@ def test_a_k_grouped_row_that_records_its_tile_keeps_it(tmp_path):
     assert convert(path, out).returncode == 0
     k_grouped = [c for c in yaml.safe_load(out.read_text())["cases"] if c["layout"] == "k_grouped"]
     assert len(k_grouped) == len(report["k_grouped"]) and all(c["tile"] == [128, 256] for c in k_grouped)
+
+
+def test_partial_wave_rows_become_one_group_cases_at_their_tile(tmp_path):
+    # the committed H200 reports predate the section: give one a row as gpu_check.py writes it
+    report = json.loads(REPORT.read_text())
+    timing = {"median_ms": 0.0412, "min_ms": 0.0405, "host_ms": 0.01, "reps": 10, "copies": 3}
+    report["partial_wave"] = [
+        {"case": "partial_wave/fp8_e4m3/M512-N1024-K8192", "M": 512, "N": 1024, "K": 8192, "dtype": "fp8",
+         "tile": [64, 128], "tiles": 64, "sms": 132, "paths": {"ours": timing}},
+        {"case": "partial_wave/bf16/M512-N256-K8192", "error": "RuntimeError: failed", "paths": {}},
+    ]  # fmt: skip
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "cases.yaml"
+    assert convert(path, out).returncode == 0
+    data = yaml.safe_load(out.read_text())
+    schema = json.loads((ROOT / "bench" / "published" / "schema.json").read_text())
+    (source,) = data["sources"].values()
+    assert "partial_wave" in source["location"]
+    source["result"] = "bench/results/gpu_check_h200.json"  # the schema wants a committed result; this one is in tmp
+    jsonschema.Draft202012Validator(schema).validate(data)
+    (case,) = [c for c in data["cases"] if "partial-wave" in c["id"]]  # the failed row is left out
+    shape = (case["layout"], case["groups"], case["counts"], case["n"], case["k"])
+    assert shape == ("contiguous", 1, [512], 1024, 8192)
+    assert (case["dtype"], case["tile"], case["measured"]["time_us"]) == ("fp8", [64, 128], 41.2)

@@ -50,6 +50,15 @@ def test_cpu_smoke_run_writes_a_complete_report(tmp_path):
         }
     else:
         assert "l2_state" in skipped
+    if report["partial_wave"]:  # per dtype: a fraction of a wave, the full wave it is compared with, two waves
+        for dtype in ("bf16", "fp8"):
+            rows = [r for r in report["partial_wave"] if r.get("dtype") == dtype]
+            assert all("error" not in r for r in rows), rows
+            assert [r["tiles_per_sm"] for r in rows] == [0.5, 1.0, 2.0]
+            (full,) = [r for r in rows if r["full_wave"]]
+            assert full["over_full_wave"] == 1.0 and all(r["model"]["predicted_ms"] > 0 for r in rows)
+    else:
+        assert "partial_wave" in skipped
     assert (report["k_grouped"] and "ours_bf16" in report["k_grouped"][0]["paths"]) or "k_grouped" in skipped
     assert report["skipped"][0]["section"] == "gpu_only"  # GPU-only checks come first
     assert set(report["targets"]) >= {
