@@ -42,6 +42,14 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def _timed(rows: list[dict[str, Any]], path: str):
+    """``(row, timing)`` for each row of a report section that timed ``path`` without an error."""
+    for row in rows:
+        timing = row.get("paths", {}).get(path)
+        if "error" not in row and timing:
+            yield row, timing
+
+
 def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str, Any]]:
     """The measured cases of one gpu_check report (see the module docstring for which), their ids
     prefixed with the run's start to the minute, so that the cases of several runs stay apart."""
@@ -84,44 +92,28 @@ def cases_of(report: dict[str, Any], source: str, device: str) -> list[dict[str,
                 tile=torch_grouped_mm_tile(row["rows"], row["G"], row["N"]),
                 **shape,
             )
-    for row in report.get("partial_wave", []):  # reports before the section have none
-        timing = row.get("paths", {}).get("ours")
-        if "error" in row or not timing:
-            continue
+
+    def add_at_tile(row: dict[str, Any], timing: dict[str, Any], layout: str, groups: int, counts: list[int]) -> None:
+        """A call of our kernel at the tile ``row`` records."""
         add(
             f"{run}-{row['case']}",
             timing["median_ms"],
             impl="moe_hal_triton",
-            layout="contiguous",
+            layout=layout,
             dtype=row["dtype"],
             out_dtype="bf16",
-            groups=1,
-            counts=[row["M"]],
+            groups=groups,
+            counts=counts,
             n=row["N"],
             k=row["K"],
             tile=row["tile"],
         )
-    for row in report["decode"]:
-        timing = row.get("paths", {}).get("ours_graph_replay")
-        if "error" in row or not timing:
-            continue
-        add(
-            f"{run}-{row['case']}",
-            timing["median_ms"],
-            impl="moe_hal_triton",
-            layout="masked",
-            dtype=row["dtype"],
-            out_dtype="bf16",
-            groups=row["G"],
-            counts=row["masked_m"],
-            n=row["N"],
-            k=row["K"],
-            tile=row["tile"],
-        )
-    for row in report["k_grouped"]:
-        timing = row.get("paths", {}).get("ours_bf16")
-        if "error" in row or not timing:
-            continue
+
+    for row, timing in _timed(report.get("partial_wave", []), "ours"):  # reports before the section have none
+        add_at_tile(row, timing, "contiguous", 1, [row["M"]])
+    for row, timing in _timed(report["decode"], "ours_graph_replay"):
+        add_at_tile(row, timing, "masked", row["G"], row["masked_m"])
+    for row, timing in _timed(report["k_grouped"], "ours_bf16"):
         # ours_bf16 is our kernel launched directly; a report that records a routed plan and no tile
         # is from no version of gpu_check.py that times it so, and is skipped rather than misread
         if row.get("routed_to", "triton") != "triton" and "tile" not in row:
