@@ -233,6 +233,12 @@ def copies_for(check: Check, bytes_per_set: float) -> int:
     return max(1, min(8, math.ceil(check.l2_factor * check.l2_bytes / bytes_per_set)))
 
 
+def fp8_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[Any, Any]:
+    """Activations ``a`` and weights ``b`` in the block-scaled fp8 of a DeepSeek-V3 call: 1 x 128
+    blocks along K for ``a``, 128 x 128 for ``b``."""
+    return quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))
+
+
 def time_calls(
     check: Check, calls: list[Callable[[], Any]], *, flush: str | None = None, reps: int | None = None
 ) -> dict[str, float]:
@@ -476,8 +482,7 @@ def _no_host_sync(check: Check) -> dict[str, Any]:
     a_rows = check.randn(8 * 96, k)
     xs, dys = check.randn(8 * 96, 256), check.randn(8 * 96, n)
     masked_a, _, masked_m, mlay = _masked_inputs(check, 8, 64, n, k)
-    fp8_b = quantize_fp8(b.float(), (128, 128))
-    fp8_a = quantize_fp8(a_rows.float(), (1, 128))
+    fp8_a, fp8_b = fp8_pair(a_rows, b)
 
     def routings(step):
         gen = torch.Generator().manual_seed(step)
@@ -673,7 +678,7 @@ def contiguous_timings(check: Check) -> None:
                         torch.mm(a[s:e], b[g].t(), out=out[s:e])
 
                 row["paths"]["per_expert_loop"] = time_calls(check, [(lambda a=a, b=b: loop(a, b)) for a, b in sets])
-                fp8_sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
+                fp8_sets = [fp8_pair(a, b) for a, b in sets]
                 fp8_plan = be.plan(moe_hal.Problem.build(fp8_sets[0][0], fp8_sets[0][1], lay))
                 row["fp8_advisor_tile"] = list(fp8_plan.config.tile)
                 row["paths"]["ours_fp8"] = time_calls(
@@ -824,7 +829,7 @@ def l2_state_timings(check: Check) -> None:
             "ratios": {},
         }
         with _timing_row(check, "l2_state", row):
-            fp8_sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
+            fp8_sets = [fp8_pair(a, b) for a, b in sets]
             row["tiles"] = {
                 path: list(be.plan(moe_hal.Problem.build(a, b, lay)).config.tile)
                 for path, (a, b) in (("ours_bf16", sets[0]), ("ours_fp8", fp8_sets[0]))
@@ -917,7 +922,7 @@ def partial_wave_timings(check: Check) -> None:
                 copies = copies_for(check, (m * k + n * k) * 2)
                 sets = [(check.randn(m, k, scale=0.1), check.randn(1, n, k, scale=0.1)) for _ in range(copies)]
                 if dtype.startswith("fp8"):
-                    sets = [(quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))) for a, b in sets]
+                    sets = [fp8_pair(a, b) for a, b in sets]
                 out = torch.empty(m, n, dtype=torch.bfloat16, device=check.device)
                 problems = [moe_hal.Problem.build(a, b, lay, out=out) for a, b in sets]
                 row["paths"]["ours"] = time_calls(check, [(lambda p=p: be.launch(p, cfg, out)) for p in problems])
@@ -969,7 +974,7 @@ def decode_timings(check: Check) -> None:
             for _ in range(copies):
                 a, b = check.randn(g, max_m, k, scale=0.1), check.randn(g, n, k, scale=0.1)
                 if dt == "fp8":
-                    a, b = quantize_fp8(a.float(), (1, 128)), quantize_fp8(b.float(), (128, 128))
+                    a, b = fp8_pair(a, b)
                 sets.append((a, b))
             out = torch.zeros(g, max_m, n, dtype=torch.bfloat16, device=check.device)
             be = backend_object("cuda_sm90")
